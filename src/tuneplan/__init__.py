@@ -1,0 +1,23 @@
+"""tuneplan: will a fine-tuning job fit, where, how fast, at what cost, and how to launch it.
+
+The curated public API lives here; ``tests/test_public_api.py`` keeps it in check.
+"""
+
+from __future__ import annotations
+
+from tuneplan.core.models import ModelSpec, ParameterCounts, count_parameters, parse_model_config
+from tuneplan.errors import TuneplanError
+from tuneplan.explain import Breakdown, Term
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Breakdown",
+    "ModelSpec",
+    "ParameterCounts",
+    "Term",
+    "TuneplanError",
+    "__version__",
+    "count_parameters",
+    "parse_model_config",
+]

@@ -1,0 +1,1 @@
+"""Adapters: all I/O (hub, store, importers, probe)."""

@@ -1,0 +1,1 @@
+"""Measuring harness (optional extra: torch, transformers, peft)."""

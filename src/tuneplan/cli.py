@@ -1,0 +1,101 @@
+"""The command line: Typer + Rich, one small function per command, ``--json`` everywhere.
+
+Thin by design: parse flags, call the core or an adapter, present. Every ``TuneplanError``
+becomes one line on stderr with exit code 2 (bad input) or 1; tracebacks only with --debug.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from decimal import Decimal
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tuneplan.errors import TuneplanError
+
+app = typer.Typer(
+    name="tuneplan",
+    help="Will a fine-tuning job fit, on which GPU, how long will it take and what will it cost?",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+
+
+def emit_json(document: Any) -> None:
+    """Print one JSON document on stdout (Decimals as strings keep money exact)."""
+    sys.stdout.write(json.dumps(document, indent=2, default=_json_default) + "\n")
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return str(value)
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    raise TypeError(f"cannot serialise {type(value).__name__}")
+
+
+@app.callback()
+def _root(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+) -> None:
+    if debug:
+        os.environ["TUNEPLAN_DEBUG"] = "1"
+
+
+@app.command("models")
+def models_command(as_json: JsonFlag = False) -> None:
+    """List the bundled model registry with exact parameter counts."""
+    from tuneplan.adapters.hub import list_bundled_models
+    from tuneplan.units import format_count
+
+    rows = list_bundled_models()
+    if as_json:
+        emit_json(rows)
+        return
+    table = Table(title=f"Bundled models ({len(rows)})")
+    for column in ("name", "alias", "type", "total params", "active params"):
+        table.add_column(column, justify="right" if "params" in column else "left")
+    for row in rows:
+        table.add_row(row["name"], row["alias"], row["model_type"],
+                      format_count(row["total_params"]), format_count(row["active_params"]))
+    console.print(table)
+
+
+def main() -> None:
+    """Console-script entry: run the app and turn errors into one line and an exit code."""
+    try:
+        app(standalone_mode=False)
+    except TuneplanError as exc:
+        if os.environ.get("TUNEPLAN_DEBUG"):
+            raise
+        sys.stderr.write(f"error: {exc}\n")
+        sys.exit(exc.exit_code)
+    except (typer.Exit, SystemExit) as exc:
+        code = getattr(exc, "exit_code", None) if isinstance(exc, typer.Exit) else exc.code
+        sys.exit(code or 0)
+    except _click_exceptions() as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        sys.exit(130)
+
+
+def _click_exceptions() -> tuple[type[Any], ...]:
+    import click
+
+    return (click.ClickException,)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Bundled data: model configs, GPU specs, provider features, offer snapshot."""
