@@ -72,29 +72,19 @@ def models_command(as_json: JsonFlag = False) -> None:
 
 
 def main() -> None:
-    """Console-script entry: run the app and turn errors into one line and an exit code."""
+    """Console-script entry: run the app and turn errors into one line and an exit code.
+
+    Click's standalone mode handles usage errors itself (exit 2); tuneplan's own errors
+    propagate out of it and are reported here.
+    """
     try:
-        app(standalone_mode=False)
+        app()
     except TuneplanError as exc:
         if os.environ.get("TUNEPLAN_DEBUG"):
             raise
-        sys.stderr.write(f"error: {exc}\n")
+        message = " ".join(str(exc).split())  # one line, whatever the message held
+        sys.stderr.write(f"error: {message}\n")
         sys.exit(exc.exit_code)
-    except (typer.Exit, SystemExit) as exc:
-        code = getattr(exc, "exit_code", None) if isinstance(exc, typer.Exit) else exc.code
-        sys.exit(code or 0)
-    except _click_exceptions() as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        sys.exit(130)
-
-
-def _click_exceptions() -> tuple[type[Any], ...]:
-    import click
-
-    return (click.ClickException,)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@
     │   ├── UnsupportedError      a combination the estimator cannot honour (yet), with the reason
     │   └── InfeasibleJobError    a job that cannot fit or run under the given constraints
     ├── CatalogError              the offer catalog is missing, broken or could not be refreshed
+    │   ├── InvalidOfferError     an offer that breaks an invariant (price, count, memory, GPU)
+    │   └── UnknownGpuError       a GPU name no alias maps to a canonical GPU (reported, not dropped)
     └── ProbeError                a measuring run failed
 """
 
@@ -55,6 +57,18 @@ class InfeasibleJobError(BadInputError):
 
 class CatalogError(TuneplanError):
     """The catalog is missing, corrupt, or a refresh failed (the previous one is kept)."""
+
+
+class InvalidOfferError(CatalogError):
+    """An offer that breaks an invariant: no or absurd price, count < 1, unknown GPU, memory <= 0."""
+
+
+class UnknownGpuError(CatalogError):
+    """A GPU name from a source that no alias maps to a canonical GPU; ``raw`` is the name."""
+
+    def __init__(self, message: str, raw: str = "") -> None:
+        super().__init__(message)
+        self.raw = raw
 
 
 class ProbeError(TuneplanError):

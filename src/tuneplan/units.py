@@ -35,7 +35,7 @@ DAY_S = 86_400
 TERA = 10**12
 
 _SIZE_UNITS: dict[str, int] = {
-    "b": 1,
+    "": 1, "b": 1,
     "kb": KB, "mb": MB, "gb": GB, "tb": TB,
     "kib": KiB, "mib": MiB, "gib": GiB, "tib": TiB,
 }

@@ -1,0 +1,207 @@
+"""Resolve a model name to a ModelSpec: bundled name or alias, local folder, config.json, hub id.
+
+All reading of config files happens here (size-limited, strict UTF-8, strict JSON); the
+parsing of keys into dimensions is ``core.models.parse_model_config``. Hub downloads go through
+``huggingface_hub`` (its cache; ``HF_HUB_OFFLINE=1`` honoured).
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import io
+import json
+import os
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from tuneplan.core.models import ModelSpec, count_parameters, parse_model_config
+from tuneplan.errors import ModelConfigError, UnknownModelError
+
+MAX_CONFIG_BYTES = 2_000_000  # real config.json files are a few KB; this bounds hostile input
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]{0,95}/[\w.\-]{1,96}$")
+_TRUTHY = {"1", "true", "yes", "on"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BundledModel:
+    """One row of the bundled registry (``data/models/INDEX.csv``)."""
+
+    hf_id: str
+    file: str
+    model_type: str
+    published_params: int | None
+    alias: str
+
+
+def alias_for(hf_id: str) -> str:
+    """Short alias of a hub id: ``meta-llama/Llama-3.1-8B`` -> ``llama-3.1-8b``."""
+    return hf_id.rsplit("/", 1)[-1].lower()
+
+
+@cache
+def bundled_models() -> tuple[BundledModel, ...]:
+    """The bundled registry, in INDEX.csv order."""
+    text = (resources.files("tuneplan.data") / "models" / "INDEX.csv").read_text("utf-8")
+    rows = csv.DictReader(io.StringIO(text))
+    return tuple(
+        BundledModel(
+            hf_id=row["hf_id"],
+            file=row["file"],
+            model_type=row["model_type"],
+            published_params=int(row["published_params"]) if row["published_params"] else None,
+            alias=alias_for(row["hf_id"]),
+        )
+        for row in rows
+    )
+
+
+def _bundled_lookup() -> dict[str, BundledModel]:
+    table: dict[str, BundledModel] = {}
+    for model in bundled_models():
+        table[model.hf_id.lower()] = model
+        table.setdefault(model.alias, model)
+    return table
+
+
+def find_bundled(name: str) -> BundledModel | None:
+    """A bundled model by hub id or alias, case-insensitive."""
+    return _bundled_lookup().get(name.strip().lower())
+
+
+def load_bundled_config(model: BundledModel) -> dict[str, Any]:
+    data = (resources.files("tuneplan.data") / "models" / model.file).read_bytes()
+    return parse_config_bytes(data, origin=model.hf_id)
+
+
+def resolve_model(name: str) -> ModelSpec:
+    """Resolve ``name`` to a ModelSpec.
+
+    Order: bundled name/alias; a local folder holding ``config.json``; a path to a JSON file;
+    a hub id fetched with ``huggingface_hub``. Raises UnknownModelError (with the closest
+    bundled names) or ModelConfigError (malformed, hostile or unsupported config).
+    """
+    name = name.strip()
+    if not name:
+        raise UnknownModelError("no model given: name a bundled model (see `tuneplan models`)")
+    bundled = find_bundled(name)
+    if bundled is not None:
+        return parse_model_config(load_bundled_config(bundled), name=bundled.hf_id)
+    path = Path(name).expanduser()
+    if path.is_dir() or path.suffix == ".json" or path.exists():
+        return parse_model_config(load_config_path(path), name=str(path))
+    if _HUB_ID.match(name):
+        return parse_model_config(fetch_hub_config(name), name=name)
+    raise UnknownModelError(f"unknown model {name!r}{_suggestions(name)}")
+
+
+def load_config_path(path: Path) -> dict[str, Any]:
+    """Read a config.json from a file or a folder holding one (size-limited, strict)."""
+    target = path / "config.json" if path.is_dir() else path
+    if not target.is_file():
+        where = f"folder {path} has no config.json" if path.is_dir() else f"no file {path}"
+        raise UnknownModelError(f"{where}: give a folder with config.json or a path to one")
+    size = target.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ModelConfigError(
+            f"{target} is {size:,} bytes; a config.json is at most {MAX_CONFIG_BYTES:,} bytes")
+    with target.open("rb") as handle:
+        return parse_config_bytes(handle.read(MAX_CONFIG_BYTES + 1), origin=str(target))
+
+
+def parse_config_bytes(data: bytes, *, origin: str) -> dict[str, Any]:
+    """Strict JSON object from bytes: UTF-8, no NaN/Infinity, bounded size and nesting."""
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ModelConfigError(f"{origin}: config larger than {MAX_CONFIG_BYTES:,} bytes")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ModelConfigError(
+            f"{origin}: not UTF-8 text (byte {exc.start}); a config.json is UTF-8 JSON") from exc
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise ModelConfigError(
+            f"{origin}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from exc
+    except RecursionError as exc:
+        raise ModelConfigError(f"{origin}: JSON nested too deeply") from exc
+    if not isinstance(value, dict):
+        raise ModelConfigError(
+            f"{origin}: a config.json holds a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _reject_constant(token: str) -> Any:
+    raise ModelConfigError(f"{token} is not a valid config value (JSON has no {token})")
+
+
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUTHY
+
+
+def _hub_endpoint() -> str | None:
+    """The hub to ask: ``HF_ENDPOINT`` when set (mirrors, tests), else huggingface_hub's default."""
+    return os.environ.get("HF_ENDPOINT") or None
+
+
+def fetch_hub_config(repo_id: str, *, endpoint: str | None = None) -> dict[str, Any]:
+    """Download (or read from the local cache) ``config.json`` of a hub repository."""
+    endpoint = endpoint or _hub_endpoint()
+    try:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub import errors as hub_errors
+    except ImportError as exc:  # pragma: no cover - a core dependency
+        raise UnknownModelError(f"{repo_id}: huggingface_hub is not installed") from exc
+    offline = hub_offline()
+    try:
+        local = hf_hub_download(
+            repo_id, "config.json", endpoint=endpoint, local_files_only=offline, etag_timeout=10)
+    except hub_errors.GatedRepoError as exc:
+        raise UnknownModelError(
+            f"{repo_id} is gated on the hub: accept its licence and set HF_TOKEN, or pass a local "
+            f"config.json{_suggestions(repo_id)}") from exc
+    except (hub_errors.RepositoryNotFoundError, hub_errors.RevisionNotFoundError) as exc:
+        raise UnknownModelError(
+            f"{repo_id} is not on the hub (or is private){_suggestions(repo_id)}") from exc
+    except hub_errors.EntryNotFoundError as exc:
+        raise UnknownModelError(f"{repo_id} has no config.json on the hub") from exc
+    except hub_errors.LocalEntryNotFoundError as exc:
+        why = "HF_HUB_OFFLINE is set and it is not cached" if offline else "the hub is unreachable"
+        raise UnknownModelError(f"cannot fetch {repo_id}: {why}{_suggestions(repo_id)}") from exc
+    except (hub_errors.HfHubHTTPError, OSError, ValueError) as exc:
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UnknownModelError(f"cannot fetch {repo_id} from the hub: {first_line}") from exc
+    return load_config_path(Path(local))
+
+
+def _suggestions(name: str) -> str:
+    candidates = {m.hf_id.lower(): m.hf_id for m in bundled_models()}
+    candidates.update({m.alias: m.hf_id for m in bundled_models()})
+    key = name.lower()
+    matches = difflib.get_close_matches(key, list(candidates), n=6, cutoff=0.5)
+    matches += difflib.get_close_matches(key.rsplit("/", 1)[-1], list(candidates), n=6, cutoff=0.5)
+    names = list(dict.fromkeys(candidates[m] for m in matches))[:3]
+    hint = f"; closest bundled: {', '.join(names)}" if names else ""
+    return f"{hint} (`tuneplan models` lists all bundled models)"
+
+
+def list_bundled_models() -> list[dict[str, Any]]:
+    """Rows for ``tuneplan models``: name, alias, type, exact total and active parameters."""
+    rows = []
+    for model in bundled_models():
+        spec = parse_model_config(load_bundled_config(model), name=model.hf_id)
+        counts = count_parameters(spec)
+        rows.append({
+            "name": model.hf_id,
+            "alias": model.alias,
+            "model_type": spec.model_type,
+            "total_params": counts.total,
+            "active_params": counts.active_per_token,
+            "published_params": model.published_params,
+        })
+    return rows

@@ -1,0 +1,196 @@
+"""A dispatch-mode tracker of live tensor bytes by category, exact to the byte.
+
+Counts each live storage once (views share storage) by its ``nbytes``; works on real and
+fake tensors. It does not see allocator rounding/reserve, CUDA context or workspaces,
+memory a kernel allocates internally without a tensor, nor tensors never passed to an op.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
+
+CATEGORIES = (
+    "parameters",
+    "buffers",
+    "inputs",
+    "activations",
+    "gradients",
+    "optimizer",
+    "temporaries",
+    "other",
+)
+
+
+@dataclass(slots=True, eq=False)
+class _Record:
+    """One storage: its size and (final) category. Mutable: categories are refined later."""
+
+    nbytes: int
+    category: str
+    ref: Any = None  # the weakref whose callback books the free; kept alive here
+    step_alloc: bool = False  # allocated during an optimizer step (state or temporary)
+
+
+@dataclass(slots=True)
+class TrackerResult:
+    """Peak of live bytes, its breakdown and phase, and each category's own maximum."""
+
+    peak_bytes: int
+    peak_by_category: dict[str, int]
+    max_by_category: dict[str, int]
+    peak_phase: str
+    events: int
+    notes: list[str] = field(default_factory=list)
+
+
+class StorageTracker(TorchDispatchMode):
+    """Books every storage an op creates (or first touches) and its death, in event order.
+
+    Categories are assigned at allocation from the phase (forward → activations; backward →
+    temporaries, or activations when grad mode is on, i.e. checkpoint recomputation;
+    optimizer → optimizer) and refined later (gradients on accumulation, optimizer-step
+    temporaries once the step is over). The peak breakdown is computed at the end by
+    replaying the event log with the final categories.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._records: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._events: list[tuple[_Record, int, str]] = []
+        self._phase = "setup"
+        self._total = 0
+        self._peak = 0
+        self._peak_index = -1
+
+    # -- registration ---------------------------------------------------------------
+    def _storage_of(self, t: torch.Tensor) -> torch.UntypedStorage | None:
+        if t.layout != torch.strided or t.is_nested:
+            return None
+        try:
+            return t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return None
+
+    def register(self, t: torch.Tensor, category: str, *, retag: bool = False) -> None:
+        """Book ``t``'s storage under ``category`` (or re-label it when ``retag``)."""
+        st = self._storage_of(t)
+        if st is None:
+            return
+        rec = self._records.get(st)
+        if rec is not None:
+            if retag:
+                rec.category = category
+            return
+        rec = _Record(nbytes=int(st.nbytes()), category=category)
+        rec.ref = weakref.ref(st, self._freed_callback(rec))
+        self._records[st] = rec
+        self._book(rec, rec.nbytes)
+
+    def register_all(self, tensors: Iterable[torch.Tensor], category: str) -> None:
+        for t in tensors:
+            self.register(t, category, retag=True)
+
+    def _freed_callback(self, rec: _Record) -> Any:
+        def freed(_: Any) -> None:
+            self._book(rec, -rec.nbytes)
+
+        return freed
+
+    def _book(self, rec: _Record, delta: int) -> None:
+        if delta == 0:
+            return
+        self._events.append((rec, delta, self._phase))
+        self._total += delta
+        if self._total > self._peak:
+            self._peak = self._total
+            self._peak_index = len(self._events) - 1
+
+    # -- phases -----------------------------------------------------------------------
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        previous, self._phase = self._phase, name
+        try:
+            yield
+        finally:
+            self._phase = previous
+
+    def mark_gradient(self, t: torch.Tensor) -> None:
+        self.register(t, "gradients", retag=True)
+
+    def finish_optimizer_step(self, state_tensors: Iterable[torch.Tensor]) -> None:
+        """Everything the step allocated that is not optimizer state was a temporary."""
+        keep = set()
+        for t in state_tensors:
+            st = self._storage_of(t)
+            rec = None if st is None else self._records.get(st)
+            if rec is not None:
+                rec.category = "optimizer"
+                keep.add(id(rec))
+        for rec, delta, _ in self._events:
+            if delta > 0 and rec.step_alloc and id(rec) not in keep:
+                rec.category = "temporaries"
+                rec.step_alloc = False
+
+    # -- dispatch ---------------------------------------------------------------------
+    def _category_now(self) -> str:
+        if self._phase == "forward":
+            return "activations"
+        if self._phase == "backward":
+            # Non-reentrant checkpointing recomputes the forward with grad mode on.
+            return "activations" if torch.is_grad_enabled() else "temporaries"
+        if self._phase == "optimizer":
+            return "optimizer"
+        return "other"
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        # A tensor first seen as an input existed before tracking began: book it as "other".
+        for t in tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor):
+                self.register(t, "other")
+        out = func(*args, **kwargs)
+        category = self._category_now()
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                st = self._storage_of(t)
+                if st is not None and self._records.get(st) is None:
+                    self.register(t, category)
+                    if self._phase == "optimizer":
+                        self._records[st].step_alloc = True
+        return out
+
+    # -- result -----------------------------------------------------------------------
+    def result(self) -> TrackerResult:
+        """Replay the event log with final categories: breakdown at the peak, per-category max."""
+        current = dict.fromkeys(CATEGORIES, 0)
+        maxima = dict.fromkeys(CATEGORIES, 0)
+        at_peak = dict.fromkeys(CATEGORIES, 0)
+        peak_phase = "setup"
+        for i, (rec, delta, phase) in enumerate(self._events):
+            cat = rec.category if rec.category in current else "other"
+            current[cat] += delta
+            if current[cat] > maxima[cat]:
+                maxima[cat] = current[cat]
+            if i == self._peak_index:
+                at_peak = dict(current)
+                peak_phase = phase
+        return TrackerResult(
+            peak_bytes=self._peak,
+            peak_by_category=at_peak,
+            max_by_category=maxima,
+            peak_phase=peak_phase,
+            events=len(self._events),
+        )
+
+    @property
+    def live_bytes(self) -> int:
+        return self._total

@@ -1,0 +1,168 @@
+"""Model resolution: bundled names, aliases, paths, hub ids through a local fake hub, errors."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FIXTURES
+from tuneplan.adapters import hub
+from tuneplan.errors import ModelConfigError, UnknownModelError
+
+RECORDED_CONFIG = (FIXTURES / "hub" / "config.json").read_bytes()
+
+
+class _FakeHub(http.server.BaseHTTPRequestHandler):
+    """Answers like the hub's /{repo}/resolve/{rev}/config.json, with its error headers."""
+
+    requests: list[str] = []
+
+    def log_message(self, *args: object) -> None:
+        _FakeHub.requests.append(f"{self.command} {self.path}")
+
+    def _answer(self, with_body: bool) -> None:
+        self.log_message()
+        if self.path.startswith("/gated/"):
+            self._error(401, "GatedRepo", "Access to model gated/model is restricted.")
+        elif self.path.startswith("/missing/"):
+            self._error(404, "RepoNotFound", "Repository Not Found")
+        elif self.path.startswith("/broken/"):
+            self._send(b'{"model_type": "llama", "hidden_size": ', with_body)
+        else:
+            self._send(RECORDED_CONFIG, with_body)
+
+    def _send(self, body: bytes, with_body: bool) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("ETag", f'"{abs(hash(body))}"')
+        self.send_header("X-Repo-Commit", "a" * 40)
+        self.end_headers()
+        if with_body:
+            self.wfile.write(body)
+
+    def _error(self, status: int, code: str, message: str) -> None:
+        body = json.dumps({"error": message}).encode()
+        self.send_response(status)
+        self.send_header("X-Error-Code", code)
+        self.send_header("X-Error-Message", message)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_HEAD(self) -> None:
+        self._answer(with_body=False)
+
+    def do_GET(self) -> None:
+        self._answer(with_body=True)
+
+
+@pytest.fixture
+def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeHub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    endpoint = f"http://127.0.0.1:{server.server_port}"
+    monkeypatch.setattr(hub, "_hub_endpoint", lambda: endpoint)
+    _FakeHub.requests.clear()
+    yield endpoint
+    server.shutdown()
+
+
+def test_bundled_name_and_alias_resolve_to_the_same_spec() -> None:
+    by_id = hub.resolve_model("meta-llama/Llama-3.1-8B")
+    by_alias = hub.resolve_model("LLAMA-3.1-8b")
+    assert by_id == by_alias
+    assert by_id.hidden_size == 4096 and by_id.num_kv_heads == 8
+
+
+def test_every_bundled_model_resolves() -> None:
+    rows = hub.list_bundled_models()
+    assert len(rows) == 57
+    assert {row["name"] for row in rows} >= {"Qwen/Qwen3-30B-A3B", "openai-community/gpt2"}
+
+
+def test_local_folder_and_json_path(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_bytes(RECORDED_CONFIG)
+    from_folder = hub.resolve_model(str(tmp_path))
+    from_file = hub.resolve_model(str(tmp_path / "config.json"))
+    assert from_folder.vocab_size == from_file.vocab_size == 151_936
+
+
+def test_folder_without_config_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(UnknownModelError, match="has no config.json"):
+        hub.resolve_model(str(tmp_path))
+
+
+def test_unknown_name_suggests_closest_bundled() -> None:
+    with pytest.raises(UnknownModelError, match=r"closest bundled: .*Llama-3\.1-8B"):
+        hub.resolve_model("llama-3.1-8")
+
+
+def test_hub_id_is_fetched_through_huggingface_hub_and_cached(fake_hub: str) -> None:
+    spec = hub.resolve_model("someone/tiny-qwen")
+    assert spec.model_type == "qwen2" and spec.num_layers == 24
+    assert any("/someone/tiny-qwen/resolve/main/config.json" in r for r in _FakeHub.requests)
+
+
+def test_offline_mode_uses_cache_and_refuses_network(
+        fake_hub: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    hub.resolve_model("someone/cached")
+    _FakeHub.requests.clear()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hub.resolve_model("someone/cached").hidden_size == 896
+    assert _FakeHub.requests == []
+    with pytest.raises(UnknownModelError, match="HF_HUB_OFFLINE is set"):
+        hub.resolve_model("someone/never-seen")
+
+
+@pytest.mark.parametrize(
+    ("repo", "error", "message"),
+    [
+        ("gated/model", UnknownModelError, "gated"),        # 401 GatedRepo
+        ("missing/model", UnknownModelError, "not on the hub"),  # 404 RepoNotFound
+        ("broken/model", ModelConfigError, "not valid JSON"),    # truncated body
+    ],
+)
+def test_hub_errors_are_one_clear_line(
+        fake_hub: str, repo: str, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message) as info:
+        hub.resolve_model(repo)
+    assert "\n" not in str(info.value)
+
+
+def test_unreachable_hub_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hub, "_hub_endpoint", lambda: "http://127.0.0.1:9")  # discard port
+    with pytest.raises(UnknownModelError, match="cannot fetch"):
+        hub.resolve_model("org/unreachable")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\xff\xfe\x00garbage", "not UTF-8"),
+        (b"[1, 2, 3]", "holds a JSON object"),
+        (b'{"model_type": "llama", "hidden_size": NaN}', "NaN is not a valid"),
+        (b"{" * 100_000, "nested too deeply|not valid JSON"),
+        (b'{"model_type": "llama",', "not valid JSON"),
+    ],
+)
+def test_malformed_files_are_model_config_errors(tmp_path: Path, content: bytes, message: str) -> None:
+    path = tmp_path / "config.json"
+    path.write_bytes(content)
+    with pytest.raises(ModelConfigError, match=message):
+        hub.resolve_model(str(path))
+
+
+def test_huge_file_is_refused_before_reading(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    with path.open("wb") as handle:
+        handle.truncate(hub.MAX_CONFIG_BYTES + 1)
+    with pytest.raises(ModelConfigError, match="at most"):
+        hub.resolve_model(str(path))

@@ -1,0 +1,18 @@
+"""Shared fixtures: every test runs with a private TUNEPLAN_HOME and HF cache, never the network."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _private_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path_factory.mktemp("tuneplan-home")
+    monkeypatch.setenv("TUNEPLAN_HOME", str(home))
+    monkeypatch.setenv("HF_HOME", str(home / "hf"))
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
