@@ -63,12 +63,24 @@ def models_command(as_json: JsonFlag = False) -> None:
         emit_json(rows)
         return
     table = Table(title=f"Bundled models ({len(rows)})")
-    for column in ("name", "alias", "type", "total params", "active params"):
+    table.add_column("name", no_wrap=True)
+    for column in ("alias", "type", "total params", "active params"):
         table.add_column(column, justify="right" if "params" in column else "left")
     for row in rows:
         table.add_row(row["name"], row["alias"], row["model_type"],
                       format_count(row["total_params"]), format_count(row["active_params"]))
     console.print(table)
+
+
+# gpus, providers, offers and the `catalog` group live in cli_catalog (issue 4).
+from tuneplan.cli_catalog import register as _register_catalog  # noqa: E402
+
+_register_catalog(app)
+
+# throughput and cost live in cli_compute (issue 5).
+from tuneplan.cli_compute import register as _register_compute  # noqa: E402
+
+_register_compute(app)
 
 
 def main() -> None:

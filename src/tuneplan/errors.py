@@ -9,7 +9,7 @@
     │   └── InfeasibleJobError    a job that cannot fit or run under the given constraints
     ├── CatalogError              the offer catalog is missing, broken or could not be refreshed
     │   ├── InvalidOfferError     an offer that breaks an invariant (price, count, memory, GPU)
-    │   └── UnknownGpuError       a GPU name no alias maps to a canonical GPU (reported, not dropped)
+    │   └── UnknownGpuError       a GPU name no alias maps to a canonical GPU (reported)
     └── ProbeError                a measuring run failed
 """
 
@@ -60,7 +60,7 @@ class CatalogError(TuneplanError):
 
 
 class InvalidOfferError(CatalogError):
-    """An offer that breaks an invariant: no or absurd price, count < 1, unknown GPU, memory <= 0."""
+    """An offer that breaks an invariant: no or absurd price, count < 1, unknown GPU, no memory."""
 
 
 class UnknownGpuError(CatalogError):

@@ -168,11 +168,12 @@ def fetch_hub_config(repo_id: str, *, endpoint: str | None = None) -> dict[str, 
     except (hub_errors.RepositoryNotFoundError, hub_errors.RevisionNotFoundError) as exc:
         raise UnknownModelError(
             f"{repo_id} is not on the hub (or is private){_suggestions(repo_id)}") from exc
-    except hub_errors.EntryNotFoundError as exc:
-        raise UnknownModelError(f"{repo_id} has no config.json on the hub") from exc
+    # LocalEntryNotFoundError subclasses EntryNotFoundError: it must be caught first.
     except hub_errors.LocalEntryNotFoundError as exc:
         why = "HF_HUB_OFFLINE is set and it is not cached" if offline else "the hub is unreachable"
         raise UnknownModelError(f"cannot fetch {repo_id}: {why}{_suggestions(repo_id)}") from exc
+    except hub_errors.EntryNotFoundError as exc:
+        raise UnknownModelError(f"{repo_id} has no config.json on the hub") from exc
     except (hub_errors.HfHubHTTPError, OSError, ValueError) as exc:
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UnknownModelError(f"cannot fetch {repo_id} from the hub: {first_line}") from exc

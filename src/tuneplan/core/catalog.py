@@ -26,9 +26,10 @@ from tuneplan.core.providers import Provider, normalise_provider_name, provider_
 from tuneplan.errors import InvalidOfferError
 
 __all__ = [
-    "CANONICAL_GPUS", "GPU_ALIASES", "MAX_PRICE_PER_GPU_HOUR", "Offer", "OfferFilter", "OfferSort",
+    "CANONICAL_GPUS", "GPU_ALIASES", "MAX_PRICE_PER_GPU_HOUR", "OFFER_RECORD_FIELDS", "Offer",
+    "OfferFilter", "OfferSort",
     "Provider", "filter_offers", "gpu_matches", "normalise_gpu_name", "normalise_provider_name",
-    "provider_matches", "sort_offers",
+    "offer_record", "provider_matches", "sort_offers",
 ]
 
 #: Sanity cap: no GPU rents for more than this per GPU-hour (B300 on-demand is ~18 USD/GPU-h).
@@ -179,7 +180,8 @@ class OfferFilter:
         checks = (
             price is not None,
             self.gpu is None or gpu_matches(self.gpu, offer.gpu),
-            self.min_gpu_memory_bytes is None or offer.gpu_memory_bytes >= self.min_gpu_memory_bytes,
+            self.min_gpu_memory_bytes is None
+            or offer.gpu_memory_bytes >= self.min_gpu_memory_bytes,
             self.gpu_count is None or offer.gpu_count == self.gpu_count,
             not self.providers or any(provider_matches(p, offer.provider) for p in self.providers),
             self.region is None or _region_matches(self.region, offer),
@@ -229,3 +231,29 @@ _SAFE_TEXT = re.compile(r"^[\x20-\x7e\u00a0-\uffff]*$")
 def is_safe_text(text: str) -> bool:
     """No control characters (importers reject names that would garble a terminal)."""
     return bool(_SAFE_TEXT.match(text))
+
+
+OFFER_RECORD_FIELDS = (
+    "provider", "instance_type", "gpu", "gpu_count", "gpu_memory_bytes", "vcpus", "ram_bytes",
+    "region", "zone", "price_per_hour", "spot_price_per_hour", "currency", "interconnect",
+    "fetched_at", "source", "id", "price_per_gpu_hour", "spot_price_per_gpu_hour", "disk_bytes",
+    "attachable", "notes",
+)
+
+
+def offer_record(offer: Offer) -> dict[str, object]:
+    """An offer as a flat record (CLI/web JSON and CSV): CLI.md's keys, then ``id``, the
+    per-GPU prices (named ``*_per_gpu_hour``), ``disk_bytes``, ``attachable`` and ``notes``.
+    Money stays Decimal; the caller renders it."""
+    return {
+        "provider": offer.provider, "instance_type": offer.instance_type, "gpu": offer.gpu,
+        "gpu_count": offer.gpu_count, "gpu_memory_bytes": offer.gpu_memory_bytes,
+        "vcpus": offer.vcpus, "ram_bytes": offer.ram_bytes, "region": offer.region,
+        "zone": offer.zone, "price_per_hour": offer.price_per_hour,
+        "spot_price_per_hour": offer.spot_price_per_hour, "currency": offer.currency,
+        "interconnect": offer.interconnect, "fetched_at": offer.fetched_at,
+        "source": offer.source, "id": offer.id,
+        "price_per_gpu_hour": offer.price_per_gpu_hour,
+        "spot_price_per_gpu_hour": offer.spot_price_per_gpu_hour,
+        "disk_bytes": offer.disk_bytes, "attachable": offer.attachable, "notes": offer.notes,
+    }

@@ -90,8 +90,9 @@ class ConfigReader:
         key, value = self.raw(*keys)
         if value is None:
             if default is None:
-                names = " or ".join(repr(k) for k in keys)
-                self.problem(key, f"missing required key {names}")
+                others = ", ".join(repr(k) for k in keys[1:])
+                self.problem(key, "missing required key" + (
+                    f" (also accepted: {others})" if others else ""))
                 return max(lo, 1)
             self.default(key, default, why)
             return default

@@ -38,6 +38,7 @@ def _by_memory(small: str, limit_gib: int, large: str) -> _Variants:
 
 
 # Keys are written as ``_key`` produces them (lowercase, no spaces, dashes, underscores, dots).
+# H100 vs NVL splits at 87 GiB: "80GB" may come as 80 GiB, "94GB" as 94·10^9 B = 87.5 GiB.
 # Default form factors where a source says nothing: SXM for A100/H100/H200/V100, because the
 # multi-GPU cloud nodes that name a bare "H100" are HGX boards; importers that see "PCIe"/"NVL"
 # in an instance name pass it along in ``raw``.
@@ -64,19 +65,22 @@ GPU_ALIASES: dict[str, _Variants] = {
     "a10080gb": ((None, "A100 80GB SXM4"),), "a10080gbsxm": ((None, "A100 80GB SXM4"),),
     "a10080gbsxm4": ((None, "A100 80GB SXM4"),), "a10080gbpcie": ((None, "A100 80GB PCIe"),),
     "a10080gpcie": ((None, "A100 80GB PCIe"),), "a10080gpcienvlink": ((None, "A100 80GB PCIe"),),
-    "h100": _by_memory("H100 SXM5", 90, "H100 NVL"), "h100sxm": ((None, "H100 SXM5"),),
+    "h100": _by_memory("H100 SXM5", 87, "H100 NVL"), "h100sxm": ((None, "H100 SXM5"),),
     "h100sxm5": ((None, "H100 SXM5"),), "h10080gsxm5": ((None, "H100 SXM5"),),
     "h10080gbhbm3": ((None, "H100 SXM5"),), "nvidiah10080gbhbm3": ((None, "H100 SXM5"),),
     "h100mega": ((None, "H100 SXM5"),), "h100pcie": ((None, "H100 PCIe"),),
     "h10080gpcie": ((None, "H100 PCIe"),), "h10080gpcienvlink": ((None, "H100 PCIe"),),
     "h100nvl": ((None, "H100 NVL"),),
-    "h200": ((None, "H200 SXM"),), "h200sxm": ((None, "H200 SXM"),), "h200nvl": ((None, "H200 NVL"),),
+    "h200": ((None, "H200 SXM"),), "h200sxm": ((None, "H200 SXM"),),
+    "h200nvl": ((None, "H200 NVL"),),
     "gh200": ((100 * GiB, "GH200 (96GB HBM3)"),),
     "b200": ((None, "B200 (HGX)"),), "b300": ((None, "B300 (HGX)"),),
-    "gb200": ((None, "GB200 (per Blackwell GPU)"),), "gb300": ((None, "GB300 (per Blackwell Ultra GPU)"),),
+    "gb200": ((None, "GB200 (per Blackwell GPU)"),),
+    "gb300": ((None, "GB300 (per Blackwell Ultra GPU)"),),
     "mi250x": ((None, "MI250X"),), "mi300x": ((None, "MI300X"),), "mi325x": ((None, "MI325X"),),
     "gaudi2": ((None, "Gaudi 2"),), "gaudi3": ((None, "Gaudi 3"),),
-    "k80": ((None, "K80"),), "m60": ((None, "M60"),), "p4": ((None, "P4"),), "p100": ((None, "P100"),),
+    "k80": ((None, "K80"),), "m60": ((None, "M60"),), "p4": ((None, "P4"),),
+    "p100": ((None, "P100"),),
     "a16": ((None, "A16"),), "a30": ((None, "A30"),), "a800": ((None, "A800 80GB PCIe"),),
     "rtxa2000": _by_memory("RTX A2000", 9, "RTX A2000 12GB"),
     "a4000": ((None, "RTX A4000"),), "rtxa4000": ((None, "RTX A4000"),),
@@ -136,9 +140,9 @@ def gpu_matches(query: str, canonical: str) -> bool:
     target = canonical.lower().replace("-", " ").split()
     if words and len(words) <= len(target):
         head, last = words[:-1], words[-1]
-        if target[: len(head)] == head and target[len(head)].startswith(last):
-            if len(words) > 1 or target[0] == last:
-                return True
+        prefix = target[: len(head)] == head and target[len(head)].startswith(last)
+        if prefix and (len(words) > 1 or target[0] == last):
+            return True
     try:
         return normalise_gpu_name(query) == canonical
     except UnknownGpuError:

@@ -1,7 +1,8 @@
 """Model architecture types: ``ModelSpec``, its blocks (``LayerSpec``) and linears (``Linear``).
 
-Plain frozen values only; parsing a config.json lives in ``core/model_families.py`` and the
-counting in ``core/models.py`` (which re-exports everything here).
+Plain frozen values only; parsing a config.json lives in ``core/model_decoders.py``,
+``model_legacy.py`` and ``model_encoders.py``, counting in ``core/models.py`` (which re-exports
+everything here: import from ``tuneplan.core.models``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ class MlpKind(StrEnum):
 class LinearRole(StrEnum):
     ATTENTION = "attention"
     MLP = "mlp"
-    EXPERT = "expert"              # routed expert weight: ``copies`` = num_experts
+    EXPERT = "expert"              # routed expert weight: ``copies`` = num_experts; in
+    # transformers 5 these are 3-D parameters (``experts.gate_up_proj``), not nn.Linear modules
     SHARED_EXPERT = "shared_expert"
     ROUTER = "router"
     CROSS_ATTENTION = "cross_attention"
@@ -146,7 +148,7 @@ class ModelSpec:
     @property
     def vision_params(self) -> int:
         """Vision tower and projector parameters (0 for text-only models)."""
-        return sum(layer.params for layer in self.vision_layers) + sum(
+        return sum(layer.params * layer.count for layer in self.vision_layers) + sum(
             self.vision_extra_params.values())
 
 
@@ -157,4 +159,4 @@ class ParameterCounts:
     total: int
     active_per_token: int
     by_component: Mapping[str, int]
-    bias_params: int = 0                       # all linear biases (also inside by_component)
+    bias_params: int = 0   # biases of block linears + lm_head bias (also inside by_component)

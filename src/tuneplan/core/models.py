@@ -1,152 +1,148 @@
 """Model architectures: ``ModelSpec`` parsed from a Hugging Face ``config.json`` dict.
 
 Exact learnable-parameter counts by component. This module reads no files: the adapters
-(``adapters/hub.py``) load the JSON and call ``parse_model_config``.
+(``adapters/hub.py``) load the JSON and call ``parse_model_config``. The spec types live in
+``core/model_spec.py`` and the per-family parsers in ``core/model_{decoders,legacy,encoders}.py``;
+everything public is re-exported here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from tuneplan.core.config_reader import ConfigReader, describe
+from tuneplan.core.model_decoders import TRAITS, parse_deepseek_v3, parse_llama_like
+from tuneplan.core.model_encoders import parse_bert, parse_gemma3, parse_t5
+from tuneplan.core.model_legacy import (
+    parse_bloom,
+    parse_falcon,
+    parse_gpt2,
+    parse_gpt_neox,
+    parse_opt,
+    parse_phi,
+    parse_stablelm,
+)
+from tuneplan.core.model_spec import (
+    LayerSpec,
+    Linear,
+    LinearRole,
+    MlpKind,
+    ModelSpec,
+    NormKind,
+    ParameterCounts,
+)
+from tuneplan.errors import ModelConfigError
 
-class NormKind(StrEnum):
-    RMSNORM = "rmsnorm"            # weight only
-    LAYERNORM = "layernorm"        # weight + bias
-    LAYERNORM_NOBIAS = "layernorm-nobias"
+__all__ = [
+    "MAX_TOTAL_PARAMS",
+    "SUPPORTED_MODEL_TYPES",
+    "LayerSpec",
+    "Linear",
+    "LinearRole",
+    "MlpKind",
+    "ModelSpec",
+    "NormKind",
+    "ParameterCounts",
+    "count_parameters",
+    "parse_model_config",
+]
 
+MAX_TOTAL_PARAMS = 10**14   # beyond this a config is a typo or hostile, not a model
 
-class MlpKind(StrEnum):
-    GATED = "gated"                # gate_proj, up_proj, down_proj (SwiGLU/GeGLU)
-    PLAIN = "plain"                # up (fc1) and down (fc2)
+_Parser = Callable[[ConfigReader, str, str], ModelSpec]
+_PARSERS: dict[str, _Parser] = {
+    **dict.fromkeys(TRAITS, parse_llama_like),
+    "gemma3": parse_gemma3,
+    "deepseek_v3": parse_deepseek_v3,
+    "gpt2": parse_gpt2,
+    "gpt_neox": parse_gpt_neox,
+    "opt": parse_opt,
+    "bloom": parse_bloom,
+    "falcon": parse_falcon,
+    "phi": parse_phi,
+    "stablelm": parse_stablelm,
+    "t5": parse_t5,
+    "mt5": parse_t5,
+    "bert": parse_bert,
+}
 
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_PARSERS))
 
-class LinearRole(StrEnum):
-    ATTENTION = "attention"
-    MLP = "mlp"
-    EXPERT = "expert"              # routed expert weight: ``copies`` = num_experts
-    SHARED_EXPERT = "shared_expert"
-    ROUTER = "router"
-    CROSS_ATTENTION = "cross_attention"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Linear:
-    """One linear map inside a block, named as the Hugging Face module is (``q_proj``).
-
-    ``copies`` > 1 for routed experts (one per expert). Parameters:
-    copies · (in_features · out_features + out_features·bias).
-    """
-
-    name: str
-    in_features: int
-    out_features: int
-    bias: bool
-    role: LinearRole
-    copies: int = 1
-
-    @property
-    def weight_params(self) -> int:
-        return self.copies * self.in_features * self.out_features
-
-    @property
-    def bias_params(self) -> int:
-        return self.copies * self.out_features if self.bias else 0
-
-    @property
-    def params(self) -> int:
-        return self.weight_params + self.bias_params
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LayerSpec:
-    """A group of ``count`` identical transformer blocks.
-
-    ``norm_params`` counts every normalisation weight/bias in one block (incl. q/k norms);
-    ``extra_params`` names anything else learnable in one block (attention sinks, relative
-    position bias, MLA norms...). ``experts_per_token`` is 0 for dense blocks.
-    """
-
-    kind: str                                   # "decoder", "encoder", "decoder-cross"
-    count: int
-    linears: tuple[Linear, ...]
-    norm_params: int
-    extra_params: Mapping[str, int] = field(default_factory=dict)
-    num_experts: int = 0
-    experts_per_token: int = 0
-
-    @property
-    def params(self) -> int:
-        return sum(lin.params for lin in self.linears) + self.norm_params + sum(
-            self.extra_params.values())
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ModelSpec:
-    """What tuneplan knows of one model: dimensions in one vocabulary, blocks, and defaults.
-
-    Dimensions use the house names (num_layers, hidden_size, num_heads, num_kv_heads,
-    head_dim, intermediate_size, vocab_size, num_experts, num_experts_per_token).
-    ``defaults_applied`` lists every value taken from the library's defaults, not the file.
-    """
-
-    name: str
-    model_type: str
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    max_position_embeddings: int | None
-    tie_word_embeddings: bool
-    norm_kind: NormKind
-    mlp_kind: MlpKind
-    hidden_act: str
-    layers: tuple[LayerSpec, ...]
-    embedding_params: int                      # token + learned positions + embedding norm
-    final_norm_params: int
-    head_bias: bool = False
-    num_experts: int = 0
-    num_experts_per_token: int = 0
-    moe_intermediate_size: int = 0
-    is_encoder_decoder: bool = False
-    sliding_window: int | None = None
-    torch_dtype: str | None = None
-    defaults_applied: tuple[str, ...] = ()
-    extra: Mapping[str, Any] = field(default_factory=dict)  # architecture-specific (MLA ranks)
-
-    @property
-    def is_moe(self) -> bool:
-        return self.num_experts > 0
-
-    @property
-    def head_params(self) -> int:
-        """Output head parameters (0 when tied to the embedding, plus its bias if any)."""
-        weight = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
-        return weight + (self.vocab_size if self.head_bias else 0)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ParameterCounts:
-    """Exact learnable parameters: ``by_component`` sums to ``total``."""
-
-    total: int
-    active_per_token: int
-    by_component: Mapping[str, int]
+# by_component prefix per LayerSpec.kind, and component name per linear role.
+_PREFIX = {"decoder": "layers", "encoder": "encoder", "decoder-cross": "decoder",
+           "vision": "vision/layers"}
+_ROLE = {LinearRole.ATTENTION: "attention", LinearRole.MLP: "mlp",
+         LinearRole.EXPERT: "experts", LinearRole.SHARED_EXPERT: "shared_experts",
+         LinearRole.ROUTER: "router", LinearRole.CROSS_ATTENTION: "cross_attention"}
 
 
 def parse_model_config(config: Mapping[str, Any], *, name: str) -> ModelSpec:
-    """Build a ModelSpec from a config.json mapping. Raises ModelConfigError (all problems)."""
-    raise NotImplementedError
+    """Build a ModelSpec from a config.json mapping.
+
+    Missing optional keys take the transformers config-class defaults, each recorded in
+    ``defaults_applied``. Raises ModelConfigError listing every problem found (missing keys,
+    wrong types, out-of-range or inconsistent sizes, unsupported ``model_type``); it raises
+    nothing else for any JSON-like input.
+    """
+    if not isinstance(config, Mapping):
+        raise ModelConfigError(f"{name}: config must be a JSON object, got {describe(config)}",
+                               problems=("config is not an object",))
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or model_type not in _PARSERS:
+        problem = ("missing 'model_type'" if model_type is None else
+                   f"unsupported model_type {model_type[:40]!r}" if isinstance(model_type, str)
+                   else f"model_type must be a string, got {describe(model_type)}")
+        raise ModelConfigError(
+            f"{name}: {problem}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}",
+            problems=(problem,))
+    reader = ConfigReader(config, family=model_type)
+    spec = _PARSERS[model_type](reader, model_type, name)
+    if not reader.problems:
+        total = count_parameters(spec).total
+        if total > MAX_TOTAL_PARAMS:
+            reader.problems.append(f"total parameters {total:,} exceed {MAX_TOTAL_PARAMS:,}")
+    if reader.problems:
+        raise ModelConfigError(
+            f"{name}: invalid {model_type} config: " + "; ".join(reader.problems),
+            problems=tuple(reader.problems))
+    return spec
 
 
 def count_parameters(spec: ModelSpec) -> ParameterCounts:
-    """Exact learnable parameter counts by component, total and active per token."""
-    raise NotImplementedError
+    """Exact learnable parameter counts by component, total and active per token.
+
+    Components (slash-keyed, zero entries dropped except ``lm_head``): ``embeddings``,
+    ``<stack>/attention|cross_attention|mlp|experts|shared_experts|router|norms|<extra>`` with
+    stack ``layers`` (decoder-only), ``encoder``/``decoder`` (T5) or ``vision/layers``,
+    ``final_norm``, ``lm_head`` (0 when tied: counted once, in ``embeddings``) and the vision
+    extras. Linear biases are counted inside their module and totalled in ``bias_params``.
+    Active per token: routed experts count ``experts_per_token / num_experts`` of their
+    parameters; everything else counts fully (equal to ``total`` for dense models).
+    """
+    parts: dict[str, int] = {"embeddings": spec.embedding_params}
+    inactive = bias = 0
+    for layer in (*spec.layers, *spec.vision_layers):
+        prefix = _PREFIX.get(layer.kind, layer.kind)
+        for linear in layer.linears:
+            _add(parts, f"{prefix}/{_ROLE[linear.role]}", linear.params * layer.count)
+            if linear.role is LinearRole.EXPERT and linear.copies > 0:
+                idle = max(linear.copies - layer.experts_per_token, 0)
+                inactive += linear.params // linear.copies * idle * layer.count
+        _add(parts, f"{prefix}/norms", layer.norm_params * layer.count)
+        for key, value in layer.extra_params.items():
+            _add(parts, f"{prefix}/{key}", value * layer.count)
+        bias += layer.bias_params * layer.count
+    _add(parts, "final_norm", spec.final_norm_params)
+    parts["lm_head"] = spec.head_params
+    for key, value in spec.vision_extra_params.items():
+        _add(parts, key, value)
+    bias += spec.vocab_size if spec.head_bias else 0
+    by_component = {k: v for k, v in parts.items() if v or k == "lm_head"}
+    total = sum(by_component.values())
+    return ParameterCounts(total=total, active_per_token=total - inactive,
+                           by_component=by_component, bias_params=bias)
 
 
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = ()
+def _add(parts: dict[str, int], key: str, value: int) -> None:
+    parts[key] = parts.get(key, 0) + value

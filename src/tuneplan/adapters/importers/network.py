@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 import httpx
@@ -20,6 +21,9 @@ TIMEOUT_S = 30.0
 #: A paginated source that never ends is a bug or an attack; stop and fail instead.
 MAX_PAGES = 500
 USER_AGENT = "tuneplan-catalog-refresh (+https://github.com/tuneplan)"
+#: Throttled (HTTP 429) requests are retried this many times, waiting Retry-After (capped).
+RETRIES_ON_429 = 3
+MAX_RETRY_WAIT_S = 10.0
 
 
 class FetchError(CatalogError):
@@ -41,15 +45,27 @@ def api_key(env_name: str, source: str) -> str:
 def fetch_bytes(client: httpx.Client, method: str, url: str, **kwargs: Any) -> bytes:
     """Send one request and return the body; any transport error or non-2xx is a FetchError."""
     headers = {"User-Agent": USER_AGENT, **kwargs.pop("headers", {})}
-    try:
-        response = client.request(method, url, headers=headers, timeout=TIMEOUT_S, **kwargs)
-    except httpx.TimeoutException as exc:
-        raise FetchError(f"timeout after {TIMEOUT_S:.0f} s fetching {_short(url)}") from exc
-    except httpx.HTTPError as exc:
-        raise FetchError(f"network error fetching {_short(url)}: {exc}") from exc
+    for attempt in range(RETRIES_ON_429 + 1):
+        try:
+            response = client.request(method, url, headers=headers, timeout=TIMEOUT_S, **kwargs)
+        except httpx.TimeoutException as exc:
+            raise FetchError(f"timeout after {TIMEOUT_S:g} s fetching {_short(url)}") from exc
+        except httpx.HTTPError as exc:
+            raise FetchError(f"network error fetching {_short(url)}: {exc}") from exc
+        if response.status_code != 429 or attempt == RETRIES_ON_429:
+            break
+        time.sleep(_retry_wait_s(response.headers.get("Retry-After")))
     if response.status_code >= 400:
         raise FetchError(f"HTTP {response.status_code} from {_short(url)}")
     return response.content
+
+
+def _retry_wait_s(header: str | None) -> float:
+    try:
+        wait = float(header) if header else 1.0
+    except ValueError:
+        wait = 1.0
+    return min(max(wait, 0.0), MAX_RETRY_WAIT_S)
 
 
 def fetch_json(client: httpx.Client, method: str, url: str, **kwargs: Any) -> Any:
@@ -73,3 +89,4 @@ def fetch_text(client: httpx.Client, url: str, **kwargs: Any) -> str:
 def _short(url: str) -> str:
     # Query strings can be long (OData filters) and may carry keys; the path says enough.
     return url.split("?", 1)[0]
+

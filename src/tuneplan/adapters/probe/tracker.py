@@ -18,8 +18,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
+_LIFT_OPS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
+
 CATEGORIES = (
     "parameters",
+    "quant_state",
     "buffers",
     "inputs",
     "activations",
@@ -52,7 +55,7 @@ class TrackerResult:
     notes: list[str] = field(default_factory=list)
 
 
-class StorageTracker(TorchDispatchMode):
+class StorageTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Books every storage an op creates (or first touches) and its death, in event order.
 
     Categories are assigned at allocation from the phase (forward → activations; backward →
@@ -63,13 +66,14 @@ class StorageTracker(TorchDispatchMode):
     """
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self._records: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._events: list[tuple[_Record, int, str]] = []
         self._phase = "setup"
         self._total = 0
         self._peak = 0
         self._peak_index = -1
+        self._window_peak = 0
 
     # -- registration ---------------------------------------------------------------
     def _storage_of(self, t: torch.Tensor) -> torch.UntypedStorage | None:
@@ -80,12 +84,16 @@ class StorageTracker(TorchDispatchMode):
         except (RuntimeError, NotImplementedError):
             return None
 
+    def _lookup(self, st: torch.UntypedStorage) -> _Record | None:
+        rec: _Record | None = self._records.get(st)  # type: ignore[no-untyped-call]
+        return rec
+
     def register(self, t: torch.Tensor, category: str, *, retag: bool = False) -> None:
         """Book ``t``'s storage under ``category`` (or re-label it when ``retag``)."""
         st = self._storage_of(t)
         if st is None:
             return
-        rec = self._records.get(st)
+        rec = self._lookup(st)
         if rec is not None:
             if retag:
                 rec.category = category
@@ -113,6 +121,8 @@ class StorageTracker(TorchDispatchMode):
         if self._total > self._peak:
             self._peak = self._total
             self._peak_index = len(self._events) - 1
+        if self._total > self._window_peak:
+            self._window_peak = self._total
 
     # -- phases -----------------------------------------------------------------------
     @contextmanager
@@ -131,7 +141,7 @@ class StorageTracker(TorchDispatchMode):
         keep = set()
         for t in state_tensors:
             st = self._storage_of(t)
-            rec = None if st is None else self._records.get(st)
+            rec = None if st is None else self._lookup(st)
             if rec is not None:
                 rec.category = "optimizer"
                 keep.add(id(rec))
@@ -153,20 +163,29 @@ class StorageTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
-        # A tensor first seen as an input existed before tracking began: book it as "other".
+        category = self._category_now()
+        # torch.tensor(...) allocates outside the dispatcher and shows up first as the input
+        # of lift_fresh: it belongs to the current phase. Any other tensor first seen as an
+        # input existed before tracking began: book it as "other".
+        lifting = func in _LIFT_OPS
         for t in tree_leaves((args, kwargs)):
             if isinstance(t, torch.Tensor):
-                self.register(t, "other")
+                if lifting:
+                    self._register_output(t, category)
+                else:
+                    self.register(t, "other")
         out = func(*args, **kwargs)
-        category = self._category_now()
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
-                st = self._storage_of(t)
-                if st is not None and self._records.get(st) is None:
-                    self.register(t, category)
-                    if self._phase == "optimizer":
-                        self._records[st].step_alloc = True
+                self._register_output(t, category)
         return out
+
+    def _register_output(self, t: torch.Tensor, category: str) -> None:
+        st = self._storage_of(t)
+        if st is not None and self._lookup(st) is None:
+            self.register(t, category)
+            if self._phase == "optimizer":
+                self._records[st].step_alloc = True
 
     # -- result -----------------------------------------------------------------------
     def result(self) -> TrackerResult:
@@ -194,3 +213,8 @@ class StorageTracker(TorchDispatchMode):
     @property
     def live_bytes(self) -> int:
         return self._total
+
+    def take_window_peak(self) -> int:
+        """The peak since the previous call (e.g. one step's own peak), then restart."""
+        peak, self._window_peak = self._window_peak, self._total
+        return peak

@@ -1,0 +1,59 @@
+"""Read the bundled data files (GPU specs, provider features, offer snapshot) from the package.
+
+Only reads package data and hands the text to the pure parsers in ``core``; results are
+cached because the files never change while the process runs.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+
+from tuneplan.core.hardware import GpuSpec, parse_gpu_specs, spec_by_name
+from tuneplan.core.providers import Provider, parse_providers
+
+SNAPSHOT_DIR = "skypilot_snapshot"
+
+
+def read_data_text(*parts: str) -> str:
+    """Text of a file under ``tuneplan/data`` (UTF-8)."""
+    return resources.files("tuneplan").joinpath("data", *parts).read_text(encoding="utf-8")
+
+
+def list_snapshot_files() -> list[str]:
+    """Names of the bundled SkyPilot snapshot CSV files, sorted."""
+    folder = resources.files("tuneplan").joinpath("data", SNAPSHOT_DIR)
+    return sorted(entry.name for entry in folder.iterdir() if entry.name.endswith(".csv"))
+
+
+@cache
+def load_gpu_specs() -> tuple[GpuSpec, ...]:
+    """Every GPU spec: gpu_specs.csv (full specs) then gpu_specs_extra.csv (memory facts)."""
+    return parse_gpu_specs(read_data_text("gpu_specs.csv")) + parse_gpu_specs(
+        read_data_text("gpu_specs_extra.csv"))
+
+
+@cache
+def load_gpu_spec(name: str) -> GpuSpec:
+    """The bundled spec of one canonical GPU; CatalogError when absent."""
+    return spec_by_name(load_gpu_specs(), name)
+
+
+@cache
+def load_providers() -> tuple[Provider, ...]:
+    """Provider features from the bundled providers.csv."""
+    return parse_providers(read_data_text("providers.csv"))
+
+
+def resolve_gpu_spec(name: str) -> GpuSpec:
+    """The spec for a user's GPU name: canonical (``H100 SXM5``) or any alias (``h100``,
+    ``A100-80GB``, ``4090``). Raises InvalidValueError (exit 2) naming the choices."""
+    from tuneplan.core.gpu_names import normalise_gpu_name
+    from tuneplan.errors import InvalidValueError, UnknownGpuError
+
+    for candidate in (name, f"RTX {name}"):
+        try:
+            return load_gpu_spec(normalise_gpu_name(candidate))
+        except UnknownGpuError:
+            continue
+    raise InvalidValueError(f"unknown GPU {name!r}: see `tuneplan gpus` for the names")

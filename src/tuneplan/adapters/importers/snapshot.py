@@ -1,0 +1,46 @@
+"""The bundled SkyPilot catalog snapshot (data/skypilot_snapshot/) as offers, one source per cloud.
+
+Reads package data only. ``SNAPSHOT_FETCHED_AT`` is the day the snapshot was assembled; the
+rows' own commit dates are unknown (see the snapshot README), so prices may be older.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from tuneplan.adapters.bundled import SNAPSHOT_DIR, list_snapshot_files, read_data_text
+from tuneplan.adapters.importers.base import ImportResult
+from tuneplan.adapters.importers.skypilot import parse_skypilot_csv
+
+#: When the bundled snapshot was assembled (UTC); every seeded offer carries it.
+SNAPSHOT_FETCHED_AT = datetime(2026, 11, 30, tzinfo=UTC)
+SOURCE_PREFIX = "skypilot-snapshot/"
+
+
+def load_bundled_snapshot() -> list[tuple[str, ImportResult, datetime]]:
+    """(source, result, fetched_at) for every bundled cloud file, sorted by source.
+
+    ``runpod_v7.csv`` (older) loses the instance types that ``runpod.csv`` (v8) also lists.
+    """
+    results: list[tuple[str, ImportResult, datetime]] = []
+    for name in list_snapshot_files():
+        cloud = name.removesuffix(".csv")
+        source = SOURCE_PREFIX + cloud.replace("_", "-")
+        result = parse_skypilot_csv(read_data_text(SNAPSHOT_DIR, name), cloud,
+                                    SNAPSHOT_FETCHED_AT, source)
+        results.append((source, result, SNAPSHOT_FETCHED_AT))
+    return _drop_superseded_runpod(results)
+
+
+def _drop_superseded_runpod(results: list[tuple[str, ImportResult, datetime]]
+                            ) -> list[tuple[str, ImportResult, datetime]]:
+    by_source = {source: result for source, result, _ in results}
+    newer = by_source.get(SOURCE_PREFIX + "runpod")
+    older = by_source.get(SOURCE_PREFIX + "runpod-v7")
+    if newer is None or older is None:
+        return results
+    v8_types = {offer.instance_type for offer in newer.offers}
+    kept = tuple(o for o in older.offers if o.instance_type not in v8_types)
+    trimmed = ImportResult(offers=kept, unknown_gpu_names=older.unknown_gpu_names,
+                           rejected_rows=older.rejected_rows, rejected_count=older.rejected_count)
+    return [(s, trimmed if s == SOURCE_PREFIX + "runpod-v7" else r, t) for s, r, t in results]

@@ -1,0 +1,85 @@
+"""A user's own prices (negotiated, reserved, on-prem) from a CSV file -> offers.
+
+Columns (header row, any order): ``provider, gpu, gpu_count, region`` and at least one of
+``price_per_hour`` / ``spot_price_per_hour`` (USD per hour for the whole instance) are
+required; ``instance_type, zone, vcpus, ram, disk, interconnect, gpu_memory, notes`` are
+optional (sizes with their unit: ``512GiB``, ``80GB``). Pure parsing of text already read.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import datetime
+from functools import partial
+
+from tuneplan.adapters.bundled import load_gpu_spec
+from tuneplan.adapters.importers.base import ImportResult
+from tuneplan.adapters.importers.validation import (
+    OfferCollector,
+    RowRejected,
+    read_count,
+    read_name,
+    read_number,
+    read_price,
+)
+from tuneplan.core.catalog import Offer, normalise_gpu_name, normalise_provider_name
+from tuneplan.errors import InvalidValueError
+from tuneplan.units import parse_size
+
+REQUIRED_COLUMNS = ("provider", "gpu", "gpu_count", "region")
+OPTIONAL_COLUMNS = ("instance_type", "zone", "vcpus", "ram", "disk", "interconnect",
+                    "gpu_memory", "notes", "price_per_hour", "spot_price_per_hour")
+MAX_ROWS = 100_000
+
+
+def parse_user_csv(text: str, source: str, fetched_at: datetime) -> ImportResult:
+    """Offers from a user's CSV; rows that fail go to ``rejected_rows`` as ``"line N: why"``.
+
+    Raises InvalidValueError when the header lacks a required column or names an unknown one.
+    """
+    reader = csv.DictReader(io.StringIO(text))
+    header = [name.strip() for name in (reader.fieldnames or ())]
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    unknown = [c for c in header if c not in REQUIRED_COLUMNS + OPTIONAL_COLUMNS]
+    if missing or unknown or not {"price_per_hour", "spot_price_per_hour"} & set(header):
+        raise InvalidValueError(
+            f"{source}: header must have {', '.join(REQUIRED_COLUMNS)} and price_per_hour "
+            f"and/or spot_price_per_hour (missing {missing or 'none'}, "
+            f"unknown {unknown or 'none'})")
+    reader.fieldnames = header
+    collector = OfferCollector()
+    for index, row in enumerate(reader):
+        if index >= MAX_ROWS:
+            raise InvalidValueError(f"{source}: more than {MAX_ROWS} rows")
+        collector.add(f"line {reader.line_num}", partial(_offer, row, source, fetched_at))
+    return collector.result()
+
+
+def _size(row: dict[str, str | None], column: str) -> int | None:
+    text = (row.get(column) or "").strip()
+    if not text:
+        return None
+    try:
+        return parse_size(text)
+    except InvalidValueError as exc:
+        raise RowRejected(f"{column}: {exc}") from exc
+
+
+def _offer(row: dict[str, str | None], source: str, fetched_at: datetime) -> Offer:
+    if None in row.values() or None in row:
+        raise RowRejected("wrong number of fields")
+    gpu = normalise_gpu_name(read_name(row.get("gpu"), "gpu"), _size(row, "gpu_memory"))
+    return Offer(
+        provider=normalise_provider_name(read_name(row.get("provider"), "provider")),
+        instance_type=(row.get("instance_type") or "").strip(),
+        gpu=gpu, gpu_count=read_count(row.get("gpu_count"), "gpu_count"),
+        gpu_memory_bytes=load_gpu_spec(gpu).memory_bytes,
+        vcpus=read_number(row.get("vcpus"), "vcpus"), ram_bytes=_size(row, "ram"),
+        disk_bytes=_size(row, "disk"), region=read_name(row.get("region"), "region"),
+        zone=(row.get("zone") or "").strip() or None,
+        price_per_hour=read_price(row.get("price_per_hour"), "price_per_hour"),
+        spot_price_per_hour=read_price(row.get("spot_price_per_hour"), "spot_price_per_hour"),
+        interconnect=(row.get("interconnect") or "").strip() or None,
+        fetched_at=fetched_at, source=source, notes=(row.get("notes") or "").strip(),
+    )

@@ -1,0 +1,142 @@
+"""Row-by-row checks shared by the importers: read prices and counts, collect offers and rejects.
+
+A hostile or malformed row (negative, NaN, absurd or non-numeric price, wrong type, unknown
+GPU) never stops an import: it is rejected with a reason or reported as an unknown GPU name.
+A payload whose overall shape is wrong raises ``PayloadError`` and the whole source fails.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from tuneplan.adapters.bundled import load_gpu_spec
+from tuneplan.adapters.importers.base import ImportResult
+from tuneplan.core.catalog import Offer, is_safe_text
+from tuneplan.errors import CatalogError, InvalidOfferError, InvalidValueError, UnknownGpuError
+
+#: Longest name (instance type, region) an importer keeps; longer ones are hostile or garbage.
+MAX_NAME_CHARS = 200
+#: How many reject reasons are kept verbatim (the count is always exact).
+MAX_REJECT_REASONS = 50
+
+
+class PayloadError(CatalogError):
+    """The payload as a whole has the wrong shape (not the JSON/CSV the source documents)."""
+
+
+class RowRejected(ValueError):
+    """One row has a value that cannot be trusted; the message says which and why."""
+
+
+def read_price(value: Any, label: str) -> Decimal | None:
+    """A price in USD/h as Decimal, or None for an absent one (None or empty string).
+
+    Rejects booleans, non-numbers, NaN/inf, zero and negative values (RowRejected). Floats go
+    through ``repr`` so 2.49 stays Decimal("2.49"), not its binary expansion.
+    """
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, str, Decimal)):
+        raise RowRejected(f"{label} has type {type(value).__name__}, expected a number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RowRejected(f"{label} is {value!r}")
+    try:
+        price = Decimal(repr(value) if isinstance(value, float) else str(value).strip())
+    except InvalidOperation as exc:
+        raise RowRejected(f"{label} {str(value)[:40]!r} is not a number") from exc
+    if not price.is_finite():
+        raise RowRejected(f"{label} is {str(value)[:40]}, not a finite number")
+    if price <= 0:
+        raise RowRejected(f"{label} must be > 0, got {str(value)[:40]}")
+    return price
+
+
+def read_count(value: Any, label: str) -> int:
+    """A whole, positive count (GPUs); ``8``, ``8.0`` and ``"8"`` are 8; 0.25 is rejected."""
+    if isinstance(value, bool):
+        raise RowRejected(f"{label} is a boolean")
+    try:
+        number = Decimal(str(value).strip())
+    except InvalidOperation as exc:
+        raise RowRejected(f"{label} {str(value)[:40]!r} is not a number") from exc
+    if not number.is_finite() or number != number.to_integral_value() or number < 1:
+        raise RowRejected(f"{label} must be a whole number >= 1, got {str(value)[:40]}")
+    return int(number)
+
+
+def read_number(value: Any, label: str) -> float | None:
+    """An optional non-negative quantity (vCPUs, GiB); None when absent."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, bool):
+        raise RowRejected(f"{label} is a boolean")
+    try:
+        number = float(value)
+    except (TypeError, ValueError) as exc:
+        raise RowRejected(f"{label} {str(value)[:40]!r} is not a number") from exc
+    if not math.isfinite(number) or number < 0:
+        raise RowRejected(f"{label} must be finite and >= 0, got {value!r}")
+    return number
+
+
+def read_name(value: Any, label: str) -> str:
+    """A short printable name (instance type, region); rejects control characters and huge text."""
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise RowRejected(f"{label} has type {type(value).__name__}, expected text")
+    text = str(value).strip()
+    if not text or len(text) > MAX_NAME_CHARS or not is_safe_text(text):
+        raise RowRejected(f"{label} {text[:40]!r} is empty, too long or has control characters")
+    return text
+
+
+class OfferCollector:
+    """Builds offers one row at a time, keeping every failure with its reason."""
+
+    def __init__(self) -> None:
+        self.offers: list[Offer] = []
+        self.unknown_gpu_names: dict[str, None] = {}  # ordered set
+        self.rejected: list[str] = []
+        self.rejected_count = 0
+
+    def add(self, where: str, build: Callable[[], Offer | None]) -> None:
+        """Run ``build`` for one row; None means "not a GPU offer, skip" (not a reject)."""
+        try:
+            offer = build()
+        except UnknownGpuError as exc:
+            self.unknown_gpu_names[exc.raw or str(exc)] = None
+            return
+        except (RowRejected, InvalidOfferError, InvalidValueError, KeyError, TypeError,
+                AttributeError) as exc:
+            self.reject(where, exc)
+            return
+        if offer is not None:
+            self.offers.append(offer)
+
+    def reject(self, where: str, reason: object) -> None:
+        """Record one rejected row."""
+        self.rejected_count += 1
+        if len(self.rejected) < MAX_REJECT_REASONS:
+            text = f"{type(reason).__name__}: {reason}" if isinstance(reason, KeyError) else reason
+            self.rejected.append(f"{where}: {text}")
+
+    def result(self) -> ImportResult:
+        """The offers, unknown GPU names and rejected rows collected so far."""
+        return ImportResult(
+            offers=tuple(self.offers),
+            unknown_gpu_names=tuple(self.unknown_gpu_names),
+            rejected_rows=tuple(self.rejected),
+            rejected_count=self.rejected_count,
+        )
+
+
+def spec_memory_bytes(gpu: str) -> int:
+    """Memory per GPU of a canonical GPU, from the bundled specs (vram_gb x 2^30).
+
+    Every offer carries the spec's figure so the same card has one memory size whatever a
+    source writes (RunPod "80", vast.ai 81,559 MiB, gpuhunt 80.0): the source's own number only
+    picks a variant (A100 40 vs 80 GB) in ``normalise_gpu_name``.
+    """
+    return load_gpu_spec(gpu).memory_bytes

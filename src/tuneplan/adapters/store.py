@@ -1,0 +1,367 @@
+"""The offer catalog on disk: SQLite (WAL) with one snapshot per refresh of each source.
+
+Path: ``$TUNEPLAN_HOME/catalog.sqlite`` if set, else ``platformdirs.user_data_dir("tuneplan")``.
+A new file is seeded from the bundled SkyPilot snapshot. ``replace_source`` writes a whole
+snapshot in one transaction; older snapshots stay as price history. Queries use the core filter.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from tuneplan.core.catalog import Offer, OfferFilter, OfferSort, filter_offers, sort_offers
+from tuneplan.core.gpu_names import CANONICAL_GPUS, gpu_matches
+from tuneplan.errors import CatalogError
+
+SCHEMA_VERSION = 1
+STALE_AFTER_S = 7 * 86_400
+_MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE snapshots (
+        id INTEGER PRIMARY KEY, source TEXT NOT NULL, fetched_at TEXT NOT NULL,
+        row_count INTEGER NOT NULL, is_current INTEGER NOT NULL DEFAULT 0);
+    CREATE INDEX snapshots_source ON snapshots(source, is_current);
+    CREATE TABLE offers (
+        snapshot_id INTEGER NOT NULL REFERENCES snapshots(id), offer_id TEXT NOT NULL,
+        provider TEXT NOT NULL, instance_type TEXT NOT NULL, gpu TEXT NOT NULL,
+        gpu_count INTEGER NOT NULL, gpu_memory_bytes INTEGER NOT NULL, vcpus REAL,
+        ram_bytes INTEGER, disk_bytes INTEGER, region TEXT NOT NULL, zone TEXT,
+        price_per_hour TEXT, spot_price_per_hour TEXT, currency TEXT NOT NULL,
+        interconnect TEXT, fetched_at TEXT NOT NULL, source TEXT NOT NULL,
+        attachable INTEGER NOT NULL, notes TEXT NOT NULL);
+    CREATE INDEX offers_snapshot ON offers(snapshot_id);
+    CREATE INDEX offers_gpu ON offers(gpu);
+    """,
+}
+_COLUMNS = ("offer_id", "provider", "instance_type", "gpu", "gpu_count", "gpu_memory_bytes",
+            "vcpus", "ram_bytes", "disk_bytes", "region", "zone", "price_per_hour",
+            "spot_price_per_hour", "currency", "interconnect", "fetched_at", "source",
+            "attachable", "notes")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SourceStatus:
+    """The current snapshot of one source: when fetched, how many offers, how old."""
+
+    source: str
+    fetched_at: datetime
+    offers: int
+    snapshots: int
+    age_s: float
+    stale: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PricePoint:
+    """Cheapest prices of one GPU in one snapshot of one source (USD per GPU-hour)."""
+
+    gpu: str
+    source: str
+    fetched_at: datetime
+    offers: int
+    min_price_per_gpu_hour: Decimal | None
+    min_spot_price_per_gpu_hour: Decimal | None
+
+
+def default_path() -> Path:
+    """``$TUNEPLAN_HOME/catalog.sqlite``, else the per-user data dir (platformdirs)."""
+    home = os.environ.get("TUNEPLAN_HOME")
+    if home:
+        return Path(home) / "catalog.sqlite"
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("tuneplan")) / "catalog.sqlite"
+
+
+class CatalogStore:
+    """The SQLite catalog. Open with ``CatalogStore.open()``; close or use as a context manager.
+
+    Every sqlite3 failure (corrupt or foreign file, locked, full disk) becomes a one-line
+    CatalogError naming the file.
+    """
+
+    def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
+        self._db = connection
+        self.path = path
+
+    @classmethod
+    def open(cls, path: str | Path | None = None, *, seed: bool = True) -> CatalogStore:
+        """Open (creating and migrating) the catalog; a new, empty one is seeded from the
+        bundled SkyPilot snapshot unless ``seed`` is False. Raises CatalogError."""
+        target = Path(path) if path is not None else default_path()
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            connection = sqlite3.connect(target, timeout=30, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise CatalogError(f"cannot open catalog {target}: {exc}") from exc
+        store = cls(connection, target)
+        try:
+            store._migrate()
+            if seed:
+                store._seed()
+        except sqlite3.Error as exc:
+            connection.close()
+            raise CatalogError(f"catalog {target} is unreadable ({exc}); delete it to rebuild "
+                               "it from the bundled snapshot") from exc
+        except CatalogError:
+            connection.close()
+            raise
+        return store
+
+    def _migrate(self) -> None:
+        version = self._count("PRAGMA user_version")
+        if version > SCHEMA_VERSION:
+            raise CatalogError(f"catalog {self.path} has schema {version}, newer than this "
+                               f"tuneplan ({SCHEMA_VERSION}): upgrade tuneplan")
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        for step in range(version + 1, SCHEMA_VERSION + 1):
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                # Statement by statement: executescript would COMMIT the open transaction.
+                for statement in _MIGRATIONS[step].split(";"):
+                    if statement.strip():
+                        self._db.execute(statement)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute(f"PRAGMA user_version={step}")
+            self._db.execute("COMMIT")
+
+    def _seed(self) -> None:
+        """Write the bundled snapshot into an empty catalog, all sources in one transaction
+        (two processes opening a new file seed it once; a killed seed leaves it empty)."""
+        if self._count("SELECT COUNT(*) FROM snapshots"):
+            return
+        from tuneplan.adapters.importers.snapshot import load_bundled_snapshot
+
+        snapshot = load_bundled_snapshot()
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            if not self._count("SELECT COUNT(*) FROM snapshots"):
+                for source, result, fetched_at in snapshot:
+                    self._write_snapshot(source, result.offers, _iso(fetched_at))
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def _count(self, sql: str, *args: object) -> int:
+        row = self._db.execute(sql, args).fetchone()
+        return int(row[0]) if row and row[0] is not None else 0
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._db.close()
+
+    def __enter__(self) -> CatalogStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def replace_source(self, source: str, offers: Iterable[Offer], fetched_at: datetime) -> int:
+        """Write ``offers`` as the new current snapshot of ``source``, atomically.
+
+        One transaction: either every offer is written and the snapshot becomes current, or
+        (on any exception, even from the ``offers`` iterator, or a killed process) nothing
+        changes. The previous snapshot is kept as history. Returns the number written.
+        Raises CatalogError on a database failure; other exceptions propagate after rollback.
+        """
+        if fetched_at.tzinfo is None:
+            raise CatalogError("fetched_at must be timezone-aware UTC")
+        stamp = _iso(fetched_at)
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                written = self._write_snapshot(source, offers, stamp)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise CatalogError(f"could not write {source} to {self.path}: {exc}") from exc
+        return written
+
+    def _write_snapshot(self, source: str, offers: Iterable[Offer], stamp: str) -> int:
+        cursor = self._db.execute(
+            "INSERT INTO snapshots(source, fetched_at, row_count, is_current) VALUES (?,?,0,0)",
+            (source, stamp))
+        snapshot_id = cursor.lastrowid
+        placeholders = ",".join("?" * (len(_COLUMNS) + 1))
+        self._db.executemany(
+            f"INSERT INTO offers(snapshot_id,{','.join(_COLUMNS)}) VALUES ({placeholders})",
+            ((snapshot_id, *_row(offer)) for offer in offers))
+        written = self._count("SELECT COUNT(*) FROM offers WHERE snapshot_id=?", snapshot_id)
+        self._db.execute("UPDATE snapshots SET is_current=0 WHERE source=? AND is_current=1",
+                         (source,))
+        self._db.execute("UPDATE snapshots SET is_current=1, row_count=? WHERE id=?",
+                         (written, snapshot_id))
+        return written
+
+    def offers(self, query: OfferFilter | None = None, *, sort: OfferSort | None = None,
+               current_only: bool = True) -> list[Offer]:
+        """Current offers passing ``query`` (all when None), sorted by ``sort`` if given.
+
+        When two current sources list the same offer id, the newest ``fetched_at`` wins.
+        Raises CatalogError when the file or a row is corrupt.
+        """
+        query = query or OfferFilter()
+        where: list[str] = ["s.is_current=1"] if current_only else []
+        args: list[object] = []
+        if query.gpu is not None:  # resolve the family match once, then let SQLite filter
+            names = [name for name in CANONICAL_GPUS if gpu_matches(query.gpu, name)]
+            where.append(f"o.gpu IN ({','.join('?' * len(names))})" if names else "0")
+            args.extend(names)
+        if query.gpu_count is not None:
+            where.append("o.gpu_count=?")
+            args.append(query.gpu_count)
+        if query.min_gpu_memory_bytes is not None:
+            where.append("o.gpu_memory_bytes>=?")
+            args.append(query.min_gpu_memory_bytes)
+        if query.spot:
+            where.append("o.spot_price_per_hour IS NOT NULL")
+        sql = (f"SELECT {','.join('o.' + c for c in _COLUMNS)} FROM offers o "
+               f"JOIN snapshots s ON s.id=o.snapshot_id")
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        newest: dict[str, Offer] = {}
+        for offer in filter_offers(self._read(sql, args), query):
+            kept = newest.get(offer.id)
+            if kept is None or offer.fetched_at > kept.fetched_at:
+                newest[offer.id] = offer
+        found = list(newest.values())
+        return sort_offers(found, sort, spot=query.spot) if sort else found
+
+    def _read(self, sql: str, args: Sequence[object]) -> Iterator[Offer]:
+        try:
+            rows = self._db.execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            raise CatalogError(f"catalog {self.path} is unreadable ({exc}); delete it to "
+                               "rebuild it from the bundled snapshot") from exc
+        for row in rows:
+            yield _offer(row, self.path)
+
+    def status(self, now: datetime | None = None) -> list[SourceStatus]:
+        """Per source: current snapshot time, offer count, snapshots kept, age, stale flag
+        (older than 7 days). Sorted by source."""
+        now = now or datetime.now(UTC)
+        rows = self._safe("SELECT source, MAX(CASE WHEN is_current=1 THEN fetched_at END), "
+                          "MAX(CASE WHEN is_current=1 THEN row_count END), COUNT(*) "
+                          "FROM snapshots GROUP BY source ORDER BY source")
+        result = []
+        for source, fetched, count, snapshots in rows:
+            if fetched is None:
+                continue
+            when = _parse_time(fetched, self.path)
+            age = (now - when).total_seconds()
+            result.append(SourceStatus(source=source, fetched_at=when, offers=int(count or 0),
+                                       snapshots=int(snapshots), age_s=age,
+                                       stale=age > STALE_AFTER_S))
+        return result
+
+    def history(self, gpu: str) -> list[PricePoint]:
+        """Cheapest per-GPU-hour prices of every GPU matching ``gpu`` (family match, as
+        ``--gpu``) in every snapshot, current or not, oldest first."""
+        rows = self._safe(
+            "SELECT o.gpu, s.source, s.fetched_at, o.gpu_count, o.price_per_hour, "
+            "o.spot_price_per_hour, s.id FROM offers o JOIN snapshots s ON s.id=o.snapshot_id")
+        points: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
+        for row in rows:
+            if gpu_matches(gpu, row[0]):
+                points.setdefault((row[0], row[6]), []).append(row)
+        result = [_price_point(rows, self.path) for rows in points.values()]
+        return sorted(result, key=lambda p: (p.fetched_at, p.gpu, p.source))
+
+    def _safe(self, sql: str) -> list[tuple[Any, ...]]:
+        try:
+            return list(self._db.execute(sql).fetchall())
+        except sqlite3.Error as exc:
+            raise CatalogError(f"catalog {self.path} is unreadable ({exc})") from exc
+
+
+def _price_point(rows: list[tuple[Any, ...]], path: Path) -> PricePoint:
+    def cheapest(column: int) -> Decimal | None:
+        values = [Decimal(str(r[column])) / int(str(r[3])) for r in rows if r[column] is not None]
+        return min(values) if values else None
+
+    first = rows[0]
+    return PricePoint(gpu=str(first[0]), source=str(first[1]),
+                      fetched_at=_parse_time(str(first[2]), path), offers=len(rows),
+                      min_price_per_gpu_hour=cheapest(4), min_spot_price_per_gpu_hour=cheapest(5))
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat()
+
+
+def _parse_time(text: str, path: Path) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text)
+    except (TypeError, ValueError) as exc:
+        raise CatalogError(f"catalog {path} holds a bad timestamp {str(text)[:40]!r}") from exc
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _row(offer: Offer) -> tuple[object, ...]:
+    if not isinstance(offer, Offer):
+        raise CatalogError(f"not an Offer: {type(offer).__name__}")
+    money = (None if p is None else str(p) for p in (offer.price_per_hour,
+                                                     offer.spot_price_per_hour))
+    return (offer.id, offer.provider, offer.instance_type, offer.gpu, offer.gpu_count,
+            offer.gpu_memory_bytes, offer.vcpus, offer.ram_bytes, offer.disk_bytes, offer.region,
+            offer.zone, *money, offer.currency, offer.interconnect, _iso(offer.fetched_at),
+            offer.source, int(offer.attachable), offer.notes)
+
+
+def _offer(row: tuple[object, ...], path: Path) -> Offer:
+    values = dict(zip(_COLUMNS, row, strict=True))
+    try:
+        return Offer(
+            provider=str(values["provider"]), instance_type=str(values["instance_type"]),
+            gpu=str(values["gpu"]), gpu_count=_int(values["gpu_count"]),
+            gpu_memory_bytes=_int(values["gpu_memory_bytes"]),
+            vcpus=None if values["vcpus"] is None else float(str(values["vcpus"])),
+            ram_bytes=None if values["ram_bytes"] is None else _int(values["ram_bytes"]),
+            disk_bytes=None if values["disk_bytes"] is None else _int(values["disk_bytes"]),
+            region=str(values["region"]),
+            zone=None if values["zone"] is None else str(values["zone"]),
+            price_per_hour=_money(values["price_per_hour"]),
+            spot_price_per_hour=_money(values["spot_price_per_hour"]),
+            currency=str(values["currency"]),
+            interconnect=None if values["interconnect"] is None else str(values["interconnect"]),
+            fetched_at=_parse_time(str(values["fetched_at"]), path),
+            source=str(values["source"]), attachable=bool(values["attachable"]),
+            notes=str(values["notes"]))
+    except CatalogError as exc:
+        raise CatalogError(f"catalog {path} holds a bad offer ({exc}); delete the file to "
+                           "rebuild it from the bundled snapshot") from exc
+    except (TypeError, ValueError, ArithmeticError) as exc:
+        raise CatalogError(f"catalog {path} holds a bad value ({exc})") from exc
+
+
+def _int(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CatalogError(f"expected an integer, found {str(value)[:40]!r}")
+    return value
+
+
+def _money(value: object) -> Decimal | None:
+    return None if value is None else Decimal(str(value))
+
+
+def load_catalog(query: OfferFilter | None = None, *, sort: OfferSort | None = None,
+                 path: str | Path | None = None) -> list[Offer]:
+    """Current offers from the user's catalog (seeded on first use), filtered and sorted.
+
+    Convenience for ``CatalogStore.open(path).offers(query, sort=sort)``; raises CatalogError.
+    """
+    with CatalogStore.open(path) as store:
+        return store.offers(query, sort=sort)

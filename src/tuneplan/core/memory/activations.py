@@ -1,0 +1,214 @@
+"""Activations a transformer block saves for backward, tensor by tensor, in bytes.
+
+Read off the autograd graph of transformers 5 / PEFT 0.21 modules: RMSNorm saves its fp32
+input, rsqrt and (if its weight trains) the normalized tensor; a linear saves its input only if
+its weight trains; SDPA/flash saves q, k, v, output and an fp32 logsumexp; eager attention the
+fp32 softmax (B·heads·S·S_kv) and its cast; a gated MLP saves gate, act and up outputs; PEFT
+LoRA saves a cast copy of the input per target and the rank-r intermediate. No loss/logits here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuneplan.core.job import Attention, Strategy
+from tuneplan.core.methods import IA3_FEEDFORWARD, Method, targeted_linears
+from tuneplan.core.models import LayerSpec, Linear, LinearRole, ModelSpec, NormKind
+from tuneplan.core.recipes import PrecisionPlan
+
+_O_NAMES = frozenset({"o_proj", "dense", "out_proj", "wo", "c_proj"})
+_DOWN_NAMES = frozenset({"down_proj", "fc2", "dense_4h_to_h", "w2", "c_proj", "down"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Shape:
+    """Token geometry of one micro-batch: batch, query positions, key positions."""
+
+    batch: int
+    seq_q: int
+    seq_kv: int
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq_q
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Widths:
+    """Byte widths of activations: compute, residual stream, norm output, adapter, autocast."""
+
+    compute: int
+    residual: int
+    norm_out: int
+    adapter: int
+    autocast: bool
+    norm_trains: bool
+    dropout_mask: int = 1
+
+
+def widths(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan,
+           dropout_mask_bytes: int = 1) -> Widths:
+    """Activation widths: the residual stream has the embedding's dtype (autocast leaves it)."""
+    full = strategy.method.trains_base
+    embed = plan.trainable_weight_bytes if full else (4 if plan.kbit_upcast else
+                                                       plan.frozen_weight_bytes)
+    norm_w = plan.trainable_weight_bytes if full else (4 if plan.kbit_upcast else
+                                                        plan.frozen_weight_bytes)
+    residual = embed if plan.autocast or plan.kbit_upcast or full else plan.compute_bytes
+    return Widths(compute=plan.compute_bytes, residual=residual, norm_out=max(residual, norm_w),
+                  adapter=plan.adapter_bytes, autocast=plan.autocast, norm_trains=full,
+                  dropout_mask=dropout_mask_bytes)
+
+
+def norm_saved(model: ModelSpec, tokens: int, w: Widths) -> int:
+    """One norm: RMSNorm saves the fp32 input, rsqrt, and the normalized tensor if it trains."""
+    h = model.hidden_size
+    if model.norm_kind is NormKind.RMSNORM:
+        return tokens * h * 4 + tokens * 4 + (tokens * h * w.residual if w.norm_trains else 0)
+    # native_layer_norm saves its input (fp32 under autocast), mean and rstd.
+    return tokens * h * (4 if w.autocast else w.residual) + 2 * tokens * 4
+
+
+def _group(lin: Linear) -> str:
+    short = lin.name.rsplit(".", 1)[-1]
+    if lin.role is LinearRole.ATTENTION:
+        return "o_in" if short in _O_NAMES else "attn_in"
+    if lin.role is LinearRole.ROUTER:
+        return "mlp_in"
+    return "down_in" if short in _DOWN_NAMES else "mlp_in"
+
+
+def _linear_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Widths,
+                   shape: Shape) -> dict[str, int]:
+    """Bytes of linear inputs (and adapter intermediates) one block saves."""
+    t = shape.tokens
+    method = strategy.method
+    targets = set(id(lin) for lin in targeted_linears(model, strategy, layer)) if (
+        method.is_lora or method is Method.IA3) else set()
+    dims = {"attn_in": (model.hidden_size, w.norm_out), "mlp_in": (model.hidden_size, w.norm_out),
+            "o_in": (model.num_heads * model.head_dim, w.compute),
+            "down_in": (model.intermediate_size, w.compute)}
+    shared: set[str] = set()
+    out = {"linear_inputs": 0, "adapters": 0}
+    for lin in layer.linears:
+        if lin.role is LinearRole.EXPERT:
+            continue
+        group = _group(lin)
+        d_in = dims[group][1]
+        if method.trains_base:
+            if w.autocast and d_in != w.compute:
+                out["linear_inputs"] += t * lin.in_features * w.compute
+            else:
+                shared.add(group)
+        if id(lin) not in targets:
+            continue
+        if method is Method.IA3:
+            out["adapters"] += _ia3_saved(lin, t, d_in, w, shared, group)
+        else:
+            out["adapters"] += _lora_saved(lin, t, d_in, w, strategy, shared, group)
+    for group in shared:
+        if group == "o_in" and strategy.attention is not Attention.EAGER:
+            continue  # SDPA/flash output is laid out so o_proj's input is a view of it
+        dim, width = dims[group]
+        out["linear_inputs"] += t * dim * width
+    return out
+
+
+def _lora_saved(lin: Linear, t: int, d_in: int, w: Widths, strategy: Strategy,
+                shared: set[str], group: str) -> int:
+    """PEFT lora.Linear: x.to(A.dtype) -> dropout -> A (saves input) -> B (saves A's output)."""
+    a, c, n = w.adapter, w.compute, lin.in_features
+    saved = 0
+    if strategy.lora_dropout > 0:
+        saved += t * n * w.dropout_mask  # mask: bool from CUDA native_dropout, fp32 on the CPU
+        saved += t * n * (c if w.autocast else a)
+    elif w.autocast and a != c:
+        saved += t * n * c  # autocast's bf16 copy of the fp32-cast input, per target
+    elif d_in != a:
+        saved += t * n * a  # PEFT's cast of the input to the adapter dtype, per target
+    else:
+        shared.add(group)
+    inner = c if w.autocast else a
+    saved += t * strategy.lora_rank * inner
+    if strategy.method is Method.DORA:
+        # (m/|W|-1)·base_result and m/|W|·lora_result keep both T×out tensors.
+        saved += t * lin.out_features * (c + inner)
+    return saved
+
+
+def _ia3_saved(lin: Linear, t: int, d_in: int, w: Widths, shared: set[str], group: str) -> int:
+    """PEFT ia3.Linear: feed-forward targets scale (and save) the input, others the output."""
+    if lin.name.rsplit(".", 1)[-1] in IA3_FEEDFORWARD:
+        if d_in == w.adapter:
+            shared.add(group)
+            return 0
+        return t * lin.in_features * w.adapter
+    return t * lin.out_features * w.compute
+
+
+def attention_saved(model: ModelSpec, strategy: Strategy, w: Widths, shape: Shape) -> int:
+    """SDPA/flash: q, k, v, out + fp32 logsumexp; eager: q, repeated k/v, fp32 softmax + cast."""
+    c, b = w.compute, shape.batch
+    qd = model.num_heads * model.head_dim
+    kvd = model.num_kv_heads * model.head_dim
+    t_q, t_kv = b * shape.seq_q, b * shape.seq_kv
+    if strategy.attention is Attention.EAGER:
+        scores = b * model.num_heads * shape.seq_q * shape.seq_kv
+        cast = scores * c if c != 4 else 0
+        # The output's contiguous copy is o_proj's input: counted with the linear inputs.
+        return t_q * qd * c + 2 * t_kv * qd * c + scores * 4 + cast
+    if shape.seq_kv != shape.seq_q:
+        # Prefix tuning: an explicit additive mask disables SDPA's native GQA, so k/v are
+        # repeated to every head, and the fp32 mask B·S·S_kv is saved per block.
+        mask = b * shape.seq_q * shape.seq_kv * 4
+        return t_q * qd * c + 2 * t_kv * qd * c + t_q * qd * c + b * model.num_heads * \
+            shape.seq_q * 4 + mask
+    return t_q * qd * c + 2 * t_kv * kvd * c + t_q * qd * c + b * model.num_heads * shape.seq_q * 4
+
+
+def mlp_saved(model: ModelSpec, layer: LayerSpec, w: Widths, shape: Shape,
+              experts_train: bool) -> int:
+    """Gated MLP: gate out, act out, up out; plain MLP: fc1 out. MoE: per routed token copy."""
+    t, c = shape.tokens, w.compute
+    if layer.num_experts:
+        k = layer.experts_per_token
+        inter = model.moe_intermediate_size or model.intermediate_size
+        router = t * layer.num_experts * 4 + t * k * 4
+        # grouped_mm: gathered inputs and the down product are saved only if experts train.
+        per_pair = (2 * inter + inter + model.hidden_size) * c
+        if experts_train:
+            per_pair += (model.hidden_size + inter) * c
+        return router + t * k * per_pair
+    inter = model.intermediate_size
+    if model.mlp_kind.value == "gated":
+        return 3 * t * inter * c
+    return t * inter * c
+
+
+def block_saved(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Widths,
+                shape: Shape) -> dict[str, int]:
+    """Everything one block keeps from forward to backward, by component (bytes)."""
+    t = shape.tokens
+    parts = {"norms": 2 * norm_saved(model, t, w),
+             "attention": attention_saved(model, strategy, w, shape),
+             "mlp": mlp_saved(model, layer, w, shape, strategy.method.trains_base)}
+    parts.update(_linear_inputs(model, layer, strategy, w, shape))
+    return parts
+
+
+def first_norm_without_grad(model: ModelSpec, strategy: Strategy, w: Widths,
+                            shape: Shape) -> int:
+    """Bytes the first block's norm does *not* save when nothing before it needs a gradient.
+
+    A frozen embedding with no checkpointing (so no ``enable_input_require_grads``) feeds the
+    first norm a tensor without grad: autograd records nothing there.
+    """
+    m = strategy.method
+    if m.trains_base or m.value == "prompt" or strategy.checkpointing.value != "none":
+        return 0
+    return norm_saved(model, shape.tokens, w)
+
+
+def block_input_bytes(model: ModelSpec, w: Widths, shape: Shape) -> int:
+    """What checkpointing keeps per block: its input hidden states."""
+    return shape.tokens * model.hidden_size * w.residual

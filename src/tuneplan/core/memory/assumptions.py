@@ -1,0 +1,78 @@
+"""Every tunable constant of the memory estimate, in one object printed with each result.
+
+Nothing here is computed; defaults carry their source. Pass a modified copy
+(``dataclasses.replace``) to ``estimate_memory`` to explore other settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+MiB = 2**20
+
+# CUDA context + loaded kernels per GPU generation, outside the caching allocator.
+_CONTEXT_BYTES = MappingProxyType({
+    # V100, CUDA 11 without lazy module loading: the transformers docs measured 1343 MiB for a
+    # one-element tensor (calibration set, transformers-docs group).
+    "volta": 1343 * MiB,
+    "turing": 1000 * MiB,
+    # CUDA >= 11.7 lazy loading (default since 12.2): context + cuBLAS/cuDNN handles.
+    "ampere": 600 * MiB,
+    "ada": 600 * MiB,
+    "hopper": 700 * MiB,
+    "blackwell": 800 * MiB,
+    "default": 700 * MiB,
+})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryAssumptions:
+    """Constants the estimate uses; each field says where it comes from."""
+
+    # bitsandbytes 4-bit: blocksize 64 (bnb.functional.quantize_4bit), absmax fp32; nested
+    # quantization stores absmax as uint8 with a 256-block fp32 second level.
+    nf4_blocksize: int = 64
+    nested_blocksize: int = 256
+    # bnb 8-bit optimizers: blockwise state quantization, 256-element blocks (fp32 absmax);
+    # tensors below 4096 elements keep 32-bit state (min_8bit_size).
+    optim8bit_blocksize: int = 256
+    optim8bit_min_size: int = 4096
+    # torch AdamW implementation: "fused" (HF Trainer default for torch>=2.8, torchtune
+    # configs), "foreach" (torch default on CUDA) adds one parameter-sized temporary.
+    adamw_impl: str = "fused"
+    context_bytes_by_generation: Mapping[str, int] = field(default_factory=lambda: _CONTEXT_BYTES)
+    # cuBLAS workspace through the caching allocator (torch default :4096:8 = 32 MiB on sm90,
+    # 4096 KiB·2 + 16 KiB·8 otherwise); counted once per stream.
+    workspace_bytes_hopper: int = 32 * MiB
+    workspace_bytes_other: int = 8 * MiB + 128 * 2**10
+    # Caching allocator: reserved exceeds the allocated peak by block rounding and
+    # fragmentation; fraction of the allocated peak, with a floor.
+    allocator_reserve_fraction: float = 0.06
+    allocator_reserve_min_bytes: int = 256 * MiB
+    # NCCL communicator buffers per GPU when world size > 1 (outside the allocator).
+    nccl_bytes: int = 400 * MiB
+    # DeepSpeed defaults (HF "auto"): reduce/allgather buckets hold this many elements.
+    zero_bucket_elements: int = 500_000_000
+    # ZeRO-3 / FSDP keep this many gathered blocks alive (current + prefetched).
+    gathered_blocks: int = 2
+    # Unsloth/torchtune offloaded checkpoints: blocks whose input stays on device in flight.
+    offload_blocks_on_device: int = 2
+    # LoRA dropout mask element: CUDA native_dropout keeps a bool mask (1 B); the CPU kernel
+    # multiplies by a float noise tensor (4 B) - set 4 to compare with a CPU simulation.
+    dropout_mask_bytes: int = 1
+    # Chunked cross-entropy: number of chunks the logits are cut into (torchtune: 8).
+    loss_chunks: int = 8
+
+    def context_bytes(self, generation: str | None) -> int:
+        table = self.context_bytes_by_generation
+        return table.get((generation or "default").lower(), table["default"])
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            out[name] = dict(value) if isinstance(value, Mapping) else value
+        return out

@@ -1,0 +1,164 @@
+"""``estimate_memory``: the per-GPU peak of a training step, composed at the moment it happens.
+
+The step is modelled as moments — end of forward (loss computed), start of backward (loss
+gradients), backward through the top and bottom blocks, and the optimizer step (state created
+lazily at the first step while gradients are alive). Each moment lists the tensors alive then;
+the peak is the largest, and its terms are the Breakdown (total = allocated peak; reserve,
+context and NCCL are further explicit terms). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from tuneplan.core.job import Checkpointing, Strategy
+from tuneplan.core.memory import activations as act
+from tuneplan.core.memory.assumptions import MemoryAssumptions
+from tuneplan.core.memory.logits import loss_moments
+from tuneplan.core.memory.overheads import device_terms, reserve_term, workspace_term
+from tuneplan.core.memory.parts import part, total
+from tuneplan.core.memory.refusals import check_strategy
+from tuneplan.core.memory.sharding import ShardPlan, shard, shard_plan
+from tuneplan.core.memory.steady import Static, host_terms, static_terms
+from tuneplan.core.methods import Method, count_trainable, effective_quant
+from tuneplan.core.models import ModelSpec
+from tuneplan.core.recipes import precision_plan
+from tuneplan.explain import Breakdown, Term
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryEstimate:
+    """Per-GPU memory of one training step; bytes are ints, ``breakdown`` explains them."""
+
+    model: str
+    strategy: Strategy
+    assumptions: MemoryAssumptions
+    breakdown: Breakdown             # all per-GPU terms; total == device_total_bytes
+    allocated_peak_bytes: int
+    reserved_peak_bytes: int
+    device_total_bytes: int
+    peak_phase: str
+    phases: Mapping[str, int]        # allocated bytes at each modelled moment
+    host_ram_bytes: int
+    host: Breakdown
+    trainable_params: int
+    total_params: int
+    notes: tuple[str, ...] = field(default=())
+
+    def fits(self, capacity_bytes: int) -> bool:
+        return self.device_total_bytes <= capacity_bytes
+
+    def headroom(self, capacity_bytes: int) -> int:
+        return capacity_bytes - self.device_total_bytes
+
+
+def estimate_memory(model: ModelSpec, strategy: Strategy,
+                    assumptions: MemoryAssumptions | None = None, *,
+                    generation: str | None = None) -> MemoryEstimate:
+    """Per-GPU allocated / reserved / device peaks of one step of ``strategy`` on ``model``.
+
+    ``generation`` (``"ampere"``, ``"hopper"``…) picks the CUDA-context size. Raises
+    UnsupportedError for strategies the estimate cannot honour.
+    """
+    a = assumptions or MemoryAssumptions()
+    check_strategy(model, strategy)
+    trainable = count_trainable(model, strategy)
+    plan = precision_plan(strategy)
+    sp = shard_plan(strategy)
+    static = static_terms(model, strategy, plan, trainable, sp, a)
+    moments = _moments(model, strategy, static, sp, a)
+    phase, peak_terms = max(moments.items(), key=lambda kv: total(kv[1]))
+    peak_terms = [*peak_terms, workspace_term(generation, a)]
+    allocated = total(peak_terms)
+    reserve = reserve_term(allocated, a)
+    device = [reserve, *device_terms(generation, strategy.world_size, a), *static.outside]
+    breakdown = Breakdown.of("bytes", [*peak_terms, *device])
+    host = Breakdown.of("bytes", host_terms(model, strategy, static, sp))
+    return MemoryEstimate(
+        model=model.name, strategy=strategy, assumptions=a, breakdown=breakdown,
+        allocated_peak_bytes=allocated, reserved_peak_bytes=allocated + int(reserve.value),
+        device_total_bytes=int(breakdown.total), peak_phase=phase,
+        phases={k: total(v) for k, v in moments.items()}, host_ram_bytes=int(host.total),
+        host=host, trainable_params=trainable.total, total_params=static.total_params)
+
+
+def _moments(model: ModelSpec, s: Strategy, st: Static, sp: ShardPlan,
+             a: MemoryAssumptions) -> dict[str, list[Term]]:
+    plan = precision_plan(s)
+    w = act.widths(model, s, plan, a.dropout_mask_bytes)
+    prompt = s.num_virtual_tokens if s.method is Method.PROMPT else 0
+    prefix = s.num_virtual_tokens if s.method is Method.PREFIX else 0
+    shape = act.Shape(batch=s.batch_size, seq_q=s.seq_len + prompt,
+                      seq_kv=s.seq_len + prompt + prefix)
+    blocks = _block_terms(model, s, w, shape, a)
+    head_trains = s.method is Method.FULL or any(
+        m in ("lm_head", "score", "embed_out") for m in s.trainable_modules)
+    loss = loss_moments(model, s, plan, w, shape, head_trains)
+    grads_fb = st.grads if s.grad_accum > 1 else []
+    dq = _dequant_term(model, s, st)
+    inputs = [part("activations/inputs", 2 * shape.tokens * 8,
+                   "input ids + labels: 2·T·8 (int64)", tokens=shape.tokens)]
+    base = [*st.resident, *inputs]
+    moments = {
+        "forward": [*base, *grads_fb, *blocks.kept, *st.autocast_copies, *loss.kept,
+                    *loss.forward_only, *dq],
+        "backward-start": [*base, *grads_fb, *blocks.kept, *st.autocast_copies, *loss.kept,
+                           *loss.backward_only, *dq],
+        "backward-top-block": [*base, *(grads_fb or st.grads_top), *blocks.top, *dq],
+        "backward-bottom-block": [*base, *(grads_fb or st.grads_bottom), *blocks.bottom, *dq],
+    }
+    if not s.optimizer_in_backward:
+        moments["optimizer"] = [*base, *st.grads, *st.step]
+    return moments
+
+
+@dataclass(frozen=True, slots=True)
+class _Blocks:
+    kept: list[Term]
+    top: list[Term]
+    bottom: list[Term]
+
+
+def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
+                 a: MemoryAssumptions) -> _Blocks:
+    layers = sum(layer.count for layer in model.layers)
+    per_block: dict[str, int] = {}
+    for layer in model.layers:
+        for key, value in act.block_saved(model, layer, s, w, shape).items():
+            per_block[key] = per_block.get(key, 0) + value * layer.count
+    one = {k: v // layers for k, v in per_block.items()}
+    transient = part("activations/backward_transient",
+                     2 * shape.tokens * (model.hidden_size + model.intermediate_size) * w.compute,
+                     "gradients inside one block's backward: 2·T·(H+I)·bytes", tokens=shape.tokens)
+    cos_sin = part("activations/rope", 2 * shape.seq_kv * model.head_dim * w.compute,
+                   "RoPE cos and sin 2·S·head_dim·bytes (shared by all blocks)")
+    if s.checkpointing is Checkpointing.NONE:
+        per_block["norms"] -= act.first_norm_without_grad(model, s, w, shape)
+        kept = [part(f"activations/blocks/{k}", v, f"{layers} blocks · saved {k}",
+                     tokens=shape.tokens) for k, v in per_block.items()]
+        bottom = [part(f"activations/blocks/{k}", v, f"1 block · saved {k}") for k, v in one.items()]
+        return _Blocks(kept=[*kept, cos_sin], top=[*kept, cos_sin, transient],
+                       bottom=[*bottom, cos_sin, transient])
+    inp = act.block_input_bytes(model, w, shape)
+    on_device = min(layers, a.offload_blocks_on_device) if (
+        s.checkpointing is Checkpointing.OFFLOAD) else layers
+    kept = [part("activations/checkpoints", inp * on_device,
+                 "block inputs kept by checkpointing: blocks on device · T·H·bytes",
+                 "torch.utils.checkpoint (non-reentrant)", blocks=on_device, tokens=shape.tokens),
+            cos_sin]
+    recomputed = [part(f"activations/recomputed/{k}", v, f"one recomputed block · saved {k}")
+                  for k, v in one.items()]
+    bottom_kept = [part("activations/checkpoints", inp, "the last block input still kept"),
+                   cos_sin]
+    return _Blocks(kept=kept, top=[*kept, *recomputed, transient],
+                   bottom=[*bottom_kept, *recomputed, transient])
+
+
+def _dequant_term(model: ModelSpec, s: Strategy, st: Static) -> list[Term]:
+    if effective_quant(s) is None:
+        return []
+    size = st.largest_linear * s.precision.compute_bytes
+    return [part("activations/dequant_buffer", size,
+                 "one dequantized weight at a time: largest linear · compute bytes",
+                 "bitsandbytes matmul_4bit / int8 dequantize", params=st.largest_linear)]

@@ -1,0 +1,83 @@
+"""Logits and loss: the output head's saved input, the B·S·V logits, the fp32 upcast,
+log-softmax and its gradients, for standard, chunked (torchtune) and fused (Unsloth) losses.
+
+Returns terms for three moments: kept until backward, alive only at the loss forward, and
+alive only at the start of backward. Sources: transformers ``ForCausalLMLoss`` (logits.float(),
+cross_entropy saving the fp32 log-softmax), torchtune ``CEWithChunkedOutputLoss``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuneplan.core.job import Loss, Strategy, Task
+from tuneplan.core.memory.activations import Shape, Widths, norm_saved
+from tuneplan.core.memory.parts import part
+from tuneplan.core.models import ModelSpec
+from tuneplan.core.recipes import PrecisionPlan, Recipe
+from tuneplan.explain import Term
+
+_SRC = "transformers loss_utils.ForCausalLMLoss; torch log_softmax saves its fp32 output"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LossMoments:
+    kept: tuple[Term, ...]          # saved from the end of forward until backward starts
+    forward_only: tuple[Term, ...]  # alive only while the loss is computed
+    backward_only: tuple[Term, ...]  # gradients alive at the start of backward
+
+
+def effective_loss(strategy: Strategy, plan: PrecisionPlan) -> Loss:
+    if strategy.loss is not None:
+        return strategy.loss
+    return Loss.CHUNKED if plan.fused_loss_default or strategy.recipe is Recipe.TORCHTUNE \
+        else Loss.STANDARD
+
+
+def loss_moments(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan, w: Widths,
+                 shape: Shape, head_trains: bool) -> LossMoments:
+    t, v = shape.tokens, model.vocab_size
+    kept = [part("activations/final_norm", norm_saved(model, t, w),
+                 "final norm: fp32 input T·H·4 + rsqrt T·4 (+ normalized if it trains)",
+                 tokens=t, hidden=model.hidden_size)]
+    if head_trains:
+        width = w.compute if w.autocast else w.norm_out
+        kept.append(part("activations/head_input", t * model.hidden_size * width,
+                         "output head input T·H·bytes (its weight trains)", tokens=t))
+    if strategy.task is Task.SEQ_CLS:
+        logits = t * strategy.num_labels * 4
+        return LossMoments(kept=tuple(kept), forward_only=(part(
+            "logits/scores", logits, "T·labels·4", tokens=t),), backward_only=())
+    cl = w.compute if w.autocast else (4 if plan.kbit_upcast else
+                                       (plan.trainable_weight_bytes if head_trains else
+                                        plan.frozen_weight_bytes))
+    logits = t * v * cl
+    fp32 = t * v * 4
+    upcast = fp32 if cl != 4 else 0
+    loss = effective_loss(strategy, plan)
+    ins = {"tokens": t, "vocab": v, "logit_bytes": cl}
+    if loss is Loss.CHUNKED and strategy.recipe is Recipe.UNSLOTH:
+        # Unsloth's fused CE keeps the logits for an in-place backward and a T-sized logsumexp.
+        kept.append(part("logits/logits", logits, "T·V·logit_bytes, reused in place in backward",
+                         "unsloth fast_cross_entropy_loss", **ins))
+        return LossMoments(kept=tuple(kept), forward_only=(), backward_only=())
+    if loss is Loss.CHUNKED:
+        n = 8
+        chunk = -(-t // n) * v * 4
+        kept.append(part("logits/log_softmax", fp32, "fp32 log-softmax of every chunk T·V·4",
+                         "torchtune CEWithChunkedOutputLoss", **ins))
+        fwd = [part("logits/logits", logits, "T·V·logit_bytes (freed before backward)", **ins),
+               part("logits/upcast_chunk", chunk if cl != 4 else 0, "one fp32 chunk ⌈T/8⌉·V·4",
+                    **ins)]
+        bwd = [part("logits/loss_grads", 2 * chunk, "two fp32 chunk gradients 2·⌈T/8⌉·V·4",
+                    **ins)]
+        return LossMoments(kept=tuple(kept), forward_only=tuple(fwd), backward_only=tuple(bwd))
+    kept.append(part("logits/log_softmax", fp32, "fp32 log-softmax saved by cross_entropy T·V·4",
+                     _SRC, **ins))
+    fwd = [part("logits/logits", logits, "T·V·logit_bytes, held by the model output", _SRC, **ins),
+           part("logits/upcast", upcast, "logits.float() copy T·V·4 when logits are not fp32",
+                _SRC, **ins)]
+    bwd = [part("logits/loss_grads", 2 * fp32,
+                "nll_loss and log_softmax gradients 2·T·V·4 (logits freed: output dropped)",
+                _SRC, **ins)]
+    return LossMoments(kept=tuple(kept), forward_only=tuple(fwd), backward_only=tuple(bwd))

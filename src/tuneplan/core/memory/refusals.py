@@ -1,0 +1,64 @@
+"""Strategies the estimator refuses, each with a one-line reason (``UnsupportedError``).
+
+Impossible combinations (QLoRA with FSDP on a recipe that cannot shard 4-bit weights, 8-bit
+optimizers with DeepSpeed offload, rank ≤ 0, sequences beyond the model's limit) and values the
+estimate does not model yet. Validation only: nothing here computes sizes.
+"""
+
+from __future__ import annotations
+
+from tuneplan.core.job import Offload, Sharding, Strategy
+from tuneplan.core.methods import ESTIMATED_QUANTS, Method, effective_quant
+from tuneplan.core.models import LinearRole, ModelSpec
+from tuneplan.core.recipes import Recipe
+from tuneplan.errors import UnsupportedError
+
+_SHARDED = (Sharding.ZERO3, Sharding.FSDP, Sharding.FSDP_GRAD_OP, Sharding.HYBRID)
+
+
+def check_strategy(model: ModelSpec, strategy: Strategy) -> None:
+    """Raise UnsupportedError with the first reason ``strategy`` cannot be estimated."""
+    for problem in _problems(model, strategy):
+        raise UnsupportedError(problem)
+
+
+def _problems(model: ModelSpec, s: Strategy) -> list[str]:
+    out: list[str] = []
+    if s.method is Method.AUTO:
+        out.append("--method auto is for the planner; pick a method for memory")
+    if s.method.is_lora and s.lora_rank <= 0:
+        out.append(f"--lora-rank must be at least 1, got {s.lora_rank}")
+    quant = effective_quant(s)
+    if quant is not None and quant not in ESTIMATED_QUANTS:
+        out.append(f"--quant {quant.value} is not estimated yet; use nf4, fp4 or int8")
+    limit = model.max_position_embeddings
+    if limit and s.seq_len > limit and not s.allow_long_context:
+        out.append(f"--seq-len {s.seq_len} exceeds {model.name}'s limit of {limit}; "
+                   "pass --allow-long-context if the model is extended (RoPE scaling)")
+    if s.compile:
+        out.append("--compile changes activation memory in ways not modelled yet; drop it")
+    if quant is not None and s.sharding in _SHARDED and s.world_size > 1 and s.recipe in (
+            Recipe.PLAIN, Recipe.LITGPT, Recipe.UNSLOTH):
+        out.append(f"{s.method.value} with {s.sharding.value} needs sharded 4/8-bit weights, "
+                   f"which the {s.recipe.value} recipe cannot do; use --recipe hf or torchtune")
+    if s.optimizer.is_8bit and s.offload is not Offload.NONE:
+        out.append("8-bit optimizers cannot run on offloaded state (DeepSpeed CPU Adam is 32-bit); "
+                   "use --optimizer adamw with --offload")
+    if s.offload is Offload.OPTIMIZER_PARAMS and s.sharding not in (Sharding.ZERO3, Sharding.FSDP):
+        out.append("--offload optimizer+params needs --sharding zero3 or fsdp")
+    if s.offload is not Offload.NONE and s.sharding is Sharding.DDP:
+        out.append("--offload needs a ZeRO or FSDP sharding")
+    if s.recipe is Recipe.UNSLOTH and s.world_size > 1:
+        out.append("the unsloth recipe trains on one GPU; use --recipe hf for several")
+    if s.optimizer_in_backward and (s.grad_accum > 1 or s.world_size > 1):
+        out.append("--optimizer-in-backward works with one GPU and no gradient accumulation")
+    if s.recipe is Recipe.TORCHTUNE and s.precision.is_mixed:
+        out.append("torchtune trains in pure bf16/fp32; use --precision bf16")
+    if model.is_encoder_decoder or any(
+            lin.role in (LinearRole.CROSS_ATTENTION, LinearRole.SHARED_EXPERT)
+            for layer in model.layers for lin in layer.linears):
+        out.append(f"{model.model_type} (encoder-decoder, cross-attention or shared experts) "
+                   "activations are not estimated yet")
+    if model.extra.get("kv_lora_rank") or model.extra.get("q_lora_rank"):
+        out.append("multi-head latent attention (MLA) activations are not estimated yet")
+    return out

@@ -1,0 +1,150 @@
+"""Tensors whose size does not depend on the batch: weights, gradients, optimizer state, master
+weights, buffers of the sharding scheme — per GPU after sharding and offload — and host RAM.
+
+Gradients are listed for the moments of backward (head only at the top block, all but the
+embedding at the bottom) so the step's timeline can compose them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuneplan.core.job import Checkpointing, Strategy
+from tuneplan.core.memory.assumptions import MemoryAssumptions
+from tuneplan.core.memory.optimizer import optimizer_bytes
+from tuneplan.core.memory.parts import part, total
+from tuneplan.core.memory.sharding import ShardPlan, shard
+from tuneplan.core.memory.weights import split_params, weight_terms
+from tuneplan.core.methods import Method, Trainable
+from tuneplan.core.models import ModelSpec
+from tuneplan.core.recipes import PrecisionPlan
+from tuneplan.explain import Term
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Static:
+    resident: list[Term]         # weights + states + master + buffers on the GPU all step
+    grads: list[Term]            # all gradients (after backward)
+    grads_top: list[Term]        # gradients alive while the top block runs backward
+    grads_bottom: list[Term]     # gradients alive while the bottom block runs backward
+    step: list[Term]             # optimizer-step temporary
+    autocast_copies: list[Term]  # compute-dtype weight copies kept from forward to backward
+    outside: list[Term]          # on the device but outside the allocator (paged state)
+    host: list[Term]             # offloaded to host RAM, per rank
+    weights_bytes: int
+    largest_linear: int
+    total_params: int
+
+
+def static_terms(model: ModelSpec, s: Strategy, plan: PrecisionPlan, trainable: Trainable,
+                 sp: ShardPlan, a: MemoryAssumptions) -> Static:
+    weights = weight_terms(model, s, plan, trainable, a)
+    wbytes = total(weights)
+    ob = optimizer_bytes(s, plan, trainable, a)
+    split = split_params(model)
+    resident: list[Term] = []
+    host: list[Term] = []
+    if sp.params_on_host:
+        host.append(part("host/params", shard(wbytes, sp.shards), "weights / shards"))
+    else:
+        resident += [_sharded(t, sp.params_div) for t in weights]
+    states = part("optimizer/states", shard(ob.states, sp.states_div), ob.formula
+                  + (f" / {sp.states_div} shards" if sp.states_div > 1 else ""))
+    master = part("optimizer/master_weights", shard(ob.master, sp.states_div),
+                  "fp32 master copy of trainable params / shards", "DeepSpeed bf16/fp16")
+    outside: list[Term] = []
+    if sp.states_on_host:
+        host += [states, master]
+    elif s.optimizer.is_paged:
+        # bnb paged optimizers allocate CUDA managed memory, outside torch's allocator stats.
+        outside.append(states)
+        resident.append(master)
+    else:
+        resident += [states, master]
+    resident += _buffers(model, s, sp, ob.grads, wbytes, split.total, a)
+    grads = _grad_terms(model, s, trainable, ob.grads, ob.grad_largest, sp)
+    step = [part("optimizer/step_temporary", shard(ob.step_temp, sp.states_div),
+                 f"AdamW '{a.adamw_impl}' step temporaries", "FIELD-NOTES: fused 0, foreach "
+                 "one parameter copy, single the largest tensor's")]
+    layers = sum(layer.count for layer in model.layers)
+    copies = 0
+    if plan.autocast and s.method.trains_base:
+        blocks = 1 if s.checkpointing is not Checkpointing.NONE else layers
+        copies = split.block_linear // layers * blocks * plan.compute_bytes + (
+            model.vocab_size * model.hidden_size * plan.compute_bytes)
+    autocast = [part("weights/autocast_copies", copies,
+                     "bf16 copies of fp32 linear weights saved for backward (blocks alive · "
+                     "block linears + head) · 2", "torch.autocast weight cast cache")]
+    return Static(resident=resident, grads=grads[0], grads_top=grads[1], grads_bottom=grads[2],
+                  step=step, autocast_copies=autocast, outside=outside, host=host,
+                  weights_bytes=wbytes, largest_linear=split.largest_linear,
+                  total_params=split.total)
+
+
+def _sharded(t: Term, div: int) -> Term:
+    if div == 1:
+        return t
+    return part(t.path, shard(int(t.value), div), f"({t.formula}) / {div} shards", t.source,
+                **dict(t.inputs))
+
+
+def _buffers(model: ModelSpec, s: Strategy, sp: ShardPlan, grads: int, wbytes: int,
+             params: int, a: MemoryAssumptions) -> list[Term]:
+    out: list[Term] = []
+    if sp.ddp_buckets:
+        out.append(part("sharding/ddp_buckets", grads, "DDP gradient buckets: a copy of the "
+                        "gradients", "torch DDP gradient_as_bucket_view=False (default)"))
+    if sp.zero_buckets:
+        size = min(grads, model.hidden_size ** 2 * 2 * 2)
+        out.append(part("sharding/zero_buckets", size, "reduce + allgather buckets of H² "
+                        "elements (HF 'auto') · 2 B", "transformers deepspeed auto config"))
+    if sp.gathers_blocks:
+        layers = sum(layer.count for layer in model.layers)
+        block = wbytes * sum(layer.params * layer.count for layer in model.layers) // (
+            max(params, 1) * layers)
+        out.append(part("sharding/gathered_blocks", block * a.gathered_blocks,
+                        "gathered (unsharded) blocks: current + prefetched · one block's weights",
+                        "ZeRO-3 prefetch / FSDP unit all-gather", blocks=a.gathered_blocks))
+    return out
+
+
+def _grad_terms(model: ModelSpec, s: Strategy, trainable: Trainable, grads: int,
+                largest: int, sp: ShardPlan) -> tuple[list[Term], list[Term], list[Term]]:
+    if s.optimizer_in_backward:
+        one = [part("gradients/in_flight", largest, "optimizer in backward: one tensor's grad",
+                    "torchtune optimizer_in_bwd")]
+        return one, one, one
+    g = shard(grads, sp.grads_div)
+    full = [part("gradients/trainable", g, "trainable params · grad bytes"
+                 + (f" / {sp.grads_div} shards" if sp.grads_div > 1 else ""))]
+    layers = sum(layer.count for layer in model.layers)
+    non_block = model.vocab_size * model.hidden_size * (1 if model.tie_word_embeddings else 2)
+    width = grads // max(trainable.total, 1)
+    if s.method is Method.FULL:
+        head = shard(model.head_params * width or model.vocab_size * model.hidden_size * width,
+                     sp.grads_div)
+        block = shard((grads - non_block * width) // layers, sp.grads_div)
+    else:
+        head, block = 0, shard(grads // layers, sp.grads_div)
+    top = [part("gradients/trainable", head + block, "head + top block gradients")]
+    bottom = [part("gradients/trainable", max(g - shard(model.vocab_size * model.hidden_size *
+                   width, sp.grads_div) * (s.method is Method.FULL), 0),
+                   "all gradients but the input embedding's")]
+    return full, top, bottom
+
+
+def host_terms(model: ModelSpec, s: Strategy, st: Static, sp: ShardPlan) -> list[Term]:
+    """Host RAM per node: offloaded state of each local rank, offloaded checkpoints, loading."""
+    ranks = s.gpus
+    out = [part(t.path, int(t.value) * ranks, f"{ranks} ranks · ({t.formula})", t.source)
+           for t in st.host]
+    if s.checkpointing is Checkpointing.OFFLOAD:
+        w = 2 if s.precision.compute_bytes == 2 else 4
+        size = s.tokens * model.hidden_size * w * sum(la.count for la in model.layers)
+        out.append(part("host/offloaded_checkpoints", size * ranks,
+                        "ranks · layers · T·H·bytes (pinned)"))
+    loaders = 1 if sp.params_div > 1 else ranks
+    out.append(part("host/model_loading", st.weights_bytes * loaders,
+                    "weights loaded on the CPU by each process (once with sharded init)",
+                    "transformers from_pretrained / DeepSpeed zero3 init"))
+    return out

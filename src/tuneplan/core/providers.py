@@ -1,0 +1,171 @@
+"""Provider features (billing, spot, storage, egress, access, fabric) and provider names.
+
+Pure: ``parse_providers`` takes the text of ``providers.csv``; raw text is kept beside every
+parsed number, and what the text does not say stays None ("unknown"), never invented.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+
+from tuneplan.errors import CatalogError
+from tuneplan.units import GB, HOUR_S, MINUTE_S, GiB
+
+# Lowercase alphanumeric key -> canonical provider name (providers.csv's ``provider`` column, or
+# the cloud's own spelling for SkyPilot clouds providers.csv does not describe).
+PROVIDER_ALIASES: dict[str, str] = {
+    "aws": "AWS", "amazon": "AWS", "gcp": "GCP", "google": "GCP", "azure": "Azure",
+    "oci": "Oracle (OCI)", "oracle": "Oracle (OCI)", "oracleoci": "Oracle (OCI)",
+    "lambda": "Lambda", "lambdalabs": "Lambda", "runpod": "RunPod", "vast": "Vast.ai",
+    "vastai": "Vast.ai", "coreweave": "CoreWeave", "paperspace": "Paperspace (DigitalOcean)",
+    "paperspacedigitalocean": "Paperspace (DigitalOcean)", "jarvislabs": "Jarvislabs",
+    "tensordock": "TensorDock", "nebius": "Nebius", "crusoe": "Crusoe",
+    "verda": "Verda (ex-DataCrunch)", "datacrunch": "Verda (ex-DataCrunch)",
+    "verdaexdatacrunch": "Verda (ex-DataCrunch)", "hyperstack": "Hyperstack",
+    "fluidstack": "Fluidstack", "modal": "Modal", "together": "Together AI",
+    "togetherai": "Together AI", "cudo": "Cudo", "cudocompute": "Cudo", "shadeform": "Shadeform",
+    "primeintellect": "Prime Intellect", "seeweb": "Seeweb", "lium": "Lium", "daytona": "Daytona",
+    "yotta": "Yotta", "hyperbolic": "Hyperbolic", "mithril": "Mithril",
+}
+
+
+def _provider_key(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def normalise_provider_name(raw: str) -> str:
+    """Canonical provider name for a known alias (``aws`` -> ``AWS``); other names unchanged
+    (stripped), so a user's own ``on-prem`` provider stays what they wrote."""
+    return PROVIDER_ALIASES.get(_provider_key(raw), raw.strip())
+
+
+def provider_matches(query: str, provider: str) -> bool:
+    """Case-insensitive match of a ``--provider`` word against a canonical provider name."""
+    return _provider_key(normalise_provider_name(query)) == _provider_key(provider)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Provider:
+    """What renting from one provider is like. ``*_raw`` is the text as sourced; the parsed
+    numbers beside it are None where that text gives none."""
+
+    name: str
+    billing_granularity_raw: str
+    billing_granularity_s: int | None
+    billing_minimum_raw: str
+    billing_minimum_s: int | None
+    spot_available: bool | None
+    spot_name: str | None
+    spot_notice_raw: str | None
+    spot_notice_s: int | None
+    spot_interruption_data: str | None
+    persistent_storage: str | None
+    storage_price_raw: str | None
+    storage_price_usd_per_gb_month: Decimal | None
+    storage_survives_stop: str | None
+    instance_can_stop: str | None
+    egress_raw: str | None
+    egress_usd_per_gb: Decimal | None
+    ssh: bool | None
+    docker: bool | None
+    jupyter: bool | None
+    multinode_interconnect: str | None
+    in_skypilot_catalog: str | None
+    in_gpuhunt: str | None
+    evidence: str | None
+    as_of: str | None
+    sources: str | None
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*-?\s*(seconds?|s|minutes?|min|hours?|h)\b")
+_UNIT_S = {"s": 1, "second": 1, "seconds": 1, "min": MINUTE_S, "minute": MINUTE_S,
+           "minutes": MINUTE_S, "h": HOUR_S, "hour": HOUR_S, "hours": HOUR_S}
+_NUMBER = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)(?![\w.])")
+
+
+def parse_duration_text(text: str | None) -> int | None:
+    """Seconds named in prose: ``per-second`` 1, ``1-minute increments`` 60, ``hourly`` 3600,
+    ``2 minutes (...)`` 120, ``none: ...`` 0; None when the text names no duration."""
+    if not text:
+        return None
+    lowered = text.lower()
+    match = _DURATION.search(lowered)
+    if match:
+        return round(float(match.group(1)) * _UNIT_S[match.group(2)])
+    for word, seconds in (("per-second", 1), ("per-minute", MINUTE_S), ("hourly", HOUR_S)):
+        if lowered.startswith(word):
+            return seconds
+    return 0 if lowered.startswith("none:") else None
+
+
+def parse_price_text(text: str | None) -> Decimal | None:
+    """USD per GB in prose: the first standalone number (after "then" when a free tier comes
+    first); a price per GiB is converted to per GB. None when there is none."""
+    if not text:
+        return None
+    tail = text.split("then", 1)[1] if "then" in text else text
+    match = _NUMBER.search(tail)
+    if not match:
+        return None
+    value = Decimal(match.group(1))
+    if "per GiB" in tail or "GiB-month" in tail:
+        value = value * GB / GiB
+    return value
+
+
+def _yes_no(text: str | None) -> bool | None:
+    lowered = (text or "").strip().lower()
+    if lowered.startswith("yes"):
+        return True
+    if lowered.startswith("no"):
+        return False
+    return None
+
+
+def _text(row: dict[str, str], column: str) -> str | None:
+    value = (row.get(column) or "").strip()
+    return value or None
+
+
+def _provider_from_row(row: dict[str, str]) -> Provider:
+    get = row.get
+    return Provider(
+        name=(get("provider") or "").strip(),
+        billing_granularity_raw=get("billing_granularity") or "",
+        billing_granularity_s=parse_duration_text(get("billing_granularity")),
+        billing_minimum_raw=get("billing_minimum") or "",
+        billing_minimum_s=parse_duration_text(get("billing_minimum")),
+        spot_available=_yes_no(get("spot_available")),
+        spot_name=_text(row, "spot_name"),
+        spot_notice_raw=_text(row, "spot_notice"),
+        spot_notice_s=parse_duration_text(get("spot_notice")),
+        spot_interruption_data=_text(row, "spot_interruption_data"),
+        persistent_storage=_text(row, "persistent_storage"),
+        storage_price_raw=_text(row, "storage_price_usd_gb_month"),
+        storage_price_usd_per_gb_month=parse_price_text(get("storage_price_usd_gb_month")),
+        storage_survives_stop=_text(row, "storage_survives_stop"),
+        instance_can_stop=_text(row, "instance_can_stop"),
+        egress_raw=_text(row, "egress_usd_per_gb"),
+        egress_usd_per_gb=parse_price_text(get("egress_usd_per_gb")),
+        ssh=_yes_no(get("ssh")), docker=_yes_no(get("docker")), jupyter=_yes_no(get("jupyter")),
+        multinode_interconnect=_text(row, "multinode_interconnect"),
+        in_skypilot_catalog=_text(row, "skypilot_v8_catalog"), in_gpuhunt=_text(row, "gpuhunt"),
+        evidence=_text(row, "evidence"), as_of=_text(row, "as_of"), sources=_text(row, "sources"),
+    )
+
+
+def parse_providers(text: str) -> tuple[Provider, ...]:
+    """Parse providers.csv text. Raises CatalogError on a missing column or an empty name."""
+    reader = csv.DictReader(io.StringIO(text))
+    needed = {"provider", "billing_granularity", "billing_minimum", "spot_available"}
+    missing = needed - set(reader.fieldnames or ())
+    if missing:
+        raise CatalogError(f"providers.csv lacks columns {sorted(missing)}")
+    providers = tuple(_provider_from_row(row) for row in reader)
+    if any(not p.name for p in providers):
+        raise CatalogError("providers.csv has a row without a provider name")
+    return providers

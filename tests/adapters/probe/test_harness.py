@@ -1,0 +1,143 @@
+"""The measuring harness: exact bytes on hand-computable cases, fake == real on tiny models."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from tuneplan.adapters.probe.harness import (  # noqa: E402
+    StepSetup,
+    measure_step,
+    register_model,
+    run_steps,
+)
+from tuneplan.adapters.probe.tracker import StorageTracker  # noqa: E402
+from tuneplan.errors import UnsupportedError  # noqa: E402
+
+pytestmark = pytest.mark.probe
+
+TINY = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+
+
+def tiny(name: str, **overrides: Any) -> dict[str, Any]:
+    path = resources.files("tuneplan") / "data" / "models" / f"{name}.json"
+    cfg = {**json.loads(path.read_text()), **TINY, **overrides}
+    if "head_dim" in cfg:
+        cfg["head_dim"] = 16
+    return cfg
+
+
+LLAMA = tiny("meta-llama__Llama-3.1-8B")
+
+
+def test_tracker_counts_a_storage_once_across_views() -> None:
+    tracker = StorageTracker()
+    t = torch.zeros(10, 4)
+    tracker.register(t, "activations")
+    tracker.register(t[2:5], "activations")
+    tracker.register(t.t(), "gradients")
+    assert tracker.live_bytes == 160
+
+
+def test_linear_sgd_step_by_hand() -> None:
+    # Linear(64→32) fp32: W 8192 B + b 128 B = 8320 B; x 4×64×4 = 1024 B. SGD with momentum,
+    # one step, single-tensor: the step clones each grad into its momentum buffer while the
+    # grads are alive, so the peak is params + grads + momentum + input = 3·8320 + 1024.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 32)
+    x = torch.randn(4, 64)
+    setup = StepSetup(config={}, optimizer="sgd", optimizer_impl="single", steps=1)
+    tracker = StorageTracker()
+    register_model(tracker, model, {"x": x})
+    run_steps(model, lambda: model(x).sum(), setup, tracker)
+    r = tracker.result()
+    assert r.peak_bytes == 3 * 8320 + 1024
+    assert r.peak_phase == "optimizer"
+    expect = {"parameters": 8320, "inputs": 1024, "gradients": 8320, "optimizer": 8320}
+    assert {k: v for k, v in r.peak_by_category.items() if v} == expect
+    assert r.max_by_category["activations"] == 512 + 4  # y (4×32 fp32) and the loss
+    # Afterwards grads are gone (set_to_none) and so is the momentum (the optimizer lived
+    # inside run_steps): frees are booked too.
+    assert tracker.live_bytes == 8320 + 1024
+
+
+def test_full_adamw_categories_are_exact() -> None:
+    m = measure_step(StepSetup(config=LLAMA, seq_len=16, batch_size=2))
+    n = m.total_params
+    tensors = 2 * (4 + 2 + 3) + 2 + 1  # per layer: q k v o, 2 norms, 3 mlp; embed, norm, head
+    assert m.trainable_params == n == 106_816
+    assert m.max_by_category["parameters"] == 4 * n
+    assert m.max_by_category["gradients"] == 4 * n
+    assert m.max_by_category["optimizer"] == 8 * n + 4 * tensors  # exp_avg, exp_avg_sq, step
+    assert m.max_by_category["inputs"] == 2 * 2 * 16 * 8
+    assert m.peak_phase == "backward"
+    assert m.peak_step == 2
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_fake_matches_real_to_the_byte(method: str) -> None:
+    kw: dict[str, Any] = {"config": LLAMA, "method": method, "seq_len": 32, "batch_size": 2}
+    real = measure_step(StepSetup(**kw))
+    fake = measure_step(StepSetup(**kw, fake=True))
+    assert real.peak_bytes == fake.peak_bytes
+    assert dict(real.peak_by_category) == dict(fake.peak_by_category)
+    assert dict(real.max_by_category) == dict(fake.max_by_category)
+    assert (real.trainable_params, real.total_params) == (fake.trainable_params, fake.total_params)
+
+
+def test_lora_freezes_the_base_and_keeps_adapters_fp32() -> None:
+    m = measure_step(StepSetup(config=LLAMA, method="lora", param_dtype="bfloat16", seq_len=16))
+    base = 106_816
+    assert m.total_params - m.trainable_params == base
+    # 7 targets × 2 layers: A (r×in) + B (out×r), r = 8; adapters stay fp32 on a bf16 base.
+    assert m.max_by_category["parameters"] == 2 * base + 4 * m.trainable_params
+    assert m.max_by_category["gradients"] == 4 * m.trainable_params
+
+
+def test_checkpointing_lowers_the_peak() -> None:
+    kw: dict[str, Any] = {"config": LLAMA, "method": "lora", "seq_len": 64, "batch_size": 2}
+    plain = measure_step(StepSetup(**kw))
+    ckpt = measure_step(StepSetup(**kw, gradient_checkpointing=True))
+    assert ckpt.max_by_category["activations"] < plain.max_by_category["activations"]
+    assert ckpt.peak_bytes < plain.peak_bytes
+
+
+def test_moe_runs_real_and_fake() -> None:
+    cfg = tiny("mistralai__Mixtral-8x7B-v0.1", num_local_experts=4)
+    kw: dict[str, Any] = {"config": cfg, "param_dtype": "bfloat16", "seq_len": 16}
+    real = measure_step(StepSetup(**kw))
+    fake = measure_step(StepSetup(**kw, fake=True))
+    assert real.peak_bytes == fake.peak_bytes
+    assert real.max_by_category["parameters"] == 2 * real.total_params
+
+
+def test_gemma2_eager_runs_real_and_fake() -> None:
+    cfg = tiny("google__gemma-2-2b", sliding_window=16)
+    kw: dict[str, Any] = {"config": cfg, "attention": "eager", "method": "lora", "seq_len": 32}
+    real = measure_step(StepSetup(**kw))
+    fake = measure_step(StepSetup(**kw, fake=True))
+    assert real.peak_bytes == fake.peak_bytes
+    # Tied embeddings are counted once.
+    assert real.max_by_category["parameters"] == 4 * real.total_params
+
+
+def test_qlora_is_refused_with_a_reason() -> None:
+    with pytest.raises(UnsupportedError, match="bitsandbytes"):
+        measure_step(StepSetup(config=LLAMA, method="qlora"))

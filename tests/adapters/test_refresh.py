@@ -1,0 +1,244 @@
+"""The refresh orchestrator: one atomic snapshot per source, failures isolated and reported."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from decimal import Decimal
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import FIXTURES
+from tuneplan.adapters import refresh as refresh_module
+from tuneplan.adapters.importers import azure, runpod, vastai
+from tuneplan.adapters.importers.base import ImportResult
+from tuneplan.adapters.refresh import LiveSource, refresh, select_sources
+from tuneplan.adapters.store import CatalogStore
+from tuneplan.core.catalog import Offer
+from tuneplan.errors import InvalidValueError
+
+PAYLOADS = FIXTURES / "importers"
+OLD = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+def dump(path: Path) -> str:
+    """Every row of every table, as SQL text (row-for-row comparison)."""
+    with sqlite3.connect(path) as connection:
+        return "\n".join(connection.iterdump())
+
+
+def payload(name: str) -> Any:
+    return json.loads((PAYLOADS / name).read_text())
+
+
+def routes(overrides: dict[str, httpx.Response] | None = None) -> httpx.Client:
+    """A mock web: RunPod, vast.ai and Azure answer with their recorded payloads."""
+    overrides = overrides or {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        host = request.url.host
+        if host in overrides:
+            return overrides[host]
+        if host == "runpod.test":
+            return httpx.Response(200, json={"data": {"gpuTypes": payload(
+                "runpod_gpu_types.json")}})
+        if host == "vast.test":
+            return httpx.Response(200, json=payload("vastai_bundles_offer.json"))
+        return httpx.Response(200, json=payload("azure_retail_prices_gpu_page.json"))
+
+    return httpx.Client(transport=httpx.MockTransport(handler))
+
+
+def sources() -> tuple[LiveSource, ...]:
+    return (
+        LiveSource(name="runpod", group="runpod",
+                   fetch=partial(runpod.fetch, base_url="https://runpod.test/graphql")),
+        LiveSource(name="vastai", group="vastai",
+                   fetch=partial(vastai.fetch, base_url="https://vast.test/bundles/")),
+        LiveSource(name="azure", group="azure",
+                   fetch=partial(azure.fetch, base_url="https://azure.test/prices")),
+    )
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[CatalogStore]:
+    """A catalog with an old snapshot of each test source (2 offers each)."""
+    opened = CatalogStore.open(tmp_path / "catalog.sqlite", seed=False)
+    first = refresh(opened, client=routes(), available=sources())
+    assert [o.status for o in first] == ["ok", "ok", "ok"]
+    yield opened
+    opened.close()
+
+
+def test_refresh_writes_each_source_as_its_own_snapshot(store: CatalogStore) -> None:
+    status = {s.source: s.offers for s in store.status()}
+    assert status == {"runpod": 83, "vastai": 1, "azure": 6}
+    h100 = [o for o in store.offers() if o.instance_type == "Standard_ND96isr_H100_v5"]
+    assert [o.price_per_hour for o in h100] == [Decimal("98.32")]
+
+
+@pytest.mark.parametrize(("broken", "fragment"), [
+    (httpx.Response(500), "HTTP 500"),
+    (httpx.Response(200, text='{"data": {"gpuTypes": [{"id": "NVIDIA'), "unreadable JSON"),
+    (httpx.Response(200, json={"data": {"gpuTypes": [{"displayName": "H100 SXM",
+                                                      "secureCloud": True, "maxGpuCount": 8,
+                                                      "securePrice": -2.99}]}}),
+     "no valid offers"),
+    (httpx.Response(200, json={"data": {"gpuTypes": "surprise"}}), "no gpuTypes list"),
+])
+def test_a_broken_source_keeps_its_snapshot_and_does_not_block_others(
+        store: CatalogStore, broken: httpx.Response, fragment: str) -> None:
+    before = dump(store.path)
+    outcomes = refresh(store, client=routes({"runpod.test": broken}), available=sources())
+    by_source = {o.source: o for o in outcomes}
+    assert by_source["runpod"].failed and fragment in by_source["runpod"].message
+    assert "previous snapshot kept" in by_source["runpod"].message
+    assert by_source["vastai"].status == by_source["azure"].status == "ok"
+    runpod_rows = "runpod"
+    old_lines = [line for line in before.splitlines() if f"'{runpod_rows}'" in line]
+    new_lines = [line for line in dump(store.path).splitlines() if f"'{runpod_rows}'" in line]
+    assert new_lines == old_lines and len(old_lines) == 84  # 1 snapshot row + 83 offers
+
+
+def test_every_source_failing_leaves_the_database_row_for_row_identical(
+        store: CatalogStore) -> None:
+    before = dump(store.path)
+    down = {h: httpx.Response(503) for h in ("runpod.test", "vast.test", "azure.test")}
+    outcomes = refresh(store, client=routes(down), available=sources())
+    assert all(o.failed for o in outcomes)
+    assert dump(store.path) == before
+
+
+def test_a_crash_inside_an_importer_is_contained(store: CatalogStore) -> None:
+    def crashing(client: httpx.Client, **_: Any) -> ImportResult:
+        raise ZeroDivisionError("division by zero in a parser")
+
+    available = (LiveSource(name="runpod", group="runpod", fetch=crashing), *sources()[1:])
+    before = dump(store.path)
+    outcomes = refresh(store, client=routes(), available=available)
+    assert outcomes[0].failed and "ZeroDivisionError" in outcomes[0].message
+    assert [o.status for o in outcomes[1:]] == ["ok", "ok"]
+    runpod_lines = [line for line in before.splitlines() if "'runpod'" in line]
+    assert runpod_lines == [line for line in dump(store.path).splitlines() if "'runpod'" in line]
+
+
+def test_an_exception_half_way_through_the_write_rolls_back(
+        store: CatalogStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = dump(store.path)
+    original = store.replace_source
+
+    def exploding(offers: Iterable[Offer]) -> Iterator[Offer]:
+        for index, offer in enumerate(offers):
+            if index == 40:
+                raise OSError("disk vanished half-way")
+            yield offer
+
+    monkeypatch.setattr(store, "replace_source",
+                        lambda source, offers, at: original(source, exploding(offers), at))
+    outcomes = refresh(store, ["runpod"], client=routes(), available=sources())
+    assert outcomes[0].failed and "writing failed" in outcomes[0].message
+    assert "disk vanished" in outcomes[0].message
+    assert dump(store.path) == before
+
+
+def test_mostly_rejected_rows_keep_the_previous_snapshot(store: CatalogStore) -> None:
+    types = payload("runpod_gpu_types.json")
+    hostile = [{**t, "securePrice": "NaN", "communityPrice": -1} for t in types[1:]] + types[:1]
+    before = dump(store.path)
+    reply = httpx.Response(200, json={"data": {"gpuTypes": hostile}})
+    (outcome,) = refresh(store, ["runpod"], client=routes({"runpod.test": reply}),
+                         available=sources())
+    assert outcome.failed and "rows rejected" in outcome.message
+    assert dump(store.path) == before
+
+
+def test_a_successful_refresh_replaces_and_keeps_history(store: CatalogStore) -> None:
+    types = payload("runpod_gpu_types.json")
+    cheaper = [{**t, "securePrice": 0.01} if t["displayName"] == "H100 SXM" else t for t in types]
+    reply = httpx.Response(200, json={"data": {"gpuTypes": cheaper}})
+    (outcome,) = refresh(store, ["runpod"], client=routes({"runpod.test": reply}),
+                         available=sources())
+    assert outcome.status == "ok" and outcome.offers_written == 83
+    h100 = [o for o in store.offers() if o.instance_type == "1x H100 SXM SECURE"]
+    assert [o.price_per_hour for o in h100] == [Decimal("0.01")]
+    assert {s.source: s.snapshots for s in store.status()}["runpod"] == 2
+
+
+def test_unknown_source_name_lists_the_valid_ones() -> None:
+    with pytest.raises(InvalidValueError, match="choose from azure, aws, runpod"):
+        select_sources(["nope"])
+    assert "aws" not in {s.name for s in select_sources(None)}  # opt-in: huge offer files
+    assert [s.name for s in select_sources(["aws"])] == ["aws"]
+    chosen = select_sources(["skypilot"])
+    assert len(chosen) == 20 and chosen[0].name == "skypilot/aws"
+    assert [s.name for s in select_sources(["skypilot/gcp", "AZURE"])] == ["skypilot/gcp",
+                                                                           "azure"]
+
+
+def test_key_source_without_key_is_skipped_not_failed(
+        store: CatalogStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LAMBDA_API_KEY", raising=False)
+    lambda_source = next(s for s in refresh_module.live_sources() if s.name == "lambda")
+    (outcome,) = refresh(store, ["lambda"], client=routes(), available=(lambda_source,))
+    assert outcome.status == "skipped" and "LAMBDA_API_KEY" in outcome.message
+
+
+_KILLED_SCRIPT = textwrap.dedent("""
+    import sys, time
+    from functools import partial
+    import httpx
+    from tests.adapters.test_refresh import routes, sources
+    from tuneplan.adapters.refresh import refresh
+    from tuneplan.adapters.store import CatalogStore
+
+    store = CatalogStore.open(sys.argv[1], seed=False)
+    original = store.replace_source
+
+    def stalling(offers):
+        for index, offer in enumerate(offers):
+            if index == 30:
+                open(sys.argv[2], "w").write("half-way")  # tell the parent, then hang
+                time.sleep(60)
+            yield offer
+
+    store.replace_source = lambda s, offers, at: original(s, stalling(offers), at)
+    refresh(store, ["runpod"], client=routes(), available=sources())
+""")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL is POSIX")
+def test_a_refresh_killed_mid_write_leaves_the_database_identical(
+        store: CatalogStore, tmp_path: Path) -> None:
+    store.close()
+    before = dump(store.path)
+    marker = tmp_path / "half-way"
+    root = Path(__file__).resolve().parents[2]
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_SCRIPT, str(store.path), str(marker)],
+                             cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), "the child never reached the middle of its write"
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == -signal.SIGKILL
+    assert dump(store.path) == before
+    reopened = CatalogStore.open(store.path, seed=False)
+    assert {s.source: s.offers for s in reopened.status()}["runpod"] == 83
+    reopened.close()

@@ -1,0 +1,179 @@
+"""The SQLite catalog: seeding, atomic snapshots (even when killed), history, corrupt files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from tuneplan.adapters.store import CatalogStore, default_path, load_catalog
+from tuneplan.core.catalog import Offer, OfferFilter, OfferSort
+from tuneplan.errors import CatalogError
+from tuneplan.units import GiB
+
+T0 = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+def offer(index: int, fetched_at: datetime = T0, price: str = "2.50") -> Offer:
+    return Offer(provider="RunPod", instance_type=f"type-{index}", gpu="H100 PCIe", gpu_count=1,
+                 gpu_memory_bytes=80 * GiB, vcpus=16.0, ram_bytes=128 * GiB, region="US",
+                 price_per_hour=Decimal(price), fetched_at=fetched_at, source="test-source")
+
+
+def dump(path: Path) -> list[str]:
+    with sqlite3.connect(path) as connection:
+        return list(connection.iterdump())
+
+
+@pytest.fixture
+def empty(tmp_path: Path) -> Iterator[CatalogStore]:
+    with CatalogStore.open(tmp_path / "c.sqlite", seed=False) as store:
+        yield store
+
+
+def test_default_path_follows_tuneplan_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                            ) -> None:
+    monkeypatch.setenv("TUNEPLAN_HOME", str(tmp_path))
+    assert default_path() == tmp_path / "catalog.sqlite"
+
+
+def test_first_open_seeds_from_the_bundled_snapshot(tmp_path: Path) -> None:
+    with CatalogStore.open(tmp_path / "seeded.sqlite") as store:
+        statuses = store.status(now=datetime(2026, 12, 1, tzinfo=UTC))
+        assert len(statuses) == 21
+        assert sum(s.offers for s in statuses) == 4802
+        assert {s.fetched_at for s in statuses} == {datetime(2026, 11, 30, tzinfo=UTC)}
+        assert not any(s.stale for s in statuses)
+        assert store.status(now=datetime(2026, 12, 8, tzinfo=UTC))[0].stale  # 8 days later
+        h100 = store.offers(OfferFilter(gpu="H100"))
+        assert len({o.provider for o in h100}) >= 8
+    with sqlite3.connect(tmp_path / "seeded.sqlite") as connection:
+        assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert connection.execute("PRAGMA user_version").fetchone()[0] == 1
+
+
+def test_replace_source_keeps_history_and_serves_the_newest(empty: CatalogStore) -> None:
+    empty.replace_source("test-source", [offer(1), offer(2)], T0)
+    later = T0 + timedelta(days=3)
+    empty.replace_source("test-source", [offer(1, later, "2.00")], later)
+    current = empty.offers()
+    assert [(o.instance_type, o.price_per_hour) for o in current] == [("type-1", Decimal("2.00"))]
+    (status,) = empty.status(now=later)
+    assert (status.offers, status.snapshots, status.age_s) == (1, 2, 0.0)
+    points = empty.history("H100")
+    assert [(p.fetched_at, p.min_price_per_gpu_hour, p.offers) for p in points] == [
+        (T0, Decimal("2.50"), 2), (later, Decimal("2.00"), 1)]
+
+
+def test_same_offer_from_two_sources_newest_wins(empty: CatalogStore) -> None:
+    empty.replace_source("a", [offer(1)], T0)
+    newer = replace(offer(1, T0 + timedelta(hours=1), "1.99"), source="b")
+    empty.replace_source("b", [newer], newer.fetched_at)
+    assert [o.source for o in empty.offers()] == ["b"]
+
+
+def test_a_write_that_raises_half_way_changes_nothing(empty: CatalogStore) -> None:
+    empty.replace_source("test-source", [offer(i) for i in range(5)], T0)
+    before = dump(empty.path)
+
+    def broken() -> Iterator[Offer]:
+        for index in range(100):
+            if index == 50:
+                raise ConnectionError("network dropped")
+            yield offer(index, T0 + timedelta(days=1), "9.99")
+
+    with pytest.raises(ConnectionError):
+        empty.replace_source("test-source", broken(), T0 + timedelta(days=1))
+    assert dump(empty.path) == before
+    with pytest.raises(CatalogError, match="not an Offer"):
+        empty.replace_source("test-source", [offer(1), "junk"], T0)  # type: ignore[list-item]
+    assert dump(empty.path) == before
+
+
+def test_a_killed_writer_leaves_the_database_row_for_row_identical(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite"
+    with CatalogStore.open(path, seed=False) as store:
+        store.replace_source("test-source", [offer(i) for i in range(5)], T0)
+    before = dump(path)
+    script = textwrap.dedent(f"""
+        import sys, time
+        from tests.adapters.test_store import offer, T0
+        from tuneplan.adapters.store import CatalogStore
+        def rows():
+            for i in range(10_000):
+                if i == 500:
+                    print("half", flush=True)
+                    time.sleep(60)
+                yield offer(i, T0, "7.77")
+        CatalogStore.open({str(path)!r}, seed=False).replace_source("test-source", rows(), T0)
+    """)
+    root = Path(__file__).parents[2]
+    child = subprocess.Popen([sys.executable, "-c", script], cwd=root, stdout=subprocess.PIPE,
+                             text=True, env={**os.environ, "PYTHONPATH": str(root)})
+    assert child.stdout is not None and child.stdout.readline().strip() == "half"
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait(timeout=10)
+    assert dump(path) == before
+    with CatalogStore.open(path, seed=False) as store:
+        assert len(store.offers()) == 5
+
+
+def test_naive_fetched_at_is_refused(empty: CatalogStore) -> None:
+    with pytest.raises(CatalogError, match="timezone-aware"):
+        empty.replace_source("x", [offer(1)], datetime(2026, 1, 1))
+
+
+def test_a_corrupt_file_is_one_catalog_error(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite"
+    path.write_bytes(b"this is not a database" * 200)
+    with pytest.raises(CatalogError) as info:
+        CatalogStore.open(path)
+    assert "\n" not in str(info.value) and str(path) in str(info.value)
+
+
+def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "c.sqlite"
+    with sqlite3.connect(path) as connection:
+        connection.execute("PRAGMA user_version=99")
+    with pytest.raises(CatalogError, match="newer than this tuneplan"):
+        CatalogStore.open(path)
+
+
+@pytest.mark.parametrize(("column", "value"), [
+    ("price_per_hour", "-3"), ("price_per_hour", "lots"), ("gpu", "H999"),
+    ("gpu_count", "eight"), ("fetched_at", "yesterday"),
+])
+def test_hostile_rows_are_one_catalog_error(empty: CatalogStore, column: str,
+                                            value: str) -> None:
+    empty.replace_source("test-source", [offer(1)], T0)
+    with sqlite3.connect(empty.path) as connection:
+        connection.execute(f"UPDATE offers SET {column}=?", (value,))
+    with pytest.raises(CatalogError) as info:
+        empty.offers()
+    assert "\n" not in str(info.value)
+
+
+def test_sorted_query_over_the_seeded_catalog(tmp_path: Path) -> None:
+    with CatalogStore.open(tmp_path / "s.sqlite") as store:
+        found = store.offers(OfferFilter(min_gpu_memory_bytes=80 * 10**9, gpu_count=8),
+                             sort=OfferSort.PRICE)
+    prices = [o.price_per_hour for o in found if o.price_per_hour is not None]
+    assert len(found) > 50 and prices == sorted(prices)
+    assert all(o.gpu_count == 8 and o.gpu_memory_bytes >= 80 * 10**9 for o in found)
+
+
+def test_load_catalog_reads_the_seeded_user_catalog() -> None:
+    found = load_catalog(OfferFilter(gpu="B300"), sort=OfferSort.PRICE_PER_GPU)
+    assert {o.gpu for o in found} == {"B300 (HGX)"}
+    per_gpu = [o.price_per_gpu_hour for o in found if o.price_per_gpu_hour is not None]
+    assert per_gpu == sorted(per_gpu) and len(per_gpu) >= 5

@@ -1,0 +1,78 @@
+"""`tuneplan throughput` and `tuneplan cost` print CLI.md's keys with their assumptions."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from tuneplan.cli import app
+from tuneplan.cli_compute import fabric_bytes_per_s
+from tuneplan.errors import InvalidValueError
+
+runner = CliRunner()
+
+
+def test_throughput_json_keys() -> None:
+    result = runner.invoke(app, ["throughput", "meta-llama/Llama-3.1-8B", "--gpu", "H100 SXM",
+                                 "--method", "lora", "--tokens", "50M", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    for key in ("tokens_per_second", "tokens_per_second_per_gpu", "step_seconds", "mfu",
+                "comm_seconds_per_step", "hours", "assumptions"):
+        assert key in document
+    assert document["hours"] == 50e6 / document["tokens_per_second"] / 3600
+    assert document["comm_seconds_per_step"] == 0  # one GPU talks to no one
+    assert "why" in document["assumptions"]["causal_attention_factor"]
+
+
+def test_throughput_with_eight_gpus_reports_communication() -> None:
+    result = runner.invoke(app, ["throughput", "meta-llama/Llama-3.1-8B", "--gpu", "H100 SXM",
+                                 "--method", "full", "--gpus", "8", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["comm_seconds_per_step"] > 0
+    assert document["hours"] is None
+    assert document["tokens_per_second"] == document["tokens_per_second_per_gpu"] * 8
+
+
+def test_bad_flag_exits_2() -> None:
+    result = runner.invoke(app, ["throughput", "meta-llama/Llama-3.1-8B", "--gpu", "H100 SXM",
+                                 "--precision", "fp7"])
+    assert isinstance(result.exception, InvalidValueError)
+    assert InvalidValueError.exit_code == 2
+
+
+def test_cost_json_keys_on_a_spot_offer() -> None:
+    from tuneplan.adapters.store import CatalogStore
+    from tuneplan.core.catalog import OfferFilter
+
+    with CatalogStore.open() as store:
+        offers = store.offers(OfferFilter(gpu="H100", gpu_count=1, spot=True))
+    offer = next(o for o in offers if o.price_per_hour is not None)
+    result = runner.invoke(app, ["cost", "meta-llama/Llama-3.1-8B", "--offer", offer.id,
+                                 "--tokens", "20M", "--spot", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    for key in ("hours", "cost", "spot", "storage_cost", "egress_cost", "billing", "assumptions"):
+        assert key in document
+    for key in ("expected_cost", "p50_cost", "p90_cost", "expected_hours",
+                "checkpoint_interval_minutes", "interruptions_expected"):
+        assert key in document["spot"]
+    assert document["offer"]["id"] == offer.id
+
+
+def test_cost_needs_tokens() -> None:
+    from tuneplan.adapters.store import CatalogStore
+
+    with CatalogStore.open() as store:
+        offer = next(o for o in store.offers() if o.gpu == "A100 80GB SXM4" and o.price_per_hour)
+    result = runner.invoke(app, ["cost", "meta-llama/Llama-3.2-1B", "--offer", offer.id])
+    assert isinstance(result.exception, InvalidValueError)
+    assert "--tokens" in str(result.exception)
+
+
+def test_fabric_rate_from_provider_text() -> None:
+    assert fabric_bytes_per_s("EFA: p4d 400 Gbps; p5 3200 Gbps per node") == 3200e9 / 8
+    assert fabric_bytes_per_s("A3 Ultra / A4 3.2 Tbps RDMA per VM") == 3.2e12 / 8
+    assert fabric_bytes_per_s("none") is None
