@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -73,9 +74,12 @@ def compute_job(case: dict[str, Any]) -> ComputeJob:
     args = case["args"]
     settings = " ".join(case.get("settings_not_in_cli") or [])
     targets = str(args.get("lora-targets", "all-linear"))
+    virtual = re.search(r"(\d+) virtual tokens", settings)
     return ComputeJob(
         method=args.get("method", "lora"), lora_rank=int(args.get("lora-rank", 16)),
-        lora_targets=tuple(targets.split(",")), precision=args.get("precision", "bf16-mixed"),
+        lora_targets=tuple(targets.split(",")),
+        virtual_tokens=int(virtual.group(1)) if virtual else 20,
+        precision=args.get("precision", "bf16-mixed"),
         optimizer=args.get("optimizer", "adamw"), batch_size=int(args.get("batch-size", 1)),
         grad_accum=int(args.get("grad-accum", 1)), seq_len=int(args.get("seq-len", 2048)),
         avg_tokens=args.get("avg-tokens"), packing=bool(args.get("packing", False)),

@@ -5,6 +5,7 @@ The curated public API lives here; ``tests/test_public_api.py`` keeps it in chec
 
 from __future__ import annotations
 
+from tuneplan.core.compute import estimate_throughput
 from tuneplan.core.models import ModelSpec, ParameterCounts, count_parameters, parse_model_config
 from tuneplan.errors import TuneplanError
 from tuneplan.explain import Breakdown, Term
@@ -19,5 +20,6 @@ __all__ = [
     "TuneplanError",
     "__version__",
     "count_parameters",
+    "estimate_throughput",
     "parse_model_config",
 ]

@@ -77,6 +77,9 @@ from tuneplan.cli_catalog import register as _register_catalog  # noqa: E402
 
 _register_catalog(app)
 
+# `catalog refresh` (live price sources) lives in cli_refresh (issue 4); importing registers it.
+import tuneplan.cli_refresh  # noqa: E402, F401
+
 # throughput and cost live in cli_compute (issue 5).
 from tuneplan.cli_compute import register as _register_compute  # noqa: E402
 

@@ -186,6 +186,11 @@ def _cost_inputs(shape: Any, result: Throughput, job: Any, offer: Any, provider:
     every = flags["checkpoint_every"]
     granularity = provider.billing_granularity_s if provider else None
     minimum = provider.billing_minimum_s if provider else None
+    notes = [f"billing granularity unknown: per {a.default_billing_granularity_s} s assumed"
+             ] if granularity is None else []
+    if flags["spot"] and provider and provider.spot_interruption_data:
+        notes.append(f"{provider.name} interruption data (not a rate): "
+                     f"{provider.spot_interruption_data}")
     return CostInputs(
         train_s=result.hours * HOUR_S, price_per_hour=offer.price_per_hour,
         spot_price_per_hour=offer.spot_price_per_hour,
@@ -202,7 +207,7 @@ def _cost_inputs(shape: Any, result: Throughput, job: Any, offer: Any, provider:
         spot=flags["spot"],
         checkpoint_every_s=None if every in (None, "auto") else parse_duration(every),
         interruptions_per_hour=flags["interruptions_per_hour"],
-        notice_s=provider.spot_notice_s if provider else None)
+        notice_s=provider.spot_notice_s if provider else None, notes=tuple(notes))
 
 
 def cost_command(

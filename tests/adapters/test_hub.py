@@ -139,6 +139,10 @@ def test_hub_errors_are_one_clear_line(
 
 def test_unreachable_hub_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hub, "_hub_endpoint", lambda: "http://127.0.0.1:9")  # discard port
+    # huggingface_hub retries a refused connection with back-off; skip the waiting, not the tries.
+    from huggingface_hub.utils import _http
+
+    monkeypatch.setattr(_http.time, "sleep", lambda _seconds: None)
     with pytest.raises(UnknownModelError, match="cannot fetch"):
         hub.resolve_model("org/unreachable")
 

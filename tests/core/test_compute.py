@@ -168,3 +168,31 @@ def test_calibration_median_error_within_15_percent() -> None:
     assert len(errors) >= 80
     assert statistics.median(errors) <= 15
     assert json.dumps(rows)  # rows are plain data
+
+
+@pytest.mark.parametrize("name", ["meta-llama/Llama-3.1-8B", "Qwen/Qwen3-30B-A3B"])
+def test_shape_from_spec_keeps_exact_totals(name: str) -> None:
+    from tuneplan.adapters.hub import resolve_model
+    from tuneplan.core.compute import model_shape_from_spec
+    from tuneplan.core.models import count_parameters
+
+    spec = resolve_model(name)
+    shape = model_shape_from_spec(spec)
+    assert shape.total_params == count_parameters(spec).total
+    if spec.is_moe:  # 8 of 128 experts per token: far fewer matmul weights than stored
+        assert shape.block_matmul_params * 5 < shape.stored_block_params
+    else:  # Llama-3.1-8B: N = all weights but the input embedding (the head is untied)
+        assert shape.matmul_params == 8_030_261_248 - 128_256 * 4096 - 65 * 4096
+
+
+def test_strategy_maps_to_the_speed_model() -> None:
+    from tuneplan.core.compute import compute_job_from_strategy
+    from tuneplan.core.job import Checkpointing, Sharding, Strategy
+    from tuneplan.core.methods import Method
+
+    strategy = Strategy(method=Method.QLORA, checkpointing=Checkpointing.OFFLOAD, gpus=4,
+                        sharding=Sharding.ZERO3, lora_rank=64)
+    job = compute_job_from_strategy(strategy, avg_tokens=300)
+    assert (job.method, job.lora_rank, job.sharding, job.ranks) == ("qlora", 64, "zero3", 4)
+    assert job.offload_activations and not job.gradient_checkpointing and job.recompute
+    assert job.tokens_per_sequence(A) == (300, round(300 * A.padding_factor))

@@ -124,3 +124,11 @@ def test_spot_estimate_fields() -> None:
     assert spot.p50_cost <= spot.p90_cost
     assert spot.interruptions_expected == pytest.approx(0.1 * 10, rel=0.02)
     assert spot.simulated_mean_hours == pytest.approx(spot.expected_hours, rel=0.02)
+
+
+def test_a_spot_run_that_cannot_finish_is_refused() -> None:
+    from tuneplan.errors import InfeasibleJobError
+
+    with pytest.raises(InfeasibleJobError):
+        estimate_cost(_inputs(spot=True, interruptions_per_hour=60.0,
+                              checkpoint_every_s=36_000.0))

@@ -100,6 +100,7 @@ class ComputeJob:
     lora_targets: tuple[str, ...] = ("all-linear",)
     trainable_layers: int | None = None
     trainable_modules: tuple[str, ...] = ()
+    virtual_tokens: int = 20
     precision: str = "bf16-mixed"
     optimizer: str = "adamw"
     batch_size: int = 1
@@ -140,11 +141,13 @@ class ComputeJob:
         return self.gradient_checkpointing or self.offload_activations
 
     def tokens_per_sequence(self, a: ThroughputAssumptions) -> tuple[int, int]:
-        """(real tokens, computed tokens) per sequence; padding when unpacked with avg_tokens."""
+        """(real tokens, computed tokens) per sequence: padding when unpacked with avg_tokens;
+        prompt tuning and P-tuning prepend ``virtual_tokens`` positions to every sequence."""
+        extra = self.virtual_tokens if self.method in ("prompt", "p-tuning") else 0
         if self.avg_tokens is None or self.packing:
-            return self.seq_len, self.seq_len
+            return self.seq_len, self.seq_len + extra
         real = min(self.avg_tokens, self.seq_len)
-        return real, min(self.seq_len, round(real * a.padding_factor))
+        return real, min(self.seq_len, round(real * a.padding_factor)) + extra
 
 
 def adapter_params_per_token(model: ModelShape, job: ComputeJob) -> int:
@@ -284,6 +287,8 @@ def estimate_throughput(model: ModelShape, job: ComputeJob, gpu: GpuSpec, *,
     a = assumptions or ThroughputAssumptions()
     real, computed = job.tokens_per_sequence(a)
     context = job.seq_len if job.packing else computed
+    if job.method == "prefix":  # every layer attends to the prefix's keys and values too
+        context += job.virtual_tokens
     flops = flops_per_token(model, job, a, context)
     peak, notes = peak_flops_per_s(gpu, job.precision)
     step, comm, comm_s, more = step_time(
@@ -311,7 +316,8 @@ def compute_job_from_strategy(strategy: Strategy, *, avg_tokens: int | None = No
         method=str(strategy.method), lora_rank=strategy.lora_rank,
         lora_targets=tuple(strategy.lora_targets),
         trainable_layers=strategy.trainable_layers or None,
-        trainable_modules=tuple(strategy.trainable_modules), precision=str(strategy.precision),
+        trainable_modules=tuple(strategy.trainable_modules),
+        virtual_tokens=strategy.num_virtual_tokens, precision=str(strategy.precision),
         optimizer=str(strategy.optimizer), batch_size=strategy.batch_size,
         grad_accum=strategy.grad_accum, seq_len=strategy.seq_len, avg_tokens=avg_tokens,
         packing=strategy.packing, gradient_checkpointing=str(strategy.checkpointing) == "full",

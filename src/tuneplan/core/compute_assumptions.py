@@ -13,8 +13,8 @@ from typing import Any
 #: GPU architecture word (as in gpu_specs.csv ``architecture``) -> fraction of dense peak that
 #: large transformer matmuls reach in an eager PyTorch training step.
 _MATMUL_EFFICIENCY: tuple[tuple[str, float], ...] = (
-    ("Volta", 0.26), ("Turing", 0.30), ("Ampere", 0.61), ("Ada", 0.54), ("Hopper", 0.50),
-    ("Blackwell", 0.45), ("CDNA", 0.40), ("Gaudi", 0.40),
+    ("Volta", 0.26), ("Turing", 0.30), ("Ampere", 0.61), ("Ada", 0.54), ("Hopper", 0.44),
+    ("Blackwell", 0.44), ("CDNA", 0.40), ("Gaudi", 0.40),
 )
 
 
@@ -87,9 +87,10 @@ THROUGHPUT_WHY: dict[str, str] = {
         "fraction of the dense tensor peak reached by a large model's matmuls in eager PyTorch; "
         "Ampere fitted to the A100 calibration cases (Qwen, torchtune), Ada to the L40S PEFT "
         "cases (power-limited card), Volta to the V100 BERT fp16 cases (small hidden size, tensor "
-        "cores poorly fed); Turing set near Volta; Hopper/Blackwell/AMD have no "
-        "calibration case and are set below Ampere because frameworks reach a smaller share of "
-        "their higher peak"),
+        "cores poorly fed); Turing set near Volta. Hopper and Blackwell "
+        "have no calibration case: Ampere's 0.61 x sqrt(change in bandwidth per FLOP), since "
+        "the non-matmul work scales with bandwidth (A100 -> H100 SXM: 1.64x bandwidth for "
+        "3.17x FLOP/s, factor 0.72; B200 about the same); AMD and Gaudi: no data, 0.40"),
     "matmul_efficiency_default": "GPU architectures not listed above (no calibration data)",
     "hidden_size_half_efficiency": (
         "efficiency x h/(h + this): small hidden sizes give small GEMMs that reach less of the "

@@ -11,6 +11,7 @@ from tuneplan.core.communication import (
     KNOWN_SHARDING,
     PER_MICROBATCH_GRADS,
     SHARDED_PARAMS,
+    Fabric,
     collectives_per_step,
     communication_per_step,
     node_fabric,
@@ -76,6 +77,21 @@ def _micro_batch_terms(model: ModelShape, job: ComputeJob, gpu: GpuSpec,
              source="the CPU launches kernels while the GPU runs earlier ones: host time shows "
                     "only where it exceeds GPU time (small micro-batches)"),
     ]
+    return terms + _memory_bound_terms(model, job, gpu, a)
+
+
+def _memory_bound_terms(model: ModelShape, job: ComputeJob, gpu: GpuSpec,
+                        a: ThroughputAssumptions) -> list[Term]:
+    """Per micro-batch phases limited by memory links: dequantization, DoRA norms, and
+    parameters streamed from the host under ``--offload optimizer+params``."""
+    terms: list[Term] = []
+    if job.offload == "optimizer+params":
+        moved = 2 * model.total_params * compute_dtype_bytes(job.precision) / job.ranks
+        terms.append(Term(
+            path="micro-batch/param-offload", value=moved / a.host_link_bytes_per_s, unit="s",
+            formula="2 passes x param bytes / ranks / host link",
+            inputs={"bytes": moved}, source="ZeRO-Infinity/FSDP offload streams parameters "
+                                            "from host memory in forward and backward"))
     bandwidth = float(gpu.memory_bandwidth_bytes_per_s or 1e12)
     if job.method in ("qlora", "lora8bit"):
         dq_passes = 3 if job.recompute else 2
@@ -163,6 +179,23 @@ def step_time(*, model: ModelShape, job: ComputeJob, gpu: GpuSpec,
                   inputs={**t.inputs, "grad_accum": job.grad_accum}, source=t.source)
              for t in micro]
     terms.append(_optimizer_term(model, job, gpu, a))
+    comm_term, comm, comm_s, fabric = _communication(model, job, gpu, a, float(micro[0].value))
+    terms.append(comm_term)
+    if job.ranks > 1:
+        eff = a.multi_gpu_efficiency * (a.multi_node_efficiency if job.nodes > 1 else 1.0)
+        base = sum(t.value for t in terms)
+        terms.append(Term(path="step/multi-gpu-sync", value=base * (1 / eff - 1), unit="s",
+                          formula="step x (1/efficiency - 1)",
+                          inputs={"efficiency": eff, "nodes": job.nodes},
+                          source="synchronisation and stragglers beyond bytes moved"))
+    notes = [] if job.ranks == 1 else [f"fabric: {fabric.intra} inside a node"
+                                       + (f", {job.nodes} nodes" if job.nodes > 1 else "")]
+    return Breakdown("s", tuple(terms)), comm, comm_s, notes
+
+
+def _communication(model: ModelShape, job: ComputeJob, gpu: GpuSpec, a: ThroughputAssumptions,
+                   micro_matmul_s: float) -> tuple[Term, Breakdown, float, Fabric]:
+    """Exposed communication per step, the bytes moved, their seconds, and the fabric."""
     fabric = node_fabric(
         interconnect=gpu.interconnect, interconnect_bytes_per_s=gpu.interconnect_bytes_per_s,
         pcie_gen=gpu.pcie_gen, gpus_per_node=job.gpus, nodes=job.nodes,
@@ -175,25 +208,16 @@ def step_time(*, model: ModelShape, job: ComputeJob, gpu: GpuSpec,
     collectives = collectives_per_step(sharding=job.sharding, ranks=job.ranks,
                                        grad_accum=job.grad_accum, num_layers=model.num_layers)
     comm_s = float(comm.total) / fabric.ring_bytes_per_s() + collectives * a.collective_latency_s
-    matmul_s = float(micro[0].value) * job.grad_accum
+    matmul_s = micro_matmul_s * job.grad_accum
     if job.sharding in PER_MICROBATCH_GRADS:
         window, share = matmul_s, a.overlap_fraction_sharded
     else:
-        window, share = micro[0].value * 2 / 3, a.overlap_fraction_ddp
+        window, share = micro_matmul_s * 2 / 3, a.overlap_fraction_ddp
     exposed = max(0.0, comm_s - share * window)
-    terms.append(Term(
+    term = (Term(
         path="step/communication-exposed", value=exposed, unit="s",
         formula="max(0, comm - overlap x compute window)",
         inputs={"comm_s": comm_s, "overlap": share, "window_s": window, "fabric": fabric.intra,
                 "ring_bytes_per_s": fabric.ring_bytes_per_s(), "collectives": collectives},
         source="bytes / slowest ring hop + latency per collective, partly hidden by compute"))
-    if job.ranks > 1:
-        eff = a.multi_gpu_efficiency * (a.multi_node_efficiency if job.nodes > 1 else 1.0)
-        base = sum(t.value for t in terms)
-        terms.append(Term(path="step/multi-gpu-sync", value=base * (1 / eff - 1), unit="s",
-                          formula="step x (1/efficiency - 1)",
-                          inputs={"efficiency": eff, "nodes": job.nodes},
-                          source="synchronisation and stragglers beyond bytes moved"))
-    notes = [] if job.ranks == 1 else [f"fabric: {fabric.intra} inside a node"
-                                       + (f", {job.nodes} nodes" if job.nodes > 1 else "")]
-    return Breakdown("s", tuple(terms)), comm, comm_s, notes
+    return term, comm, comm_s, fabric

@@ -15,6 +15,7 @@ from typing import Any
 
 from tuneplan.core.spot import (
     SpotModel,
+    check_feasible,
     expected_wall_s,
     percentile,
     simulate,
@@ -140,6 +141,7 @@ class CostInputs:
     checkpoint_every_s: float | None = None
     interruptions_per_hour: float | None = None
     notice_s: float | None = None
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -192,7 +194,7 @@ def estimate_cost(job: CostInputs, a: CostAssumptions | None = None) -> CostEsti
     """On-demand (and, with ``spot``, spot) cost of one job. Raises InvalidValueError when
     the offer has no price for what is asked."""
     a = a or CostAssumptions()
-    warnings: list[str] = []
+    warnings: list[str] = list(job.notes)
     start = startup_seconds(model_bytes=job.model_bytes, dataset_bytes=job.dataset_bytes, a=a)
     write_s = job.checkpoint_bytes_with_optimizer / a.checkpoint_write_bytes_per_s
     wall_s = float(start.total) + job.train_s + write_s
@@ -206,7 +208,9 @@ def estimate_cost(job: CostInputs, a: CostAssumptions | None = None) -> CostEsti
     storage = storage_cost(stored_bytes=stored, hours=wall_s / HOUR_S,
                            price_usd_per_gb_month=storage_price, a=a)
     egress = Decimal(job.artifact_bytes) / GB * egress_price
-    spot = (_spot(job, a, float(start.total), write_s, storage + egress, warnings)
+    # A restart pays the whole start-up again plus reading the checkpoint back.
+    restart_s = float(start.total) + write_s
+    spot = (_spot(job, a, restart_s, write_s, storage + egress, warnings)
             if job.spot else None)
     if compute is not None:
         base = compute
@@ -264,6 +268,7 @@ def _spot(job: CostInputs, a: CostAssumptions, restart_s: float, write_s: float,
     interval = job.checkpoint_every_s or young_daly_interval_s(write_s, mtbf_s)
     model = SpotModel(work_s=job.train_s, interval_s=interval, checkpoint_s=write_s,
                       restart_s=restart_s, rate_per_s=rate_h / HOUR_S, saves_on_notice=saves)
+    check_feasible(model)
     wall, failures = expected_wall_s(model)
     runs = simulate(model, runs=a.monte_carlo_runs, seed=a.seed)
     costs = [sum((charge(s, price, job.billing) for s in run.sessions_s), Decimal(0))

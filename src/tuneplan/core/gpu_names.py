@@ -44,6 +44,12 @@ def _by_memory(small: str, limit_gib: int, large: str) -> _Variants:
 # in an instance name pass it along in ``raw``.
 GPU_ALIASES: dict[str, _Variants] = {
     "t4": ((None, "T4"),), "teslat4": ((None, "T4"),), "t4g": ((None, "T4G"),),
+    # vast.ai and gpuhunt write the Volta/Ampere data-centre parts with their old "Tesla" brand.
+    "teslav100": _by_memory("V100 SXM2 16GB", 24, "V100 SXM2 32GB"),
+    # A100X is the A100 80GB PCIe converged card (A100 + ConnectX-6 DX on one board).
+    "a100x": ((None, "A100 80GB PCIe"),),
+    "gh200sxm": ((100 * GiB, "GH200 (96GB HBM3)"),),
+    "rtxpro6000ws": ((None, "RTX PRO 6000 Blackwell"),),
     "v100": _by_memory("V100 SXM2 16GB", 24, "V100 SXM2 32GB"),
     "v100sxm2": _by_memory("V100 SXM2 16GB", 24, "V100 SXM2 32GB"),
     "v10032gb": ((None, "V100 SXM2 32GB"),), "v100sxm232gb": ((None, "V100 SXM2 32GB"),),

@@ -14,6 +14,11 @@ import math
 import random
 from dataclasses import dataclass
 
+from tuneplan.errors import InfeasibleJobError
+
+#: Beyond this many expected interruptions a spot run is not a plan (and would not simulate).
+MAX_EXPECTED_INTERRUPTIONS = 10_000
+
 
 def young_daly_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
     """Young's optimum sqrt(2 x C x MTBF); Daly's bound MTBF when C >= 2 x MTBF."""
@@ -111,8 +116,19 @@ def _simulate_with_notice(model: SpotModel, rng: random.Random) -> SpotRun:
         sessions.append(model.restart_s + gap + model.checkpoint_s)
 
 
+def check_feasible(model: SpotModel) -> None:
+    """Raise InfeasibleJobError when segments almost never finish between interruptions."""
+    _full, length, last = model.segments()
+    exponent = model.rate_per_s * max(length, last)
+    if exponent > 30 or expected_wall_s(model)[1] > MAX_EXPECTED_INTERRUPTIONS:
+        raise InfeasibleJobError(
+            "on spot this job would almost never finish between interruptions: checkpoint "
+            "more often (--checkpoint-every), or use on-demand")
+
+
 def simulate(model: SpotModel, *, runs: int, seed: int) -> list[SpotRun]:
     """``runs`` independent runs from ``random.Random(seed)``: same seed, same answer."""
+    check_feasible(model)
     rng = random.Random(seed)
     return [simulate_run(model, rng) for _ in range(runs)]
 

@@ -138,6 +138,31 @@ def test_gemma2_eager_runs_real_and_fake() -> None:
     assert real.max_by_category["parameters"] == 4 * real.total_params
 
 
-def test_qlora_is_refused_with_a_reason() -> None:
-    with pytest.raises(UnsupportedError, match="bitsandbytes"):
-        measure_step(StepSetup(config=LLAMA, method="qlora"))
+def test_qlora_real_and_fake_agree_and_weights_are_packed() -> None:
+    pytest.importorskip("bitsandbytes")
+    kw: dict[str, Any] = {"config": LLAMA, "method": "qlora", "param_dtype": "bfloat16"}
+    real = measure_step(StepSetup(**kw, seq_len=16))
+    fake = measure_step(StepSetup(**kw, seq_len=16, fake=True))
+    assert real.peak_bytes == fake.peak_bytes
+    assert dict(real.max_by_category) == dict(fake.max_by_category)
+    # 2 layers × (q 64·64 + k, v 32·64 + o 64·64 + 3 mlp 64·128) = 73,728 4-bit values → 36,864 B;
+    # prepare_model_for_kbit_training upcasts embed, head (256·64 each) and 5 norms to fp32;
+    # the 16,384 LoRA values are fp32.
+    assert (
+        real.max_by_category["parameters"] == 73_728 // 2 + 4 * (2 * 256 * 64 + 5 * 64) + 4 * 16_384
+    )
+    # Per Linear4bit: absmax uint8 per 64 values, fp32 absmax per 256 blocks, fp32 offset,
+    # NF4 code (16 fp32) and the 8-bit map (256 fp32): 1152 + 14·(4 + 4 + 64 + 1024).
+    assert real.max_by_category["quant_state"] == 1152 + 14 * (4 + 4 + 64 + 1024)
+    assert real.total_params == 106_816 + real.trainable_params
+
+
+def test_unknown_method_is_refused_with_a_reason() -> None:
+    with pytest.raises(UnsupportedError, match="adapter"):
+        measure_step(StepSetup(config=LLAMA, method="adapter"))
+
+
+def test_fake_moe_in_fp32_is_refused_with_a_reason() -> None:
+    cfg = tiny("mistralai__Mixtral-8x7B-v0.1", num_local_experts=4)
+    with pytest.raises(UnsupportedError, match="bfloat16"):
+        measure_step(StepSetup(config=cfg, fake=True))

@@ -105,7 +105,7 @@ class FakeLinear4bit(nn.Module):
     same shapes ``quantize_4bit`` produces, and computes as ``Linear4bit.forward`` does.
     """
 
-    def __init__(self, src: Any) -> None:
+    def __init__(self, src: Any, dtype: torch.dtype) -> None:
         super().__init__()
         out_f, in_f = int(src.out_features), int(src.in_features)
         w = src.weight
@@ -114,7 +114,8 @@ class FakeLinear4bit(nn.Module):
         self.quant_type = str(w.quant_type)
         self.blocksize = int(w.blocksize)
         self.compress_statistics = bool(w.compress_statistics)
-        self.orig_dtype = w.dtype  # the (meta) bf16 weight the real model would quantize
+        # The dtype the real checkpoint is quantized from (the meta stand-in is fp32).
+        self.orig_dtype = dtype
         packed = torch.empty(((out_f * in_f + 1) // 2, 1), dtype=torch.uint8, device="meta")
         self.weight = nn.Parameter(packed, requires_grad=False)
         self.bias: nn.Parameter | None = src.bias
@@ -176,7 +177,7 @@ def build_qlora_fake(setup: StepSetup) -> nn.Module:
     bnb: Any = importlib.import_module("bitsandbytes")
     for name, module in list(model.named_modules()):
         if isinstance(module, bnb.nn.Linear4bit):
-            model.set_submodule(name, FakeLinear4bit(module))
+            model.set_submodule(name, FakeLinear4bit(module, build.dtype_of(setup.param_dtype)))
     return cast(nn.Module, model)
 
 
