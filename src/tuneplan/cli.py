@@ -86,6 +86,12 @@ from tuneplan.cli_compute import register as _register_compute  # noqa: E402
 _register_compute(app)
 
 
+# memory and explain live in cli_memory (issue 3).
+from tuneplan.cli_memory import register as _register_memory  # noqa: E402
+
+_register_memory(app)
+
+
 def main() -> None:
     """Console-script entry: run the app and turn errors into one line and an exit code.
 

@@ -1,6 +1,7 @@
 """CLI commands for speed and money: ``tuneplan throughput`` and ``tuneplan cost``.
 
-Thin: read the job flags into the memory model's ``Strategy``, resolve the model, GPU, offer
+Thin: job flags go through the shared parser (``tuneplan.jobflags``, the same flags and
+``--job`` file as ``tuneplan memory``) into a ``Strategy``; resolve the model, GPU, offer
 and provider through the adapters, call ``core.compute`` / ``core.cost``, present.
 ``register(app)`` adds both commands to the main Typer app.
 """
@@ -25,100 +26,65 @@ from tuneplan.core.compute import (
 from tuneplan.core.compute_step import STATE_BYTES, trainable_params
 from tuneplan.core.cost import Billing, CostAssumptions, CostInputs, checkpoint_bytes, estimate_cost
 from tuneplan.errors import InvalidValueError
+from tuneplan.jobflags import JOB_FLAGS_HELP
 from tuneplan.units import HOUR_S, format_duration, parse_count, parse_duration, parse_size
 
 Opt = typer.Option
+_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
+_EPILOG = (JOB_FLAGS_HELP + " Speed: --gpu NAME, --avg-tokens N (real tokens per unpacked "
+           "sequence), --tokens 50M, --epochs N.")
+ModelArg = Annotated[str, typer.Argument(help="Bundled name, HF id, folder or config.json.")]
 JsonFlag = Annotated[bool, Opt("--json", help="Print one JSON document on stdout.")]
-Method = Annotated[str, Opt("--method", help="full, freeze, lora, dora, qlora, lora8bit, ...")]
-Rank = Annotated[int, Opt("--lora-rank")]
-Targets = Annotated[str, Opt("--lora-targets", help="all-linear or q_proj,v_proj,...")]
-TrainableLayers = Annotated[int, Opt("--trainable-layers")]
-TrainableModules = Annotated[str, Opt("--trainable-modules")]
-Precision = Annotated[str, Opt("--precision")]
-OptimizerFlag = Annotated[str, Opt("--optimizer")]
-Batch = Annotated[int, Opt("--batch-size")]
-Accum = Annotated[int, Opt("--grad-accum")]
-SeqLen = Annotated[int, Opt("--seq-len")]
-AvgTokens = Annotated[int | None, Opt("--avg-tokens", help="real tokens per unpacked sequence")]
-Packing = Annotated[bool, Opt("--packing/--no-packing")]
-Checkpointing = Annotated[bool, Opt("--gradient-checkpointing/--no-gradient-checkpointing")]
-OffloadActs = Annotated[bool, Opt("--offload-activations")]
-AttentionFlag = Annotated[str, Opt("--attention")]
-Compile = Annotated[bool, Opt("--compile")]
-TaskFlag = Annotated[str, Opt("--task")]
-Gpus = Annotated[int | None, Opt("--gpus", help="GPUs per node (cost: the offer's count)")]
-Nodes = Annotated[int, Opt("--nodes")]
-ShardingFlag = Annotated[str | None, Opt("--sharding", help="default ddp (1 GPU) else zero3")]
-OffloadFlag = Annotated[str, Opt("--offload")]
-RecipeFlag = Annotated[str, Opt("--recipe")]
-QuantFlag = Annotated[str, Opt("--quant")]
-Tokens = Annotated[str | None, Opt("--tokens", help="training tokens per epoch: 50M, 1.2B")]
-Epochs = Annotated[float, Opt("--epochs")]
-Fabric = Annotated[str, Opt("--fabric", help="inside a node: auto, nvlink or pcie")]
+Fabric = Annotated[str, Opt("--fabric", help="Inside a node: auto, nvlink or pcie.")]
 
 
-def _strategy(flags: dict[str, Any]) -> Any:
-    """The memory model's Strategy from the job flags (each value checked by its enum)."""
-    from tuneplan.core import job as j
-    from tuneplan.core.methods import Method as MethodEnum
-    from tuneplan.core.methods import Quant
-    from tuneplan.core.recipes import Recipe
+def job_flags(args: list[str], gpus: int | None = None) -> tuple[dict[str, Any], Any]:
+    """(raw flags, Strategy) from the shared job-flag parser; ``gpus`` fills ``--gpus``
+    when the flags leave it out (cost: the offer's GPU count)."""
+    from tuneplan.jobflags import default_sharding, parse_job_args, strategy_from_flags
 
-    gpus, nodes = flags["gpus"] or 1, flags["nodes"]
-    sharding = flags["sharding"] or ("ddp" if gpus * nodes == 1 else "zero3")
-    checkpointing = ("offload" if flags["offload_activations"]
-                     else "full" if flags["gradient_checkpointing"] else "none")
-    try:
-        return j.Strategy(
-            method=MethodEnum(flags["method"]), recipe=Recipe(flags["recipe"]),
-            precision=j.Precision(flags["precision"]), optimizer=j.Optimizer(flags["optimizer"]),
-            lora_rank=flags["lora_rank"],
-            lora_targets=tuple(t.strip() for t in flags["lora_targets"].split(",") if t.strip()),
-            trainable_modules=tuple(t for t in flags["trainable_modules"].split(",") if t),
-            trainable_layers=flags["trainable_layers"], quant=Quant(flags["quant"]),
-            batch_size=flags["batch_size"], grad_accum=flags["grad_accum"],
-            seq_len=flags["seq_len"], packing=flags["packing"],
-            checkpointing=j.Checkpointing(checkpointing), attention=j.Attention(flags["attention"]),
-            compile=flags["compile"], task=j.Task(flags["task"]), gpus=gpus, nodes=nodes,
-            sharding=j.Sharding(sharding), offload=j.Offload(flags["offload"]))
-    except ValueError as exc:
-        raise InvalidValueError(f"bad job flag: {exc}") from exc
+    flags = parse_job_args(args)
+    if gpus is not None and "gpus" not in flags:
+        flags["gpus"] = str(gpus)
+    flags = default_sharding(flags)
+    return flags, strategy_from_flags(flags)
 
 
-def _throughput(model_name: str, gpu_name: str, flags: dict[str, Any],
+def _throughput(model_name: str, gpu: Any, flags: dict[str, Any], strategy: Any, fabric: str,
                 inter_node_bytes_per_s: float | None = None) -> tuple[Any, Throughput, Any]:
-    from tuneplan.adapters.bundled import load_gpu_spec
     from tuneplan.adapters.hub import resolve_model
-    from tuneplan.core.gpu_names import normalise_gpu_name
 
-    strategy = _strategy(flags)
-    job = compute_job_from_strategy(strategy, avg_tokens=flags["avg_tokens"],
-                                    intra_node_link=flags["fabric"],
+    avg = flags.get("avg-tokens")
+    job = compute_job_from_strategy(strategy, avg_tokens=int(avg) if avg else None,
+                                    intra_node_link=fabric,
                                     inter_node_bytes_per_s=inter_node_bytes_per_s)
     shape = model_shape_from_spec(resolve_model(model_name))
-    gpu = load_gpu_spec(normalise_gpu_name(gpu_name))
-    tokens = parse_count(flags["tokens"]) if flags["tokens"] else None
-    result = estimate_throughput(shape, job, gpu, tokens=tokens, epochs=flags["epochs"])
+    tokens = parse_count(str(flags["tokens"])) if flags.get("tokens") else None
+    epochs = _positive(flags.get("epochs", 1), "epochs")
+    result = estimate_throughput(shape, job, gpu, tokens=tokens, epochs=epochs)
     return shape, result, job
 
 
-def throughput_command(
-    model: Annotated[str, typer.Argument(help="bundled name, HF id, folder or config.json")],
-    gpu: Annotated[str, Opt("--gpu", help="a GPU from `tuneplan gpus`")],
-    method: Method = "lora", lora_rank: Rank = 16, lora_targets: Targets = "all-linear",
-    trainable_layers: TrainableLayers = 0, trainable_modules: TrainableModules = "",
-    quant: QuantFlag = "nf4", precision: Precision = "bf16-mixed",
-    optimizer: OptimizerFlag = "adamw", batch_size: Batch = 1, grad_accum: Accum = 1,
-    seq_len: SeqLen = 2048, avg_tokens: AvgTokens = None, packing: Packing = False,
-    gradient_checkpointing: Checkpointing = True, offload_activations: OffloadActs = False,
-    attention: AttentionFlag = "sdpa", compile: Compile = False, task: TaskFlag = "causal-lm",
-    gpus: Gpus = None, nodes: Nodes = 1, sharding: ShardingFlag = None,
-    offload: OffloadFlag = "none", recipe: RecipeFlag = "hf", tokens: Tokens = None,
-    epochs: Epochs = 1.0, fabric: Fabric = "auto", as_json: JsonFlag = False,
-) -> None:
+def _positive(value: Any, name: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidValueError(f"--{name}: {value!r} is not a number") from exc
+    if not number > 0:
+        raise InvalidValueError(f"--{name} must be above 0, got {value!r}")
+    return number
+
+
+def throughput_command(ctx: typer.Context, model: ModelArg, fabric: Fabric = "auto",
+                       as_json: JsonFlag = False) -> None:
     """Tokens per second, step time, MFU, communication and hours of a training job."""
-    flags = dict(locals())
-    _, result, _ = _throughput(model, gpu, flags)
+    from tuneplan.adapters.bundled import resolve_gpu_spec
+
+    flags, strategy = job_flags(list(ctx.args))
+    if not flags.get("gpu"):
+        raise InvalidValueError("throughput needs --gpu NAME (see `tuneplan gpus`)")
+    gpu = resolve_gpu_spec(str(flags["gpu"]))
+    _, result, _ = _throughput(model, gpu, flags, strategy, fabric)
     if as_json:
         from tuneplan.cli import emit_json
 
@@ -171,7 +137,7 @@ def _offer_and_provider(offer_id: str) -> tuple[Any, Any]:
 
 
 def _cost_inputs(shape: Any, result: Throughput, job: Any, offer: Any, provider: Any,
-                 flags: dict[str, Any], a: CostAssumptions) -> CostInputs:
+                 options: dict[str, Any], a: CostAssumptions) -> CostInputs:
     if result.hours is None:
         raise InvalidValueError("cost needs the training length: add --tokens (e.g. 50M)")
     full = job.method == "full"
@@ -180,15 +146,14 @@ def _cost_inputs(shape: Any, result: Throughput, job: Any, offer: Any, provider:
     with_opt, without = checkpoint_bytes(
         total_params=shape.total_params, trainable_params=trainable, full=full,
         weight_bytes=2 if full else 4, optimizer_bytes_per_param=state)
-    tokens = parse_count(flags["tokens"])
-    dataset = (parse_size(flags["dataset_size"]) if flags["dataset_size"]
-               else round(tokens * a.dataset_bytes_per_token))
-    every = flags["checkpoint_every"]
+    dataset = (parse_size(options["dataset_size"]) if options["dataset_size"]
+               else round(options["tokens"] * a.dataset_bytes_per_token))
+    every = options["checkpoint_every"]
     granularity = provider.billing_granularity_s if provider else None
     minimum = provider.billing_minimum_s if provider else None
     notes = [f"billing granularity unknown: per {a.default_billing_granularity_s} s assumed"
              ] if granularity is None else []
-    if flags["spot"] and provider and provider.spot_interruption_data:
+    if options["spot"] and provider and provider.spot_interruption_data:
         notes.append(f"{provider.name} interruption data (not a rate): "
                      f"{provider.spot_interruption_data}")
     return CostInputs(
@@ -204,40 +169,35 @@ def _cost_inputs(shape: Any, result: Throughput, job: Any, offer: Any, provider:
         artifact_bytes=without,
         storage_usd_per_gb_month=provider.storage_price_usd_per_gb_month if provider else None,
         egress_usd_per_gb=provider.egress_usd_per_gb if provider else None,
-        spot=flags["spot"],
+        spot=options["spot"],
         checkpoint_every_s=None if every in (None, "auto") else parse_duration(every),
-        interruptions_per_hour=flags["interruptions_per_hour"],
+        interruptions_per_hour=options["interruptions_per_hour"],
         notice_s=provider.spot_notice_s if provider else None, notes=tuple(notes))
 
 
 def cost_command(
-    model: Annotated[str, typer.Argument(help="bundled name, HF id, folder or config.json")],
-    offer: Annotated[str, Opt("--offer", help="an offer id from `tuneplan offers --json`")],
-    method: Method = "lora", lora_rank: Rank = 16, lora_targets: Targets = "all-linear",
-    trainable_layers: TrainableLayers = 0, trainable_modules: TrainableModules = "",
-    quant: QuantFlag = "nf4", precision: Precision = "bf16-mixed",
-    optimizer: OptimizerFlag = "adamw", batch_size: Batch = 1, grad_accum: Accum = 1,
-    seq_len: SeqLen = 2048, avg_tokens: AvgTokens = None, packing: Packing = False,
-    gradient_checkpointing: Checkpointing = True, offload_activations: OffloadActs = False,
-    attention: AttentionFlag = "sdpa", compile: Compile = False, task: TaskFlag = "causal-lm",
-    gpus: Gpus = None, nodes: Nodes = 1, sharding: ShardingFlag = None,
-    offload: OffloadFlag = "none", recipe: RecipeFlag = "hf", tokens: Tokens = None,
-    epochs: Epochs = 1.0, fabric: Fabric = "auto",
-    spot: Annotated[bool, Opt("--spot", help="price on spot with interruptions")] = False,
+    ctx: typer.Context, model: ModelArg,
+    offer: Annotated[str, Opt("--offer", help="An offer id from `tuneplan offers --json`.")],
+    spot: Annotated[bool, Opt("--spot", help="Price on spot, with interruptions.")] = False,
     checkpoint_every: Annotated[str, Opt("--checkpoint-every", help="30m, 2h or auto")] = "auto",
     interruptions_per_hour: Annotated[float | None, Opt("--interruptions-per-hour")] = None,
     storage_idle_days: Annotated[float, Opt("--storage-idle-days")] = 0.0,
     dataset_size: Annotated[str | None, Opt("--dataset-size", help="e.g. 2GB")] = None,
-    as_json: JsonFlag = False,
+    fabric: Fabric = "auto", as_json: JsonFlag = False,
 ) -> None:
     """Total cost of a job on one offer: billing, start-up, storage, egress, and spot."""
-    flags = dict(locals())
+    from tuneplan.adapters.bundled import load_gpu_spec
+
     found, provider = _offer_and_provider(offer)
-    flags["gpus"] = gpus or found.gpu_count
+    flags, strategy = job_flags(list(ctx.args), gpus=found.gpu_count)
     inter = fabric_bytes_per_s(provider.multinode_interconnect if provider else None)
-    shape, result, job = _throughput(model, found.gpu, flags, inter)
+    shape, result, job = _throughput(model, load_gpu_spec(found.gpu), flags, strategy, fabric,
+                                     inter)
+    options = {"spot": spot, "checkpoint_every": checkpoint_every, "dataset_size": dataset_size,
+               "interruptions_per_hour": interruptions_per_hour,
+               "tokens": parse_count(str(flags["tokens"])) if flags.get("tokens") else 0}
     a = replace(CostAssumptions(), storage_idle_days=storage_idle_days)
-    estimate = estimate_cost(_cost_inputs(shape, result, job, found, provider, flags, a), a)
+    estimate = estimate_cost(_cost_inputs(shape, result, job, found, provider, options, a), a)
     document = estimate.as_dict()
     document["offer"] = {"id": found.id, "provider": found.provider, "gpu": found.gpu,
                          "gpu_count": found.gpu_count, "region": found.region}
@@ -277,5 +237,5 @@ def _print_cost(document: dict[str, Any]) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add ``throughput`` and ``cost`` to ``app``."""
-    app.command("throughput")(throughput_command)
-    app.command("cost")(cost_command)
+    app.command("throughput", context_settings=_CONTEXT, epilog=_EPILOG)(throughput_command)
+    app.command("cost", context_settings=_CONTEXT, epilog=_EPILOG)(cost_command)

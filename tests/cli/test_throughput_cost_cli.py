@@ -76,3 +76,20 @@ def test_fabric_rate_from_provider_text() -> None:
     assert fabric_bytes_per_s("EFA: p4d 400 Gbps; p5 3200 Gbps per node") == 3200e9 / 8
     assert fabric_bytes_per_s("A3 Ultra / A4 3.2 Tbps RDMA per VM") == 3.2e12 / 8
     assert fabric_bytes_per_s("none") is None
+
+
+def test_throughput_reads_a_job_file_like_memory(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"method": "full", "gpu": "A100 80GB SXM4", "tokens": "1M",
+                               "seq_len": 1024, "epochs": 2}))
+    result = runner.invoke(app, ["throughput", "meta-llama/Llama-3.2-1B", "--job", str(job),
+                                 "--batch-size", "4", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["tokens_per_step"] == 4 * 1024
+    assert document["hours"] == 2 * 10**6 / document["tokens_per_second"] / 3600
+
+
+def test_throughput_without_gpu_is_bad_input() -> None:
+    result = runner.invoke(app, ["throughput", "meta-llama/Llama-3.2-1B"])
+    assert isinstance(result.exception, InvalidValueError)

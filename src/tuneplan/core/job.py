@@ -2,12 +2,14 @@
 
 ``Strategy`` holds plain choices (``StrEnum``s) and numbers; it validates only ranges that make
 no sense for any model. Whether a model and recipe can honour it is decided in
-``core/memory/refusals.py``. The planner's ``Job`` (tokens, epochs, budget) will live here too.
+``core/memory/refusals.py``. The planner's ``Job`` (tokens, epochs, budget, constraints) lives
+here too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 from enum import StrEnum
 
 from tuneplan.core.methods import Method, Quant
@@ -154,4 +156,88 @@ class Strategy:
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
             out[name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+class Interconnect(StrEnum):
+    """Minimum link between the GPUs of a node a job asks for."""
+
+    ANY = "any"
+    PCIE = "pcie"
+    NVLINK = "nvlink"          # NVLink (bridge or switch) or AMD Infinity Fabric
+    NVSWITCH = "nvswitch"      # every GPU talks to every other at full NVLink speed
+
+    @property
+    def rank(self) -> int:
+        return ("any", "pcie", "nvlink", "nvswitch").index(self.value)
+
+
+class Objective(StrEnum):
+    COST = "cost"
+    TIME = "time"
+    PARETO = "pareto"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Job:
+    """What a person wants trained and under which constraints (the planner's input).
+
+    ``strategy`` holds the training settings; its ``method`` may be ``auto`` (the planner tries
+    full, LoRA and QLoRA) and its batch, checkpointing, sharding and GPU counts are starting
+    points the planner searches over. Training length is ``tokens`` per epoch, or
+    ``dataset_rows`` x ``avg_tokens``. Constraints left None/empty mean "any".
+    """
+
+    model: str
+    strategy: Strategy = Strategy()
+    tokens: int | None = None
+    dataset_rows: int | None = None
+    avg_tokens: int | None = None
+    epochs: float = 1.0
+    budget_usd: Decimal | None = None
+    deadline_s: float | None = None
+    providers: tuple[str, ...] = ()
+    regions: tuple[str, ...] = ()
+    gpu: str | None = None           # only offers of this GPU (word-prefix match)
+    spot: bool = True                # spot prices may be used (and are shown)
+    max_gpus: int | None = None      # GPUs in total, all nodes together
+    multi_node: bool = False
+    min_interconnect: Interconnect = Interconnect.ANY
+    objective: Objective = Objective.COST
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.epochs <= 0:
+            problems.append("epochs must be > 0")
+        if self.tokens is not None and self.tokens < 1:
+            problems.append("tokens must be at least 1")
+        if (self.dataset_rows is None) != (self.avg_tokens is None) and self.tokens is None:
+            problems.append("give --dataset-rows together with --avg-tokens")
+        for name in ("dataset_rows", "avg_tokens", "max_gpus"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                problems.append(f"{name.replace('_', '-')} must be at least 1")
+        if self.budget_usd is not None and self.budget_usd <= 0:
+            problems.append("budget must be > 0")
+        if self.deadline_s is not None and self.deadline_s <= 0:
+            problems.append("deadline must be > 0")
+        if problems:
+            raise InvalidValueError("; ".join(problems))
+
+    @property
+    def tokens_per_epoch(self) -> int | None:
+        """``tokens``, else rows x average tokens; None when the length is not given."""
+        if self.tokens is not None:
+            return self.tokens
+        if self.dataset_rows is not None and self.avg_tokens is not None:
+            return self.dataset_rows * self.avg_tokens
+        return None
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"model": self.model, "strategy": self.strategy.as_dict()}
+        for name in self.__dataclass_fields__:
+            if name not in ("model", "strategy"):
+                value = getattr(self, name)
+                out[name] = list(value) if isinstance(value, tuple) else value
+        out["tokens_per_epoch"] = self.tokens_per_epoch
         return out

@@ -73,6 +73,8 @@ def test_linear_sgd_step_by_hand() -> None:
     expect = {"parameters": 8320, "inputs": 1024, "gradients": 8320, "optimizer": 8320}
     assert {k: v for k, v in r.peak_by_category.items() if v} == expect
     assert r.max_by_category["activations"] == 512 + 4  # y (4×32 fp32) and the loss
+    assert r.peak_by_phase["forward"] == 8320 + 1024 + 512 + 4
+    assert r.peak_by_phase["optimizer"] == r.peak_bytes
     # Afterwards grads are gone (set_to_none) and so is the momentum (the optimizer lived
     # inside run_steps): frees are booked too.
     assert tracker.live_bytes == 8320 + 1024
@@ -91,9 +93,28 @@ def test_full_adamw_categories_are_exact() -> None:
     assert m.peak_step == 2
 
 
-@pytest.mark.parametrize("method", ["full", "lora"])
-def test_fake_matches_real_to_the_byte(method: str) -> None:
-    kw: dict[str, Any] = {"config": LLAMA, "method": method, "seq_len": 32, "batch_size": 2}
+QWEN2 = tiny("Qwen__Qwen2.5-0.5B")  # biases on q/k/v, tied embeddings
+
+VARIANTS: list[dict[str, Any]] = [
+    {"method": "full"},
+    {"method": "lora"},
+    {"method": "lora", "lora_dropout": 0.1, "autocast_dtype": "bfloat16"},
+    {"method": "dora", "param_dtype": "bfloat16", "gradient_checkpointing": True},
+    {"method": "prefix"},
+    {"method": "prompt", "gradient_checkpointing": True},
+    {"method": "ia3", "optimizer": "sgd", "optimizer_impl": "foreach"},
+    {"method": "lora", "task": "seq-cls", "attention": "eager"},
+    {"method": "full", "config": QWEN2, "attention": "eager", "optimizer_impl": "single"},
+]
+
+
+def _variant_id(v: dict[str, Any]) -> str:
+    return "-".join("qwen2" if k == "config" else str(x) for k, x in v.items())
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=_variant_id)
+def test_fake_matches_real_to_the_byte(variant: dict[str, Any]) -> None:
+    kw: dict[str, Any] = {"config": LLAMA, "seq_len": 32, "batch_size": 2, **variant}
     real = measure_step(StepSetup(**kw))
     fake = measure_step(StepSetup(**kw, fake=True))
     assert real.peak_bytes == fake.peak_bytes

@@ -79,10 +79,13 @@ def build_base(setup: StepSetup) -> nn.Module:
     hf = make_config(setup.config, setup.task)
     torch.manual_seed(setup.seed)
     device = torch.device("meta") if setup.fake else torch.device("cpu")
-    with device:
-        model: Any = auto.from_config(  # type: ignore[no-untyped-call]
-            hf, attn_implementation=setup.attention, dtype=dtype_of(setup.param_dtype)
-        )
+    try:
+        with device:
+            model: Any = auto.from_config(  # type: ignore[no-untyped-call]
+                hf, attn_implementation=setup.attention, dtype=dtype_of(setup.param_dtype)
+            )
+    except ValueError as exc:  # e.g. "Gemma2ForCausalLM does not support ... sdpa yet"
+        raise UnsupportedError(f"transformers cannot build it: {exc}") from exc
     if setup.gradient_checkpointing:
         kwargs = {"use_reentrant": False}
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 name

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +66,7 @@ class MeasuredStep:
     step_seconds: float = 0.0  # wall time of the measured steps alone
     peak_step: int = 0  # 1-based index of the step holding the peak
     per_step_peak_bytes: tuple[int, ...] = field(default=())
+    peak_by_phase: Mapping[str, int] = field(default_factory=dict)  # forward/backward/optimizer
 
 
 def _unique_params(model: nn.Module) -> list[nn.Parameter]:
@@ -121,6 +123,9 @@ def run_steps(
                     opt.step()
                     tracker.finish_optimizer_step(_optimizer_state(opt))
                     opt.zero_grad(set_to_none=True)
+                # A parameter whose storage was swapped during the step (bitsandbytes casts
+                # biases with ``bias.data = ...``) is a parameter, whenever it was allocated.
+                tracker.register_all(model.parameters(), "parameters")
                 peaks.append(tracker.take_window_peak())
     finally:
         for h in hooks:
@@ -172,6 +177,13 @@ def measure_step(setup: StepSetup) -> MeasuredStep:
     """Build the model for ``setup`` and measure ``setup.steps`` training steps."""
     started = time.perf_counter()
     notes: list[str] = []
+    with warnings.catch_warnings():
+        # transformers 5 / peft deprecation chatter (gradient_checkpointing_* renames).
+        warnings.simplefilter("ignore", FutureWarning)
+        return _measure(setup, started, notes)
+
+
+def _measure(setup: StepSetup, started: float, notes: list[str]) -> MeasuredStep:
     model, fake_mode = _build(setup, notes)
     tracker = StorageTracker()
     patch = build.patched_packed_sequence_check() if setup.fake else contextlib.nullcontext()
@@ -195,4 +207,5 @@ def measure_step(setup: StepSetup) -> MeasuredStep:
         step_seconds=step_seconds,
         peak_step=next((i + 1 for i, p in enumerate(peaks) if p >= result.peak_bytes), 0),
         per_step_peak_bytes=tuple(peaks),
+        peak_by_phase={k: v for k, v in result.peak_by_phase.items() if k != "setup"},
     )

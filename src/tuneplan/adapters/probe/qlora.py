@@ -1,8 +1,9 @@
-"""QLoRA for the harness: a real NF4/FP4 model on the CPU through transformers + bitsandbytes.
+"""QLoRA for the harness: real NF4/FP4 on the CPU, or a fake-tensor stand-in for big models.
 
-The random bf16 model is saved to a temporary folder and reloaded with a
-``BitsAndBytesConfig`` (the path users take), then optionally passed through PEFT's
-``prepare_model_for_kbit_training``. Fake (full-size) QLoRA is not handled here.
+Real: the random model is saved to a temporary folder and reloaded with a
+``BitsAndBytesConfig`` (the path users take). Fake: transformers' own Linear→Linear4bit swap
+on meta, then ``FakeLinear4bit`` stand-ins. Both then optionally run PEFT's
+``prepare_model_for_kbit_training`` and add LoRA. Does not model 8-bit (LLM.int8) loading.
 """
 
 from __future__ import annotations
@@ -155,7 +156,11 @@ class FakeLinear4bit(nn.Module):
         inp_dtype = x.dtype
         if self.compute_dtype is not None:
             x = x.to(self.compute_dtype)
-        bias = None if self.bias is None else self.bias.to(self.compute_dtype)
+        bias: torch.Tensor | None = self.bias
+        if self.bias is not None:
+            if self.bias.dtype != x.dtype:  # Linear4bit swaps the bias storage itself, in place
+                self.bias.data = self.bias.data.to(x.dtype)
+            bias = self.bias.to(self.compute_dtype)
         out = bnb.matmul_4bit(x, self.weight, bias=bias, quant_state=self.quant_state)
         return cast(torch.Tensor, out.to(inp_dtype))
 

@@ -52,7 +52,7 @@ class TrackerResult:
     max_by_category: dict[str, int]
     peak_phase: str
     events: int
-    notes: list[str] = field(default_factory=list)
+    peak_by_phase: dict[str, int] = field(default_factory=dict)
 
 
 class StorageTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
@@ -194,11 +194,16 @@ class StorageTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         maxima = dict.fromkeys(CATEGORIES, 0)
         at_peak = dict.fromkeys(CATEGORIES, 0)
         peak_phase = "setup"
+        by_phase: dict[str, int] = {}
+        total = 0
         for i, (rec, delta, phase) in enumerate(self._events):
             cat = rec.category if rec.category in current else "other"
             current[cat] += delta
+            total += delta
             if current[cat] > maxima[cat]:
                 maxima[cat] = current[cat]
+            if total > by_phase.get(phase, 0):
+                by_phase[phase] = total
             if i == self._peak_index:
                 at_peak = dict(current)
                 peak_phase = phase
@@ -208,6 +213,7 @@ class StorageTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
             max_by_category=maxima,
             peak_phase=peak_phase,
             events=len(self._events),
+            peak_by_phase=by_phase,
         )
 
     @property

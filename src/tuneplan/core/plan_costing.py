@@ -1,0 +1,134 @@
+"""What one plan costs and what to say about it: cost inputs from a fitted strategy and an
+offer, the node's link kind, and the plan's warnings.
+
+Pure: prices and provider terms come in as values; the cost model is ``core.cost``. Does not
+search strategies (``core.plan_search``) nor rank plans (``core.planner``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+from decimal import Decimal
+
+from tuneplan.core.catalog import Offer
+from tuneplan.core.compute_step import STATE_BYTES
+from tuneplan.core.cost import Billing, CostAssumptions, CostEstimate, CostInputs, estimate_cost
+from tuneplan.core.hardware import GpuSpec
+from tuneplan.core.job import Job, Precision, Sharding
+from tuneplan.core.methods import Method
+from tuneplan.core.plan_search import Candidate
+from tuneplan.core.providers import Provider
+from tuneplan.errors import TuneplanError
+from tuneplan.units import GiB
+
+#: Canonical GPUs that a source's bare name can reach only through a memory-size guess.
+AMBIGUOUS_GPUS = frozenset({"V100 SXM2 16GB", "V100 SXM2 32GB", "V100 PCIe 16GB",
+                            "V100 PCIe 32GB", "H100 NVL", "H100 PCIe", "A100 40GB SXM4",
+                            "A100 80GB SXM4"})
+
+
+def node_link(offer: Offer, gpu: GpuSpec) -> str:
+    """``single``, ``pcie``, ``nvlink`` (bridged pairs) or ``nvswitch`` (all-to-all NVLink /
+    Infinity Fabric on SXM/OAM boards), from the offer's interconnect, else the GPU's."""
+    if offer.gpu_count == 1:
+        return "single"
+    text = (offer.interconnect or gpu.interconnect or "").lower()
+    if not text or not gpu.interconnect_bytes_per_s:
+        return "pcie"
+    if "bridge" in text or "pcie" in gpu.form_factor.lower():
+        return "nvlink" if offer.gpu_count <= 2 else "pcie"
+    return "nvswitch" if offer.gpu_count >= 4 else "nvlink"
+
+
+def cost_inputs(c: Candidate, offer: Offer, provider: Provider | None, job: Job,
+                a: CostAssumptions, *, spot: bool) -> CostInputs:
+    """CostInputs of a fitted candidate on ``offer`` (``nodes`` instances billed alike)."""
+    s, mem = c.strategy, c.memory
+    full = s.method in (Method.FULL, Method.FREEZE)
+    state = STATE_BYTES.get(str(s.optimizer), 8) + (4 if full and s.precision.is_mixed else 0)
+    saved = mem.total_params if full else mem.trainable_params
+    weight = 2 if full else 4
+    without = saved * weight
+    with_opt = without + int(mem.trainable_params * state)
+    tokens = job.tokens_per_epoch or 0
+    nodes = Decimal(s.nodes)
+    billing = Billing(
+        granularity_s=(provider.billing_granularity_s if provider and
+                       provider.billing_granularity_s else a.default_billing_granularity_s),
+        minimum_s=(provider.billing_minimum_s if provider and provider.billing_minimum_s
+                   is not None else a.default_billing_minimum_s),
+        source=(f"{provider.name}: {provider.billing_granularity_raw}" if provider
+                else "provider terms unknown"))
+    return CostInputs(
+        train_s=(c.throughput.hours or 0.0) * 3600,
+        price_per_hour=None if offer.price_per_hour is None else offer.price_per_hour * nodes,
+        spot_price_per_hour=(None if offer.spot_price_per_hour is None
+                             else offer.spot_price_per_hour * nodes),
+        billing=billing, model_bytes=mem.total_params * 2,
+        dataset_bytes=round(tokens * a.dataset_bytes_per_token),
+        checkpoint_bytes_with_optimizer=with_opt, checkpoint_bytes_without_optimizer=without,
+        artifact_bytes=without,
+        storage_usd_per_gb_month=provider.storage_price_usd_per_gb_month if provider else None,
+        egress_usd_per_gb=provider.egress_usd_per_gb if provider else None, spot=spot,
+        notice_s=provider.spot_notice_s if provider else None)
+
+
+def price_plan(c: Candidate, offer: Offer, provider: Provider | None, job: Job,
+               a: CostAssumptions, *, runs: int) -> tuple[CostEstimate, CostEstimate | None]:
+    """(on-demand estimate, spot estimate or None). Spot is priced when the job allows it and
+    the offer has a spot price; ``runs`` Monte Carlo runs (1 gives the analytic expectation
+    only, which is what ranking needs). Spot that cannot finish is dropped (None)."""
+    fast = replace(a, monte_carlo_runs=max(1, runs))
+    on_demand = estimate_cost(cost_inputs(c, offer, provider, job, fast, spot=False), fast)
+    if not job.spot or offer.spot_price_per_hour is None:
+        return on_demand, None
+    try:
+        spot = estimate_cost(cost_inputs(c, offer, provider, job, fast, spot=True), fast)
+    except TuneplanError:
+        return on_demand, None
+    return on_demand, spot
+
+
+def plan_warnings(c: Candidate, offer: Offer, gpu: GpuSpec, provider: Provider | None,
+                  link: str, *, uses_spot: bool, now: datetime,
+                  stale_after_s: float) -> list[str]:
+    """Things a person should know before renting this plan (each one line)."""
+    s = c.strategy
+    out: list[str] = []
+    if link == "pcie" and s.sharding in (Sharding.ZERO3, Sharding.FSDP) and s.world_size > 1:
+        out.append(f"PCIe-only node: {s.sharding.value} gathers every layer's weights over "
+                   "PCIe each pass (slower than on NVLink/NVSwitch)")
+    if "consumer" in gpu.form_factor.lower() and s.gpus > 1 and link != "nvswitch":
+        out.append(f"consumer card ({gpu.name}) without NVLink: GPUs talk through PCIe "
+                   "(and peer-to-peer may be disabled by the driver)")
+    if gpu.supports_bf16 is False and s.precision is not Precision.FP32:
+        out.append(f"no BF16 on {gpu.name}: fp16 mixed precision with loss scaling "
+                   "(risk of overflow on some models)")
+    if uses_spot and (provider is None or not provider.spot_notice_s):
+        out.append("spot without a notice period: an interruption loses the work since the "
+                   "last checkpoint")
+    age_s = (now - offer.fetched_at).total_seconds()
+    if age_s > stale_after_s:
+        out.append(f"stale price: fetched {age_s / 86_400:.0f} days ago "
+                   "(`tuneplan catalog refresh`)")
+    if offer.gpu in AMBIGUOUS_GPUS or gpu.confidence == "low":
+        out.append(f"GPU variant ambiguity: {gpu.name} is inferred from the source's name and "
+                   "memory size; check the instance's exact GPU")
+    if offer.ram_bytes is not None and c.memory.host_ram_bytes > offer.ram_bytes:
+        out.append(f"host RAM: the job needs {c.memory.host_ram_bytes / GiB:.0f} GiB, the "
+                   f"instance has {offer.ram_bytes / GiB:.0f} GiB")
+    if offer.notes:
+        out.append(f"catalog note: {offer.notes}")
+    return out
+
+
+def storage_note(provider: Provider | None) -> str:
+    """Persistent storage in a few words: price and whether it survives a stop."""
+    if provider is None:
+        return "storage terms unknown"
+    price = provider.storage_price_usd_per_gb_month
+    parts = [f"${price}/GB-month" if price is not None else "storage price unknown"]
+    if provider.storage_survives_stop:
+        parts.append(f"survives stop: {provider.storage_survives_stop.split(';')[0][:40]}")
+    return "; ".join(parts)

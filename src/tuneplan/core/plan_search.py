@@ -1,0 +1,219 @@
+"""The planner's strategy search on one kind of node: which settings fit, and how fast they run.
+
+``StrategySearch`` enumerates, for a GPU type, GPUs per node and node count, the methods,
+checkpointing, sharding and offload, finds the largest micro-batch that fits by bisection, and
+keeps the fastest strategy per method. Memory estimates are cached by (strategy, GPU
+generation) so offers that share a GPU share the work. Pure: no catalog, prices or I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+
+from tuneplan.core.compute import (
+    ModelShape,
+    Throughput,
+    compute_job_from_strategy,
+    estimate_throughput,
+    model_shape_from_spec,
+)
+from tuneplan.core.compute_assumptions import ThroughputAssumptions
+from tuneplan.core.hardware import GpuSpec
+from tuneplan.core.job import Checkpointing, Offload, Precision, Sharding, Strategy
+from tuneplan.core.memory import MemoryAssumptions, MemoryEstimate, estimate_memory
+from tuneplan.core.methods import Method
+from tuneplan.core.models import ModelSpec
+from tuneplan.errors import TuneplanError
+
+AUTO_METHODS = (Method.FULL, Method.LORA, Method.QLORA)
+#: Sharding tried on several GPUs, cheapest communication first (ties keep the earlier one).
+MULTI_GPU_SHARDING = (Sharding.DDP, Sharding.ZERO2, Sharding.ZERO3, Sharding.FSDP)
+
+
+def gpu_generation(gpu: GpuSpec) -> str:
+    """The memory model's generation word: first word of the architecture (``hopper``)."""
+    return gpu.architecture.split()[0].lower() if gpu.architecture else "default"
+
+
+def largest_fitting(fits: Callable[[int], bool], low: int, high: int) -> int:
+    """Largest n in [low, high] with ``fits(n)``, assuming fits is monotone (true then false);
+    ``low - 1`` when even ``low`` does not fit. Bisection: about log2(high - low) calls."""
+    if not fits(low):
+        return low - 1
+    good, bad = low, high + 1
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Node:
+    """The hardware a strategy runs on: GPU type, GPUs per node, nodes, links."""
+
+    gpu: GpuSpec
+    gpus_per_node: int
+    capacity_bytes: int
+    intra_link: str = "auto"                 # "auto", "nvlink" or "pcie" (compute's words)
+    nodes: int = 1
+    inter_node_bytes_per_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Candidate:
+    """One strategy that fits a node, with its memory and speed."""
+
+    strategy: Strategy
+    memory: MemoryEstimate
+    throughput: Throughput
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class SearchOutcome:
+    """Per method: the fastest fitting candidate, or the smallest need seen when none fits."""
+
+    best: dict[Method, Candidate] = field(default_factory=dict)
+    smallest_need_bytes: int | None = None
+    refusals: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class StrategySearch:
+    """Cached search over strategies for one model and job (shared across all offers)."""
+
+    model: ModelSpec
+    base: Strategy
+    tokens: int | None
+    epochs: float
+    avg_tokens: int | None = None
+    margin: float = 0.95
+    max_micro_batch_log2: int = 6
+    memory_assumptions: MemoryAssumptions = field(default_factory=MemoryAssumptions)
+    throughput_assumptions: ThroughputAssumptions = field(default_factory=ThroughputAssumptions)
+    _memory: dict[tuple[Strategy, str], MemoryEstimate | str] = field(default_factory=dict)
+    _speed: dict[tuple[object, ...], Throughput | str] = field(default_factory=dict)
+    _nodes: dict[Node, SearchOutcome] = field(default_factory=dict)
+    memory_calls: int = 0
+    _shape: ModelShape | None = None
+
+    def __post_init__(self) -> None:
+        self._shape = model_shape_from_spec(self.model)
+
+    def methods(self) -> tuple[Method, ...]:
+        return AUTO_METHODS if self.base.method is Method.AUTO else (self.base.method,)
+
+    def memory(self, strategy: Strategy, generation: str) -> MemoryEstimate | str:
+        """Cached estimate, or the refusal's one-line reason."""
+        key = (strategy, generation)
+        found = self._memory.get(key)
+        if found is None:
+            self.memory_calls += 1
+            try:
+                found = estimate_memory(self.model, strategy, self.memory_assumptions,
+                                        generation=generation)
+            except TuneplanError as exc:
+                found = str(exc)
+            self._memory[key] = found
+        return found
+
+    def speed(self, strategy: Strategy, node: Node) -> Throughput | str:
+        key = (strategy, node.gpu.name, node.intra_link, node.inter_node_bytes_per_s)
+        found = self._speed.get(key)
+        if found is None:
+            try:
+                job = compute_job_from_strategy(
+                    strategy, avg_tokens=self.avg_tokens, intra_node_link=node.intra_link,
+                    inter_node_bytes_per_s=node.inter_node_bytes_per_s)
+                assert self._shape is not None
+                found = estimate_throughput(self._shape, job, node.gpu,
+                                            assumptions=self.throughput_assumptions,
+                                            tokens=self.tokens, epochs=self.epochs)
+            except TuneplanError as exc:
+                found = str(exc)
+            self._speed[key] = found
+        return found
+
+    def search(self, node: Node) -> SearchOutcome:
+        """The fastest fitting strategy per method on ``node`` (cached per node)."""
+        found = self._nodes.get(node)
+        if found is None:
+            found = self._search(node)
+            self._nodes[node] = found
+        return found
+
+    def _search(self, node: Node) -> SearchOutcome:
+        out = SearchOutcome()
+        limit = int(node.capacity_bytes * self.margin)
+        generation = gpu_generation(node.gpu)
+        for method in self.methods():
+            fitted = self._fit_method(method, node, limit, generation, out, offload=False)
+            if not fitted and node.gpus_per_node * node.nodes > 1:
+                fitted = self._fit_method(method, node, limit, generation, out, offload=True)
+            if fitted:
+                out.best[method] = max(fitted, key=lambda c: c.throughput.tokens_per_second)
+        return out
+
+    def _fit_method(self, method: Method, node: Node, limit: int, generation: str,
+                    out: SearchOutcome, *, offload: bool) -> list[Candidate]:
+        """Fitting candidates over sharding x offload x checkpointing. Pruned: a sharding
+        that reaches the largest micro-batch makes heavier sharding pointless (more traffic,
+        no larger batch); no checkpointing is tried only when checkpointing fits batch >= 2."""
+        fitted: list[Candidate] = []
+        top = 2**self.max_micro_batch_log2
+        for family in self.families(method, node, offload=offload):
+            got = self._fit_family(family, node, limit, generation, out)
+            if not got:
+                continue
+            fitted += got
+            if got[0].strategy.batch_size >= 2:
+                fitted += self._fit_family(replace(family, checkpointing=Checkpointing.NONE),
+                                           node, limit, generation, out)
+            if got[0].strategy.batch_size >= top:
+                break
+        return fitted
+
+    def families(self, method: Method, node: Node, *, offload: bool) -> Iterable[Strategy]:
+        """Strategies at micro-batch 1 with checkpointing, for every sharding / offload."""
+        world = node.gpus_per_node * node.nodes
+        shardings = MULTI_GPU_SHARDING if world > 1 else (Sharding.DDP,)
+        precision = self.base.precision
+        if node.gpu.supports_bf16 is False and precision is Precision.BF16_MIXED:
+            precision = Precision.FP16_MIXED  # no BF16 tensor cores: fp16 with loss scaling
+        choices = ([(Sharding.ZERO3, Offload.OPTIMIZER), (Sharding.ZERO3, Offload.OPTIMIZER_PARAMS)]
+                   if offload else [(s, Offload.NONE) for s in shardings])
+        for sharding, off in choices:
+            yield replace(self.base, method=method, batch_size=1, gpus=node.gpus_per_node,
+                          nodes=node.nodes, sharding=sharding, offload=off,
+                          checkpointing=Checkpointing.FULL, precision=precision)
+
+    def _fit_family(self, family: Strategy, node: Node, limit: int, generation: str,
+                    out: SearchOutcome) -> list[Candidate]:
+        def at(log2: int) -> MemoryEstimate | str:
+            return self.memory(replace(family, batch_size=2**log2), generation)
+
+        def fits(log2: int) -> bool:
+            est = at(log2)
+            return not isinstance(est, str) and est.device_total_bytes <= limit
+
+        first = at(0)
+        if isinstance(first, str):
+            out.refusals.append(first)
+            return []
+        if first.device_total_bytes > limit:
+            need = first.device_total_bytes
+            if out.smallest_need_bytes is None or need < out.smallest_need_bytes:
+                out.smallest_need_bytes = need
+            return []
+        best = largest_fitting(fits, 0, self.max_micro_batch_log2)
+        est = at(best)
+        assert not isinstance(est, str)
+        speed = self.speed(est.strategy, node)
+        if isinstance(speed, str):
+            out.refusals.append(speed)
+            return []
+        return [Candidate(strategy=est.strategy, memory=est, throughput=speed)]

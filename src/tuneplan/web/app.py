@@ -1,0 +1,158 @@
+"""The FastAPI app of ``tuneplan serve``: pages, their JSON twins, limits and error mapping.
+
+``create_app`` wires routers, templates (Jinja2, autoescaped), static files served from the
+package, a request-size limit, security headers, and the exception mapping (bad input → 422
+naming the field, catalog trouble → 503). No computing here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+
+from tuneplan.errors import BadInputError, CatalogError, TuneplanError
+from tuneplan.web.inputs import MAX_BODY_BYTES, FieldError
+
+HERE = Path(__file__).parent
+_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class TuneplanJSON(JSONResponse):
+    """JSON exactly as the CLI prints it: Decimals as strings (money stays exact), times ISO."""
+
+    def render(self, content: Any) -> bytes:
+        from tuneplan.cli import _json_default
+
+        return json.dumps(content, default=_json_default, ensure_ascii=False).encode("utf-8")
+
+
+class BodyLimit:
+    """Refuse request bodies over ``limit`` bytes with 413, by header or by counting."""
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]],
+                 limit: int = MAX_BODY_BYTES) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length", b"0")
+        if not declared.isdigit() or int(declared) > self.limit:
+            await _too_large(self.limit, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _BodyTooLarge:
+            await _too_large(self.limit, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _too_large(limit: int, send: Send) -> None:
+    body = json.dumps({"detail": [{"loc": ["body"], "msg": f"request larger than {limit:,} "
+                                   "bytes", "type": "too_large"}]}).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def create_app(store_path: str | Path | None = None) -> FastAPI:
+    """The web app. ``store_path`` is the catalog file (default: the CLI's catalog)."""
+    from tuneplan import __version__
+    from tuneplan.web.api import router as api_router
+    from tuneplan.web.pages import router as page_router
+
+    app = FastAPI(title="tuneplan", version=__version__,
+                  description="Plan LLM fine-tuning jobs on rented GPUs. Every page has a "
+                              "JSON twin under /api that mirrors the CLI's --json output.")
+    app.state.store_path = None if store_path is None else Path(store_path)
+    app.state.templates = Jinja2Templates(directory=str(HERE / "templates"))
+    app.state.templates.env.autoescape = True  # every .html is escaped; also any other name
+    app.state.plans = OrderedDict()  # plan results for detail pages (bounded in pages)
+    app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
+    app.include_router(api_router)
+    app.include_router(page_router)
+    app.add_middleware(BodyLimit)
+    app.middleware("http")(_security_headers)
+    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(TuneplanError, _tuneplan_error)  # type: ignore[arg-type]
+    return app
+
+
+async def _security_headers(request: Request,
+                            call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    response = await call_next(request)
+    response.headers.setdefault("Content-Security-Policy", _CSP)
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Referrer-Policy", "no-referrer")
+    return response
+
+
+def problems_of(exc: Exception) -> list[dict[str, Any]]:
+    """FastAPI-style ``detail`` items (loc, msg, type) for any bad-input exception."""
+    if isinstance(exc, RequestValidationError):
+        return [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")),
+                 "type": str(e.get("type", ""))} for e in exc.errors()]
+    if isinstance(exc, FieldError):
+        return [{"loc": ["body", exc.field], "msg": str(exc), "type": "value_error"}]
+    return [{"loc": ["body"], "msg": str(exc), "type": type(exc).__name__}]
+
+
+def error_response(request: Request, status: int, problems: list[dict[str, Any]]) -> Response:
+    """JSON for /api, an HTML page (escaped) for the pages."""
+    if request.url.path.startswith("/api"):
+        return TuneplanJSON({"detail": problems}, status_code=status)
+    templates: Jinja2Templates = request.app.state.templates
+    return templates.TemplateResponse(request, "error.html", {"problems": problems,
+                                                              "status": status},
+                                      status_code=status)
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+    return error_response(request, 422, problems_of(exc))
+
+
+async def _tuneplan_error(request: Request, exc: TuneplanError) -> Response:
+    if isinstance(exc, BadInputError):
+        return error_response(request, 422, problems_of(exc))
+    status = 503 if isinstance(exc, CatalogError) else 500
+    return error_response(request, status, [{"loc": [], "msg": " ".join(str(exc).split()),
+                                             "type": type(exc).__name__}])
+
+
+def html(request: Request, name: str, context: dict[str, Any], status: int = 200
+         ) -> HTMLResponse:
+    """Render a template with the request in its context."""
+    templates: Jinja2Templates = request.app.state.templates
+    response: HTMLResponse = templates.TemplateResponse(request, name, context,
+                                                        status_code=status)
+    return response

@@ -1,0 +1,133 @@
+"""The HTML pages: offers, plan (form and results), a plan's detail. Server-rendered.
+
+Thin: read the form or query, validate with the same pydantic models as the API, call
+``web.documents``/``web.planning``, render a template. Templates escape everything.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, File, Request, UploadFile
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from pydantic import BaseModel, ValidationError
+
+from tuneplan.core.job import Attention, Offload, Optimizer, Precision, Sharding
+from tuneplan.core.methods import Method, Quant
+from tuneplan.core.recipes import Recipe
+from tuneplan.web.app import html
+from tuneplan.web.documents import catalog_document, models_document, offers_document
+from tuneplan.web.inputs import MAX_UPLOAD_BYTES, FieldError, OfferQuery, PlanInput
+from tuneplan.web.offers_view import COLUMNS, offer_rows
+
+router = APIRouter(include_in_schema=False)
+M = TypeVar("M", bound=BaseModel)
+MAX_KEPT_PLANS = 64  # plan results kept in memory for their detail pages (oldest dropped)
+
+
+def _validated(model: type[M], pairs: list[tuple[str, str]]) -> M:
+    """Validate form or query pairs: empty fields mean "default"; a repeated name (hidden
+    'false' before a checkbox) takes its last value."""
+    data: dict[str, str] = {}
+    for key, value in pairs:
+        if value.strip():
+            data[key] = value
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors()) from exc
+
+
+@router.get("/")
+def index() -> RedirectResponse:
+    return RedirectResponse("/offers", status_code=307)
+
+
+@router.get("/offers", response_class=HTMLResponse)
+def offers_page(request: Request) -> HTMLResponse:
+    """The catalog as a filterable, sortable table with its age and sources."""
+    query = _validated(OfferQuery, list(request.query_params.multi_items()))
+    store = request.app.state.store_path
+    everything = query.model_copy(update={"limit": 5000})
+    records = offers_document(everything, store)
+    catalog = catalog_document(store)
+    rows = offer_rows(records[:query.limit], catalog)
+    return html(request, "offers.html", {
+        "query": query, "rows": rows, "matched": len(records), "catalog": catalog,
+        "stale_sources": [s for s in catalog["sources"] if s["stale"]],
+        "columns": COLUMNS, "page": "offers"})
+
+
+def _form_context(values: dict[str, Any]) -> dict[str, Any]:
+    return {"values": values, "models": models_document(), "page": "plan",
+            "choices": {"method": list(Method), "quant": list(Quant),
+                        "precision": list(Precision), "optimizer": list(Optimizer),
+                        "recipe": list(Recipe), "attention": list(Attention),
+                        "sharding": list(Sharding), "offload": list(Offload)},
+            "max_upload": MAX_UPLOAD_BYTES}
+
+
+@router.get("/plan", response_class=HTMLResponse)
+def plan_form(request: Request) -> HTMLResponse:
+    """The job form; query parameters prefill it (``/plan?model=llama-3.1-8b&method=qlora``)."""
+    defaults = PlanInput().model_dump(mode="json")
+    job = _validated(PlanInput, list(request.query_params.multi_items()))
+    return html(request, "plan.html", _form_context(defaults | job.model_dump(mode="json")))
+
+
+@router.post("/plan", response_class=HTMLResponse)
+async def plan_submit(request: Request,
+                      config_file: Annotated[UploadFile | None, File()] = None) -> Response:
+    """Run the planner on the submitted job and show ranked plans with both charts."""
+    from tuneplan.web.planning import plan_document, plan_view
+    from tuneplan.web.inputs import resolve_web_model
+
+    form = await request.form()
+    pairs = [(k, v) for k, v in form.multi_items() if isinstance(v, str)]
+    job = _validated(PlanInput, pairs)
+    upload = await _read_upload(config_file)
+    model = resolve_web_model(job.model, job.config, upload)
+    document = plan_document(job, model, request.app.state.store_path)
+    key = _keep(request, document)
+    context = _form_context(job.model_dump(mode="json")) | {
+        "view": plan_view(document), "key": key, "model_name": model.name}
+    return html(request, "plan.html", context)
+
+
+async def _read_upload(upload: UploadFile | None) -> bytes | None:
+    if upload is None or not upload.filename:
+        return None
+    data = await upload.read(MAX_UPLOAD_BYTES + 1)
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise FieldError("config", f"config.json is larger than {MAX_UPLOAD_BYTES:,} bytes")
+    return data if data else None
+
+
+def _keep(request: Request, document: dict[str, Any]) -> str:
+    """Remember a result for its detail pages; the key is a random token, not user input."""
+    import secrets
+
+    kept: OrderedDict[str, dict[str, Any]] = request.app.state.plans
+    key = secrets.token_urlsafe(9)
+    kept[key] = document
+    while len(kept) > MAX_KEPT_PLANS:
+        kept.popitem(last=False)
+    return key
+
+
+@router.get("/plans/{key}/{plan_id}", response_class=HTMLResponse)
+def plan_detail(request: Request, key: str, plan_id: str) -> HTMLResponse:
+    """One plan: offer, strategy, memory chart, time and cost, why and warnings."""
+    from tuneplan.web.planning import plan_detail_view
+
+    document = request.app.state.plans.get(key[:64])
+    plan = None if document is None else next(
+        (p for p in document["plans"] if str(p["id"]) == plan_id[:64]), None)
+    if plan is None:
+        return html(request, "error.html", {"status": 404, "problems": [{
+            "loc": ["path"], "msg": "no such plan (results are kept in memory for the "
+                                    f"last {MAX_KEPT_PLANS} runs): plan again"}]}, status=404)
+    return html(request, "plan_detail.html", {"plan": plan_detail_view(plan, document),
+                                              "key": key, "page": "plan"})
