@@ -53,6 +53,8 @@ def main() -> None:
     for cat, b in m.peak_by_category.items():
         own = m.max_by_category[cat] / GiB
         print(f"  at peak  {cat:<12} {b / GiB:8.3f} GiB   (own max {own:8.3f})")
+    phases = ", ".join(f"{k} {v / GiB:.2f}" for k, v in m.peak_by_phase.items())
+    print(f"peak by phase (GiB): {phases}")
     print(f"seconds: {m.seconds:.1f} total, {m.step_seconds:.1f} for the steps")
 
 

@@ -5,8 +5,12 @@ The curated public API lives here; ``tests/test_public_api.py`` keeps it in chec
 
 from __future__ import annotations
 
+from tuneplan.adapters.plans import plan
 from tuneplan.core.compute import estimate_throughput
+from tuneplan.core.job import Job, Strategy
+from tuneplan.core.memory import MemoryAssumptions, MemoryEstimate, estimate_memory
 from tuneplan.core.models import ModelSpec, ParameterCounts, count_parameters, parse_model_config
+from tuneplan.core.planner import PlanResult
 from tuneplan.errors import TuneplanError
 from tuneplan.explain import Breakdown, Term
 
@@ -14,12 +18,19 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Breakdown",
+    "Job",
+    "MemoryAssumptions",
+    "MemoryEstimate",
     "ModelSpec",
     "ParameterCounts",
+    "PlanResult",
+    "Strategy",
     "Term",
     "TuneplanError",
     "__version__",
     "count_parameters",
+    "estimate_memory",
     "estimate_throughput",
     "parse_model_config",
+    "plan",
 ]

@@ -91,6 +91,16 @@ from tuneplan.cli_memory import register as _register_memory  # noqa: E402
 
 _register_memory(app)
 
+# plan and fit live in cli_plan (issue 6).
+from tuneplan.cli_plan import register as _register_plan  # noqa: E402
+
+_register_plan(app)
+
+# serve (the web app) lives in cli_web (issue 7).
+from tuneplan.cli_web import register as _register_web  # noqa: E402
+
+_register_web(app)
+
 
 def main() -> None:
     """Console-script entry: run the app and turn errors into one line and an exit code.

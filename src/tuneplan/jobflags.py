@@ -13,8 +13,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tuneplan.core.job import (Attention, Checkpointing, Loss, Offload, Optimizer, Precision,
-                               Sharding, Strategy, Task)
+from tuneplan.core.job import (
+    Attention,
+    Checkpointing,
+    Loss,
+    Offload,
+    Optimizer,
+    Precision,
+    Sharding,
+    Strategy,
+    Task,
+)
 from tuneplan.core.methods import Method, Quant
 from tuneplan.core.recipes import Recipe
 from tuneplan.errors import InvalidValueError, UnsupportedError
@@ -33,13 +42,15 @@ def _int(text: str) -> int:
 
 
 _VALUE: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "method": ("method", Method), "recipe": ("recipe", Recipe), "precision": ("precision", Precision),
+    "method": ("method", Method), "recipe": ("recipe", Recipe),
+    "precision": ("precision", Precision),
     "optimizer": ("optimizer", Optimizer), "quant": ("quant", Quant),
     "attention": ("attention", Attention), "sharding": ("sharding", Sharding),
     "offload": ("offload", Offload), "task": ("task", Task), "loss": ("loss", Loss),
     "lora-rank": ("lora_rank", _int), "lora-alpha": ("lora_alpha", _int),
     "lora-dropout": ("lora_dropout", float), "lora-targets": ("lora_targets", _csv),
-    "trainable-modules": ("trainable_modules", _csv), "trainable-layers": ("trainable_layers", _int),
+    "trainable-modules": ("trainable_modules", _csv),
+    "trainable-layers": ("trainable_layers", _int),
     "num-virtual-tokens": ("num_virtual_tokens", _int), "num-labels": ("num_labels", _int),
     "batch-size": ("batch_size", _int), "grad-accum": ("grad_accum", _int),
     "seq-len": ("seq_len", _int), "gpus": ("gpus", _int), "nodes": ("nodes", _int),
@@ -122,7 +133,7 @@ def _convert(name: str, convert: Callable[[str], Any], value: Any) -> Any:
     if isinstance(value, list):
         value = ",".join(str(v) for v in value)
     try:
-        return convert(str(value)) if not isinstance(value, bool) else convert(value)
+        return convert(str(value))
     except ValueError as exc:
         raise InvalidValueError(f"--{name}: {value!r} is not a valid value") from exc
 

@@ -199,7 +199,8 @@ class Job:
     providers: tuple[str, ...] = ()
     regions: tuple[str, ...] = ()
     gpu: str | None = None           # only offers of this GPU (word-prefix match)
-    spot: bool = True                # spot prices may be used (and are shown)
+    spot: bool | None = None         # None: spot shown, ranked on-demand; True: spot may win;
+                                     # False: no spot prices at all
     max_gpus: int | None = None      # GPUs in total, all nodes together
     multi_node: bool = False
     min_interconnect: Interconnect = Interconnect.ANY

@@ -143,7 +143,8 @@ def _total_params(model: ModelSpec) -> int:
     return model.embedding_params + blocks + model.final_norm_params + model.head_params
 
 
-def _base_matrices(model: ModelSpec, layers: Iterable[LayerSpec]) -> tuple[tuple[int, int, int], ...]:
+def _base_matrices(model: ModelSpec,
+                   layers: Iterable[LayerSpec]) -> tuple[tuple[int, int, int], ...]:
     mats = [(model.vocab_size, model.hidden_size, 1)]
     if not model.tie_word_embeddings:
         mats.append((model.vocab_size, model.hidden_size, 1))
@@ -202,7 +203,8 @@ def _modules_to_save(model: ModelSpec, strategy: Strategy) -> int:
         if name in EMBED_NAMES:
             params += model.vocab_size * model.hidden_size
         elif name in HEAD_NAMES:
-            params += model.vocab_size * model.hidden_size + (model.vocab_size if model.head_bias else 0)
+            bias = model.vocab_size if model.head_bias else 0
+            params += model.vocab_size * model.hidden_size + bias
         else:
             raise UnsupportedError(f"--trainable-modules {name!r} is not estimated; use "
                                    "embed_tokens and/or lm_head")

@@ -7,9 +7,9 @@ search strategies (``core.plan_search``) nor rank plans (``core.planner``).
 
 from __future__ import annotations
 
-from dataclasses import replace
-from datetime import datetime
-from decimal import Decimal
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from decimal import ROUND_CEILING, Decimal
 
 from tuneplan.core.catalog import Offer
 from tuneplan.core.compute_step import STATE_BYTES
@@ -74,14 +74,65 @@ def cost_inputs(c: Candidate, offer: Offer, provider: Provider | None, job: Job,
         notice_s=provider.spot_notice_s if provider else None)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnitCost:
+    """Cost of one candidate with one provider at 1 USD/h: money scales with the price, so
+    every offer of that provider is priced from it without re-running the cost model."""
+
+    billed_hours: float
+    wall_hours: float
+    extras_usd: Decimal                      # storage + egress (independent of the price)
+    spot_expected_hours: float | None        # None: spot not priced or cannot finish
+
+
+def unit_cost(c: Candidate, provider: Provider | None, job: Job,
+              a: CostAssumptions) -> UnitCost:
+    """The cost model at 1 USD/h on-demand and spot (analytic spot expectation only)."""
+    fast = replace(a, monte_carlo_runs=1)
+    probe = replace(_ONE_DOLLAR, provider=provider.name if provider else "?")
+    est = estimate_cost(cost_inputs(c, probe, provider, job, fast, spot=False), fast)
+    spot_hours: float | None = None
+    if job.spot is not False:
+        try:
+            spot = estimate_cost(cost_inputs(c, probe, provider, job, fast, spot=True), fast)
+            spot_hours = spot.spot.expected_hours if spot.spot else None
+        except TuneplanError:
+            spot_hours = None
+    return UnitCost(billed_hours=est.billing["billed_seconds"] / 3600, wall_hours=est.hours,
+                    extras_usd=est.storage_cost + est.egress_cost, spot_expected_hours=spot_hours)
+
+
+_ONE_DOLLAR = Offer(provider="?", instance_type="unit", gpu="H100 SXM5", gpu_count=1,
+                    gpu_memory_bytes=1, vcpus=None, ram_bytes=None, region="?",
+                    price_per_hour=Decimal(1), spot_price_per_hour=Decimal(1),
+                    fetched_at=datetime(2000, 1, 1, tzinfo=UTC), source="unit price")
+
+
+def cents(value: Decimal) -> Decimal:
+    return value.quantize(Decimal("0.01"), rounding=ROUND_CEILING)
+
+
+def scaled_costs(unit: UnitCost, offer: Offer, nodes: int) -> tuple[Decimal | None, Decimal | None]:
+    """(on-demand USD, spot expected USD) of ``offer`` x ``nodes`` from the unit cost."""
+    on_demand = spot = None
+    if offer.price_per_hour is not None:
+        on_demand = cents(offer.price_per_hour * nodes * Decimal(str(unit.billed_hours))
+                          + unit.extras_usd)
+    if offer.spot_price_per_hour is not None and unit.spot_expected_hours is not None:
+        spot = cents(offer.spot_price_per_hour * nodes * Decimal(str(unit.spot_expected_hours))
+                     + unit.extras_usd)
+    return on_demand, spot
+
+
 def price_plan(c: Candidate, offer: Offer, provider: Provider | None, job: Job,
-               a: CostAssumptions, *, runs: int) -> tuple[CostEstimate, CostEstimate | None]:
-    """(on-demand estimate, spot estimate or None). Spot is priced when the job allows it and
-    the offer has a spot price; ``runs`` Monte Carlo runs (1 gives the analytic expectation
-    only, which is what ranking needs). Spot that cannot finish is dropped (None)."""
+               a: CostAssumptions, *, runs: int) -> tuple[CostEstimate | None, CostEstimate | None]:
+    """Full cost estimates (on-demand, spot) of one plan with ``runs`` Monte Carlo runs; each
+    None when the offer has no such price, the job forbids spot, or spot cannot finish."""
     fast = replace(a, monte_carlo_runs=max(1, runs))
-    on_demand = estimate_cost(cost_inputs(c, offer, provider, job, fast, spot=False), fast)
-    if not job.spot or offer.spot_price_per_hour is None:
+    on_demand = None
+    if offer.price_per_hour is not None:
+        on_demand = estimate_cost(cost_inputs(c, offer, provider, job, fast, spot=False), fast)
+    if job.spot is False or offer.spot_price_per_hour is None:
         return on_demand, None
     try:
         spot = estimate_cost(cost_inputs(c, offer, provider, job, fast, spot=True), fast)
@@ -91,7 +142,7 @@ def price_plan(c: Candidate, offer: Offer, provider: Provider | None, job: Job,
 
 
 def plan_warnings(c: Candidate, offer: Offer, gpu: GpuSpec, provider: Provider | None,
-                  link: str, *, uses_spot: bool, now: datetime,
+                  link: str, *, now: datetime,
                   stale_after_s: float) -> list[str]:
     """Things a person should know before renting this plan (each one line)."""
     s = c.strategy
@@ -105,9 +156,6 @@ def plan_warnings(c: Candidate, offer: Offer, gpu: GpuSpec, provider: Provider |
     if gpu.supports_bf16 is False and s.precision is not Precision.FP32:
         out.append(f"no BF16 on {gpu.name}: fp16 mixed precision with loss scaling "
                    "(risk of overflow on some models)")
-    if uses_spot and (provider is None or not provider.spot_notice_s):
-        out.append("spot without a notice period: an interruption loses the work since the "
-                   "last checkpoint")
     age_s = (now - offer.fetched_at).total_seconds()
     if age_s > stale_after_s:
         out.append(f"stale price: fetched {age_s / 86_400:.0f} days ago "
@@ -130,5 +178,6 @@ def storage_note(provider: Provider | None) -> str:
     price = provider.storage_price_usd_per_gb_month
     parts = [f"${price}/GB-month" if price is not None else "storage price unknown"]
     if provider.storage_survives_stop:
-        parts.append(f"survives stop: {provider.storage_survives_stop.split(';')[0][:40]}")
+        words = provider.storage_survives_stop.split(";")[0].split()
+        parts.append(f"kept on stop: {' '.join(words[:3])}")
     return "; ".join(parts)

@@ -22,13 +22,14 @@ from tuneplan.core.compute_assumptions import ThroughputAssumptions
 from tuneplan.core.hardware import GpuSpec
 from tuneplan.core.job import Checkpointing, Offload, Precision, Sharding, Strategy
 from tuneplan.core.memory import MemoryAssumptions, MemoryEstimate, estimate_memory
+from tuneplan.core.memory.overheads import reserve_term, workspace_term
 from tuneplan.core.methods import Method
 from tuneplan.core.models import ModelSpec
 from tuneplan.errors import TuneplanError
 
 AUTO_METHODS = (Method.FULL, Method.LORA, Method.QLORA)
 #: Sharding tried on several GPUs, cheapest communication first (ties keep the earlier one).
-MULTI_GPU_SHARDING = (Sharding.DDP, Sharding.ZERO2, Sharding.ZERO3, Sharding.FSDP)
+MULTI_GPU_SHARDING = (Sharding.DDP, Sharding.ZERO2, Sharding.FSDP, Sharding.ZERO3)
 
 
 def gpu_generation(gpu: GpuSpec) -> str:
@@ -68,9 +69,10 @@ class Candidate:
     """One strategy that fits a node, with its memory and speed."""
 
     strategy: Strategy
-    memory: MemoryEstimate
+    memory: MemoryEstimate           # generation-neutral unless ``exact`` (see device_total)
+    device_total_bytes: int          # per GPU on this node's GPU generation
     throughput: Throughput
-    notes: tuple[str, ...] = ()
+    exact: bool = False
 
 
 @dataclass(slots=True)
@@ -95,7 +97,8 @@ class StrategySearch:
     max_micro_batch_log2: int = 6
     memory_assumptions: MemoryAssumptions = field(default_factory=MemoryAssumptions)
     throughput_assumptions: ThroughputAssumptions = field(default_factory=ThroughputAssumptions)
-    _memory: dict[tuple[Strategy, str], MemoryEstimate | str] = field(default_factory=dict)
+    _memory: dict[tuple[Strategy, str | None], MemoryEstimate | str] = field(default_factory=dict)
+    _batches: dict[tuple[Strategy, int], MemoryEstimate | str] = field(default_factory=dict)
     _speed: dict[tuple[object, ...], Throughput | str] = field(default_factory=dict)
     _nodes: dict[Node, SearchOutcome] = field(default_factory=dict)
     memory_calls: int = 0
@@ -107,7 +110,7 @@ class StrategySearch:
     def methods(self) -> tuple[Method, ...]:
         return AUTO_METHODS if self.base.method is Method.AUTO else (self.base.method,)
 
-    def memory(self, strategy: Strategy, generation: str) -> MemoryEstimate | str:
+    def memory(self, strategy: Strategy, generation: str | None) -> MemoryEstimate | str:
         """Cached estimate, or the refusal's one-line reason."""
         key = (strategy, generation)
         found = self._memory.get(key)
@@ -120,6 +123,26 @@ class StrategySearch:
                 found = str(exc)
             self._memory[key] = found
         return found
+
+    def at_batch(self, family: Strategy, batch: int) -> MemoryEstimate | str:
+        """The generation-neutral estimate of ``family`` at micro-batch ``batch`` (cached)."""
+        key = (family, batch)
+        found = self._batches.get(key)
+        if found is None:
+            found = self.memory(replace(family, batch_size=batch), None)
+            self._batches[key] = found
+        return found
+
+    def device_total(self, est: MemoryEstimate, generation: str) -> int:
+        """``est.device_total_bytes`` as it would be on ``generation``, without re-estimating:
+        only the cuBLAS workspace (inside the allocated peak, so the reserve follows) and the
+        CUDA context depend on the GPU generation (``core.memory.overheads``)."""
+        a = self.memory_assumptions
+        allocated = (est.allocated_peak_bytes - int(workspace_term(None, a).value)
+                     + int(workspace_term(generation, a).value))
+        reserved = allocated + int(reserve_term(allocated, a).value)
+        context = a.context_bytes(generation) - a.context_bytes(None)
+        return est.device_total_bytes - est.reserved_peak_bytes + reserved + context
 
     def speed(self, strategy: Strategy, node: Node) -> Throughput | str:
         key = (strategy, node.gpu.name, node.intra_link, node.inter_node_bytes_per_s)
@@ -151,6 +174,8 @@ class StrategySearch:
         limit = int(node.capacity_bytes * self.margin)
         generation = gpu_generation(node.gpu)
         for method in self.methods():
+            if method is Method.QLORA and Method.LORA in out.best:
+                continue  # where LoRA fits it is faster, hence cheaper: QLoRA cannot win
             fitted = self._fit_method(method, node, limit, generation, out, offload=False)
             if not fitted and node.gpus_per_node * node.nodes > 1:
                 fitted = self._fit_method(method, node, limit, generation, out, offload=True)
@@ -158,19 +183,37 @@ class StrategySearch:
                 out.best[method] = max(fitted, key=lambda c: c.throughput.tokens_per_second)
         return out
 
+    def exact(self, candidate: Candidate, gpu: GpuSpec) -> Candidate:
+        """The candidate with its memory estimated for ``gpu``'s generation."""
+        if candidate.exact:
+            return candidate
+        found = self.memory(candidate.strategy, gpu_generation(gpu))
+        if isinstance(found, str):
+            return candidate
+        return replace(candidate, memory=found, device_total_bytes=found.device_total_bytes,
+                       exact=True)
+
     def _fit_method(self, method: Method, node: Node, limit: int, generation: str,
                     out: SearchOutcome, *, offload: bool) -> list[Candidate]:
-        """Fitting candidates over sharding x offload x checkpointing. Pruned: a sharding
-        that reaches the largest micro-batch makes heavier sharding pointless (more traffic,
-        no larger batch); no checkpointing is tried only when checkpointing fits batch >= 2."""
+        """Fitting candidates over sharding x offload x checkpointing, pruned where a choice
+        cannot win: heavier sharding once a lighter one reaches the largest micro-batch (more
+        traffic, no larger batch); ZeRO-3 where FSDP fits (same traffic, more memory); no
+        checkpointing unless checkpointing leaves room for 8 sequences; parameter offload
+        where optimizer offload fits."""
         fitted: list[Candidate] = []
         top = 2**self.max_micro_batch_log2
+        fsdp_ok = False
         for family in self.families(method, node, offload=offload):
+            if fsdp_ok and family.sharding is Sharding.ZERO3 and not offload:
+                continue
+            if offload and fitted and family.offload is Offload.OPTIMIZER_PARAMS:
+                break
             got = self._fit_family(family, node, limit, generation, out)
             if not got:
                 continue
+            fsdp_ok = fsdp_ok or family.sharding is Sharding.FSDP
             fitted += got
-            if got[0].strategy.batch_size >= 2:
+            if got[0].strategy.batch_size >= 8:
                 fitted += self._fit_family(replace(family, checkpointing=Checkpointing.NONE),
                                            node, limit, generation, out)
             if got[0].strategy.batch_size >= top:
@@ -181,39 +224,42 @@ class StrategySearch:
         """Strategies at micro-batch 1 with checkpointing, for every sharding / offload."""
         world = node.gpus_per_node * node.nodes
         shardings = MULTI_GPU_SHARDING if world > 1 else (Sharding.DDP,)
-        precision = self.base.precision
-        if node.gpu.supports_bf16 is False and precision is Precision.BF16_MIXED:
-            precision = Precision.FP16_MIXED  # no BF16 tensor cores: fp16 with loss scaling
         choices = ([(Sharding.ZERO3, Offload.OPTIMIZER), (Sharding.ZERO3, Offload.OPTIMIZER_PARAMS)]
                    if offload else [(s, Offload.NONE) for s in shardings])
         for sharding, off in choices:
             yield replace(self.base, method=method, batch_size=1, gpus=node.gpus_per_node,
                           nodes=node.nodes, sharding=sharding, offload=off,
-                          checkpointing=Checkpointing.FULL, precision=precision)
+                          checkpointing=Checkpointing.FULL)
+
+    def _precision_for(self, strategy: Strategy, gpu: GpuSpec) -> Strategy:
+        """No BF16 tensor cores: fp16 with loss scaling (same bytes, so the memory search
+        done in bf16 holds)."""
+        if gpu.supports_bf16 is False and strategy.precision is Precision.BF16_MIXED:
+            return replace(strategy, precision=Precision.FP16_MIXED)
+        return strategy
 
     def _fit_family(self, family: Strategy, node: Node, limit: int, generation: str,
                     out: SearchOutcome) -> list[Candidate]:
-        def at(log2: int) -> MemoryEstimate | str:
-            return self.memory(replace(family, batch_size=2**log2), generation)
-
         def fits(log2: int) -> bool:
-            est = at(log2)
-            return not isinstance(est, str) and est.device_total_bytes <= limit
+            est = self.at_batch(family, 2**log2)
+            return not isinstance(est, str) and self.device_total(est, generation) <= limit
 
-        first = at(0)
+        first = self.at_batch(family, 1)
         if isinstance(first, str):
             out.refusals.append(first)
             return []
-        if first.device_total_bytes > limit:
-            need = first.device_total_bytes
+        need = self.device_total(first, generation)
+        if need > limit:
             if out.smallest_need_bytes is None or need < out.smallest_need_bytes:
                 out.smallest_need_bytes = need
             return []
         best = largest_fitting(fits, 0, self.max_micro_batch_log2)
-        est = at(best)
+        est = self.at_batch(family, 2**best)
         assert not isinstance(est, str)
-        speed = self.speed(est.strategy, node)
+        strategy = self._precision_for(est.strategy, node.gpu)
+        speed = self.speed(strategy, node)
         if isinstance(speed, str):
             out.refusals.append(speed)
             return []
-        return [Candidate(strategy=est.strategy, memory=est, throughput=speed)]
+        return [Candidate(strategy=strategy, memory=est, throughput=speed,
+                          device_total_bytes=self.device_total(est, generation))]

@@ -64,11 +64,10 @@ def precision_plan(strategy: Strategy) -> PrecisionPlan:
     adapter = 4 if recipe in (Recipe.HF, Recipe.PLAIN) else (4 if mixed else c)
     master = 0
     if _deepspeed_like(strategy) and mixed:
-        # DeepSpeed bf16/fp16: the module runs in half precision, fp32 master + states sharded.
-        trainable, master = 2, 4
-    state = max(trainable, 4) if master else trainable
-    if not full:
-        state = adapter
+        # DeepSpeed bf16/fp16 casts the whole module (adapters included) to half precision and
+        # keeps an fp32 master copy + fp32 states, sharded (engine: module.bfloat16()).
+        trainable, master, adapter = 2, 4, 2
+    state = 4 if master else (trainable if full else adapter)
     kbit = recipe is Recipe.HF and method in (Method.QLORA, Method.LORA8BIT)
     return PrecisionPlan(
         frozen_weight_bytes=4 if precision.value == "fp32" else 2, trainable_weight_bytes=trainable,

@@ -20,9 +20,9 @@ from tuneplan.web.documents import (
 from tuneplan.web.inputs import JobInput, OfferQuery, PlanInput, resolve_web_model
 
 router = APIRouter(prefix="/api", tags=["api"])
-_BAD = {422: {"description": "Bad input: `detail` lists each field (`loc`) and the reason "
-                             "(`msg`)."}}
-_JSON = {"content": {"application/json": {}}}
+_BAD: dict[int | str, dict[str, Any]] = {
+    422: {"description": "Bad input: `detail` lists each field (`loc`) and the reason (`msg`)."}}
+_JSON: dict[str, Any] = {"content": {"application/json": {}}}
 
 
 @router.get("/offers", response_class=TuneplanJSON, responses={**_BAD, 200: _JSON})
@@ -64,8 +64,9 @@ def api_memory(job: JobInput) -> TuneplanJSON:
 @router.post("/plan", response_class=TuneplanJSON, responses={**_BAD, 200: _JSON})
 def api_plan(request: Request, job: PlanInput) -> TuneplanJSON:
     """`tuneplan plan MODEL --json`: ranked plans with why and warnings, and rejected offers."""
-    from tuneplan.web.planning import plan_document
+    from tuneplan.web.planning import plan_document, run_plan
 
     model = resolve_web_model(job.model, job.config)
-    document: dict[str, Any] = plan_document(job, model, request.app.state.store_path)
+    result = run_plan(job, model, request.app.state.store_path)
+    document: dict[str, Any] = plan_document(result, job.top, request.app.state.store_path)
     return TuneplanJSON(document)

@@ -91,7 +91,9 @@ def create_app(store_path: str | Path | None = None) -> FastAPI:
     from tuneplan.web.api import router as api_router
     from tuneplan.web.pages import router as page_router
 
-    app = FastAPI(title="tuneplan", version=__version__,
+    # FastAPI's own /docs pages load Swagger UI from a CDN; ours (pages.api_docs) is served
+    # from the package and reads the same OpenAPI document (/openapi.json).
+    app = FastAPI(title="tuneplan", version=__version__, docs_url=None, redoc_url=None,
                   description="Plan LLM fine-tuning jobs on rented GPUs. Every page has a "
                               "JSON twin under /api that mirrors the CLI's --json output.")
     app.state.store_path = None if store_path is None else Path(store_path)

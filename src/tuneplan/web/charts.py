@@ -6,15 +6,17 @@ from the estimates, and the templates draw the shapes.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
-from tuneplan.units import format_bytes
+from tuneplan.units import GiB, format_bytes
 
 # Colour-blind-safe palette (Okabe–Ito, then greys); terms beyond it reuse it in order.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442",
            "#000000", "#999999", "#7F3C8D", "#11A579", "#3969AC")
 WIDTH = 760
+LOG_SPAN = 20
+SMALL_SHARE = 0.01  # terms under 1 % of the total are drawn as one "other" segment
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,9 +48,13 @@ class MemoryChart:
 
 def memory_chart(terms: Sequence[tuple[str, int]], capacity_bytes: int | None) -> MemoryChart:
     """Stack the non-zero ``terms`` (name, bytes) left to right; the scale reaches 105 % of
-    the larger of the total and the capacity."""
+    the larger of the total and the capacity. The total is the sum of the terms, always."""
     kept = [(n, b) for n, b in terms if b > 0]
     total = sum(b for _, b in kept)
+    small = [(n, b) for n, b in kept if b < total * SMALL_SHARE]
+    if len(small) > 1:  # slivers nobody can see or click: one "other" segment says what
+        kept = [(n, b) for n, b in kept if b >= total * SMALL_SHARE]
+        kept.append((f"other ({len(small)} terms < {SMALL_SHARE:.0%})", sum(b for _, b in small)))
     top = max(total, capacity_bytes or 0, 1) * 1.05
     left, bar_width = 10.0, WIDTH - 20.0
     segments, x = [], left
@@ -57,8 +63,8 @@ def memory_chart(terms: Sequence[tuple[str, int]], capacity_bytes: int | None) -
         segments.append(Segment(name=name, value_bytes=size, label=format_bytes(size), x=x,
                                 width=width, color=PALETTE[i % len(PALETTE)]))
         x += width
-    ticks = tuple((left + bar_width * v / top, format_bytes(int(v), digits=0))
-                  for v in _nice_ticks(top))
+    ticks = tuple((left + bar_width * v * GiB / top, f"{v:g} GiB")
+                  for v in _nice_ticks(top / GiB))
     cap_x = None if capacity_bytes is None else left + bar_width * capacity_bytes / top
     return MemoryChart(
         segments=tuple(segments), total_bytes=total, total_label=format_bytes(total),
@@ -88,39 +94,58 @@ class Scatter:
     front: str                       # SVG polyline points "x,y x,y"
     x_ticks: tuple[tuple[float, str], ...]
     y_ticks: tuple[tuple[float, str], ...]
+    log_x: bool = False
+    log_y: bool = False
     plot: tuple[float, float, float, float] = field(default=(70.0, 20.0, 670.0, 300.0))
     width: int = WIDTH
     height: int = 360
 
 
-def pareto_ids(items: Sequence[tuple[str, float, float]]) -> set[str]:
-    """Ids of (id, hours, cost) not dominated: no other is at least as fast and as cheap and
-    strictly better in one."""
-    return {i for i, h, c in items
-            if not any(h2 <= h and c2 <= c and (h2 < h or c2 < c) for _, h2, c2 in items)}
-
-
-def scatter(items: Sequence[tuple[str, str, float, float]]) -> Scatter:
-    """``items`` = (plan id, label, hours, cost USD), in rank order."""
-    front_ids = pareto_ids([(i, h, c) for i, _, h, c in items])
+def scatter(items: Sequence[tuple[str, str, float, float, int]], front_ids: Collection[str]
+            ) -> Scatter:
+    """``items`` = (plan id, label, hours, cost USD, rank); ``front_ids`` are the
+    planner's Pareto front (joined by a line, fastest first)."""
     x0, y0, w, h = 70.0, 20.0, 670.0, 300.0
-    x_top = max((it[2] for it in items), default=1.0) * 1.08 or 1.0
-    y_top = max((it[3] for it in items), default=1.0) * 1.08 or 1.0
-
-    def px(hours: float) -> float:
-        return x0 + w * hours / x_top
-
-    def py(cost: float) -> float:
-        return y0 + h - h * cost / y_top
+    px, x_ticks = _axis([it[2] for it in items], x0, x0 + w, "h")
+    py, y_ticks = _axis([it[3] for it in items], y0 + h, y0, "$")
 
     points = tuple(Point(plan_id=i, label=label, hours=hours, cost_usd=cost, x=px(hours),
                          y=py(cost), pareto=i in front_ids, rank=rank)
-                   for rank, (i, label, hours, cost) in enumerate(items, start=1))
+                   for i, label, hours, cost, rank in items)
     front = sorted((p for p in points if p.pareto), key=lambda p: p.hours)
     return Scatter(
         points=points, front=" ".join(f"{p.x:.1f},{p.y:.1f}" for p in front),
-        x_ticks=tuple((px(v), _short(v, "h")) for v in _nice_ticks(x_top)),
-        y_ticks=tuple((py(v), "$" + _short(v, "")) for v in _nice_ticks(y_top)))
+        x_ticks=x_ticks, y_ticks=y_ticks, log_x=_is_log([it[2] for it in items]),
+        log_y=_is_log([it[3] for it in items]))
+
+
+def _is_log(values: Sequence[float]) -> bool:
+    """A log axis when the values span more than 20× (one slow plan would squash the rest)."""
+    positive = [v for v in values if v > 0]
+    return len(positive) == len(values) > 1 and max(positive) / min(positive) > LOG_SPAN
+
+
+def _axis(values: Sequence[float], start: float, end: float, unit: str
+          ) -> tuple[Callable[[float], float], tuple[tuple[float, str], ...]]:
+    """Pixel mapping from value to ``start``..``end`` and its ticks, linear or log10."""
+    def label(v: float) -> str:
+        return f"${_short(v)}" if unit == "$" else f"{_short(v)}{unit}"
+
+    if _is_log(values):
+        lo, hi = math.log10(min(values) / 1.25), math.log10(max(values) * 1.25)
+
+        def log_px(v: float) -> float:
+            return start + (end - start) * (math.log10(v) - lo) / (hi - lo)
+
+        ticks = [m * 10.0**k for k in range(math.floor(lo), math.ceil(hi) + 1) for m in (1, 2, 5)
+                 if lo <= math.log10(m * 10.0**k) <= hi]
+        return log_px, tuple((log_px(v), label(v)) for v in ticks)
+    top = max(values, default=1.0) * 1.08 or 1.0
+
+    def lin_px(v: float) -> float:
+        return start + (end - start) * v / top
+
+    return lin_px, tuple((lin_px(v), label(v)) for v in _nice_ticks(top))
 
 
 def _nice_ticks(top: float, count: int = 5) -> list[float]:
@@ -133,6 +158,5 @@ def _nice_ticks(top: float, count: int = 5) -> list[float]:
     return [i * step for i in range(int(top // step) + 1)]
 
 
-def _short(value: float, unit: str) -> str:
-    text = f"{value:,.0f}" if value >= 10 or value == 0 else f"{value:.2g}"
-    return text + unit
+def _short(value: float) -> str:
+    return f"{value:,.0f}" if value >= 10 or value == 0 else f"{value:.2g}"

@@ -81,20 +81,15 @@ def providers_by_name() -> dict[str, Any]:
 
 def memory_document(job: JobInput, model: ModelSpec) -> dict[str, Any]:
     """``tuneplan memory --json`` for a job: the same flags → Strategy → estimate path."""
-    from tuneplan import memory_report
-    from tuneplan.core.memory import estimate_memory
-    from tuneplan.jobflags import default_sharding, strategy_from_flags
+    from tuneplan.memory_report import memory_document as cli_document
+    from tuneplan.memory_report import run_memory
 
-    flags = default_sharding(job.flags())
-    strategy = strategy_from_flags(flags)
-    gpu = None
-    if job.gpu:
+    if job.gpu:  # checked first so that an unknown name is reported against its field
         from tuneplan.adapters.bundled import resolve_gpu_spec
 
         try:
-            gpu = resolve_gpu_spec(job.gpu)
-        except BadInputError as exc:  # unknown GPU name
+            resolve_gpu_spec(job.gpu)
+        except BadInputError as exc:
             raise FieldError("gpu", str(exc)) from exc
-    generation = gpu.architecture.split()[0].lower() if gpu else None
-    estimate = estimate_memory(model, strategy, generation=generation)
-    return memory_report.memory_document(estimate, model, gpu)
+    estimate, spec, gpu = run_memory(model.name, job.args(), model=model)
+    return cli_document(estimate, spec, gpu)

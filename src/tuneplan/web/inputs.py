@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from tuneplan.core.job import Attention, Offload, Optimizer, Precision, Sharding
+from tuneplan.core.job import Attention, Interconnect, Offload, Optimizer, Precision, Sharding
 from tuneplan.core.methods import Method, Quant
 from tuneplan.core.models import ModelSpec
 from tuneplan.core.recipes import Recipe
@@ -86,43 +86,90 @@ class JobInput(BaseModel):
     nodes: int = Field(1, ge=1, le=64)
     sharding: Sharding | None = None
     offload: Offload = Offload.NONE
-    gpu: ShortText | None = Field(None, description="a GPU name from /api/gpus (memory only)")
+    gpu: ShortText | None = Field(None, description="a GPU name (/api/gpus): memory adds fits "
+                                  "and headroom on it; plan keeps only its offers")
 
-    def flags(self) -> dict[str, Any]:
-        """The job as ``jobflags`` flag names, ready for ``strategy_from_flags``."""
-        out: dict[str, Any] = {
-            "method": self.method.value, "lora-rank": self.lora_rank,
-            "lora-alpha": self.lora_alpha, "lora-targets": self.lora_targets or "all-linear",
-            "precision": self.precision.value, "optimizer": self.optimizer.value,
-            "recipe": self.recipe.value, "batch-size": self.batch_size,
-            "grad-accum": self.grad_accum, "seq-len": self.seq_len,
-            "attention": self.attention.value, "gpus": self.gpus, "nodes": self.nodes,
-            "offload": self.offload.value, "double-quant": self.double_quant,
-            "gradient-checkpointing": self.gradient_checkpointing, "packing": self.packing,
-        }
-        if self.method in (Method.QLORA,):
-            out["quant"] = self.quant.value
+    def args(self) -> list[str]:
+        """The job as the CLI's job flags (``--method qlora --lora-rank 16 ...``), so the
+        web goes through exactly the CLI's parsing (``jobflags``)."""
+        out = ["--method", self.method.value, "--lora-rank", str(self.lora_rank),
+               "--lora-alpha", str(self.lora_alpha),
+               "--lora-targets", self.lora_targets or "all-linear",
+               "--precision", self.precision.value, "--optimizer", self.optimizer.value,
+               "--recipe", self.recipe.value, "--batch-size", str(self.batch_size),
+               "--grad-accum", str(self.grad_accum), "--seq-len", str(self.seq_len),
+               "--attention", self.attention.value, "--gpus", str(self.gpus),
+               "--nodes", str(self.nodes), "--offload", self.offload.value,
+               _switch("double-quant", self.double_quant),
+               _switch("gradient-checkpointing", self.gradient_checkpointing),
+               _switch("packing", self.packing)]
+        if self.method is Method.QLORA:  # lora8bit implies int8; other methods ignore it
+            out += ["--quant", self.quant.value]
         if self.sharding is not None:
-            out["sharding"] = self.sharding.value
+            out += ["--sharding", self.sharding.value]
         if self.gpu:
-            out["gpu"] = self.gpu
+            out += ["--gpu", self.gpu]
         return out
+
+
+def _switch(name: str, on: bool) -> str:
+    return f"--{name}" if on else f"--no-{name}"
 
 
 class PlanInput(JobInput):
     """A job plus the planner's data and constraints (``tuneplan plan`` flags)."""
 
-    tokens: Amount = Field("50M", description="training tokens per epoch (50M, 1.2B)")
+    tokens: Amount | None = Field(None, description="training tokens per epoch (50M, 1.2B)")
     epochs: int = Field(1, ge=1, le=100)
     budget: float | None = Field(None, gt=0, le=10_000_000, description="USD, whole job")
     deadline: Amount | None = Field(None, description="wall time, e.g. 12h, 3d")
     provider: NameList | None = None
     region: ShortText | None = None
-    spot: bool = True
-    max_gpus: int = Field(8, ge=1, le=512)
+    spot: bool | None = Field(None, description="true: spot may win the ranking; false: no "
+                              "spot prices; null: spot shown, ranked on-demand (the CLI's)")
+    max_gpus: int | None = Field(None, ge=1, le=512, description="GPUs in total")
     multi_node: bool = False
+    min_interconnect: Interconnect = Interconnect.ANY
     top: int = Field(10, ge=1, le=50)
     objective: Literal["cost", "time", "pareto"] = "cost"
+
+    @field_validator("tokens")
+    @classmethod
+    def _count(cls, value: str | None) -> str | None:
+        from tuneplan.units import parse_count
+
+        return None if value is None else _checked(parse_count, value)
+
+    @field_validator("deadline")
+    @classmethod
+    def _duration(cls, value: str | None) -> str | None:
+        from tuneplan.units import parse_duration
+
+        return None if value is None else _checked(parse_duration, value)
+
+    def args(self) -> list[str]:
+        """Job flags plus ``tuneplan plan``'s own flags, as the CLI takes them."""
+        out = [*super().args(), "--epochs", str(self.epochs), "--min-interconnect",
+               self.min_interconnect.value, "--objective", self.objective,
+               "--top", str(self.top), _switch("multi-node", self.multi_node)]
+        if self.spot is not None:
+            out.append(_switch("spot", self.spot))
+        for name, value in (("tokens", self.tokens), ("budget", self.budget),
+                            ("deadline", self.deadline), ("max-gpus", self.max_gpus),
+                            ("provider", self.provider), ("region", self.region)):
+            if value is not None and value != "":
+                out += [f"--{name}", str(value)]
+        return out
+
+
+def _checked(parse: Any, value: str) -> str:
+    """``value`` if ``parse`` reads it; a ValueError (pydantic's field error) if not."""
+    try:
+        if parse(value) <= 0:
+            raise ValueError("must be more than zero")
+    except BadInputError as exc:
+        raise ValueError(str(exc)) from exc
+    return value
 
 
 def resolve_web_model(name: str | None, config: dict[str, Any] | None,

@@ -14,9 +14,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from tuneplan.core.job import Attention, Offload, Optimizer, Precision, Sharding
+from tuneplan.core.job import Attention, Interconnect, Offload, Optimizer, Precision, Sharding
 from tuneplan.core.methods import Method, Quant
 from tuneplan.core.recipes import Recipe
+from tuneplan.units import format_duration
 from tuneplan.web.app import html
 from tuneplan.web.documents import catalog_document, models_document, offers_document
 from tuneplan.web.inputs import MAX_UPLOAD_BYTES, FieldError, OfferQuery, PlanInput
@@ -57,7 +58,8 @@ def offers_page(request: Request) -> HTMLResponse:
     return html(request, "offers.html", {
         "query": query, "rows": rows, "matched": len(records), "catalog": catalog,
         "stale_sources": [s for s in catalog["sources"] if s["stale"]],
-        "columns": COLUMNS, "page": "offers"})
+        "columns": COLUMNS, "page": "offers",
+        "oldest_age": format_duration(max((s["age_s"] for s in catalog["sources"]), default=0))})
 
 
 def _form_context(values: dict[str, Any]) -> dict[str, Any]:
@@ -65,34 +67,41 @@ def _form_context(values: dict[str, Any]) -> dict[str, Any]:
             "choices": {"method": list(Method), "quant": list(Quant),
                         "precision": list(Precision), "optimizer": list(Optimizer),
                         "recipe": list(Recipe), "attention": list(Attention),
-                        "sharding": list(Sharding), "offload": list(Offload)},
+                        "sharding": list(Sharding), "offload": list(Offload),
+                        "interconnect": list(Interconnect)},
             "max_upload": MAX_UPLOAD_BYTES}
 
 
 @router.get("/plan", response_class=HTMLResponse)
 def plan_form(request: Request) -> HTMLResponse:
     """The job form; query parameters prefill it (``/plan?model=llama-3.1-8b&method=qlora``)."""
-    defaults = PlanInput().model_dump(mode="json")
     job = _validated(PlanInput, list(request.query_params.multi_items()))
-    return html(request, "plan.html", _form_context(defaults | job.model_dump(mode="json")))
+    values = job.model_dump(mode="json")
+    if values["tokens"] is None:
+        values["tokens"] = "50M"  # a length makes hours and cost; the API leaves it optional
+    return html(request, "plan.html", _form_context(values))
 
 
 @router.post("/plan", response_class=HTMLResponse)
 async def plan_submit(request: Request,
                       config_file: Annotated[UploadFile | None, File()] = None) -> Response:
     """Run the planner on the submitted job and show ranked plans with both charts."""
-    from tuneplan.web.planning import plan_document, plan_view
+    from starlette.concurrency import run_in_threadpool
+
     from tuneplan.web.inputs import resolve_web_model
+    from tuneplan.web.planning import plan_view, run_plan
 
     form = await request.form()
     pairs = [(k, v) for k, v in form.multi_items() if isinstance(v, str)]
     job = _validated(PlanInput, pairs)
     upload = await _read_upload(config_file)
     model = resolve_web_model(job.model, job.config, upload)
-    document = plan_document(job, model, request.app.state.store_path)
-    key = _keep(request, document)
+    # Planning takes a second or so of CPU: off the event loop, like the sync API routes.
+    result = await run_in_threadpool(run_plan, job, model, request.app.state.store_path)
+    key = _keep(request, (result, job))
     context = _form_context(job.model_dump(mode="json")) | {
-        "view": plan_view(document), "key": key, "model_name": model.name}
+        "view": plan_view(result, job.top), "key": key, "model_name": model.name,
+        "catalog": catalog_document(request.app.state.store_path)}
     return html(request, "plan.html", context)
 
 
@@ -105,13 +114,13 @@ async def _read_upload(upload: UploadFile | None) -> bytes | None:
     return data if data else None
 
 
-def _keep(request: Request, document: dict[str, Any]) -> str:
+def _keep(request: Request, kept_value: tuple[Any, PlanInput]) -> str:
     """Remember a result for its detail pages; the key is a random token, not user input."""
     import secrets
 
-    kept: OrderedDict[str, dict[str, Any]] = request.app.state.plans
+    kept: OrderedDict[str, tuple[Any, PlanInput]] = request.app.state.plans
     key = secrets.token_urlsafe(9)
-    kept[key] = document
+    kept[key] = kept_value
     while len(kept) > MAX_KEPT_PLANS:
         kept.popitem(last=False)
     return key
@@ -119,15 +128,44 @@ def _keep(request: Request, document: dict[str, Any]) -> str:
 
 @router.get("/plans/{key}/{plan_id}", response_class=HTMLResponse)
 def plan_detail(request: Request, key: str, plan_id: str) -> HTMLResponse:
-    """One plan: offer, strategy, memory chart, time and cost, why and warnings."""
+    """One plan: offer, strategy, memory chart and terms, time and cost, why and warnings."""
     from tuneplan.web.planning import plan_detail_view
 
-    document = request.app.state.plans.get(key[:64])
-    plan = None if document is None else next(
-        (p for p in document["plans"] if str(p["id"]) == plan_id[:64]), None)
-    if plan is None:
+    kept = request.app.state.plans.get(key[:64])
+    found = None if kept is None else next(
+        ((rank, p) for rank, p in enumerate(kept[0].plans, start=1) if p.id == plan_id[:64]),
+        None)
+    if kept is None or found is None:
         return html(request, "error.html", {"status": 404, "problems": [{
             "loc": ["path"], "msg": "no such plan (results are kept in memory for the "
                                     f"last {MAX_KEPT_PLANS} runs): plan again"}]}, status=404)
-    return html(request, "plan_detail.html", {"plan": plan_detail_view(plan, document),
-                                              "key": key, "page": "plan"})
+    rank, plan = found
+    from importlib.util import find_spec
+
+    return html(request, "plan_detail.html", {
+        "d": plan_detail_view(plan, rank, kept[0], kept[1]), "key": key, "page": "plan",
+        "launch_ready": find_spec("tuneplan.core.launch") is not None})
+
+
+@router.get("/docs", response_class=HTMLResponse)
+def api_docs(request: Request) -> HTMLResponse:
+    """The JSON API, listed from the app's own OpenAPI document (no CDN-hosted Swagger UI)."""
+    schema = request.app.openapi()
+    endpoints = [{"path": path, "method": method.upper(), "summary": op.get("summary", ""),
+                  "description": op.get("description", ""),
+                  "parameters": op.get("parameters", []),
+                  "body": _body_fields(schema, op)}
+                 for path, ops in schema["paths"].items() for method, op in ops.items()]
+    return html(request, "docs.html", {"endpoints": endpoints, "page": "docs"})
+
+
+def _body_fields(schema: dict[str, Any], op: dict[str, Any]) -> list[dict[str, Any]]:
+    ref = (op.get("requestBody", {}).get("content", {}).get("application/json", {})
+           .get("schema", {}).get("$ref", ""))
+    if not ref:
+        return []
+    model = schema["components"]["schemas"][ref.rsplit("/", 1)[-1]]
+    return [{"name": name, "default": prop.get("default"), "description":
+             prop.get("description", ""), "bounds": {k: prop[k] for k in (
+                 "minimum", "maximum", "exclusiveMinimum", "maxLength", "enum") if k in prop}}
+            for name, prop in model.get("properties", {}).items()]

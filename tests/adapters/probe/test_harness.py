@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
@@ -22,6 +23,17 @@ from tuneplan.adapters.probe.tracker import StorageTracker  # noqa: E402
 from tuneplan.errors import UnsupportedError  # noqa: E402
 
 pytestmark = pytest.mark.probe
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    # Tiny tensors gain nothing from threads; on a busy 2-core machine OpenMP spinning
+    # made this file 3x slower.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 
 TINY = {
     "hidden_size": 64,
@@ -54,6 +66,20 @@ def test_tracker_counts_a_storage_once_across_views() -> None:
     tracker.register(t[2:5], "activations")
     tracker.register(t.t(), "gradients")
     assert tracker.live_bytes == 160
+
+
+def test_tracker_follows_in_place_resizes_and_frees() -> None:
+    with StorageTracker() as tracker:
+        t = torch.empty(0)
+        t.resize_(100)  # 400 bytes, same storage
+        assert tracker.live_bytes == 400
+        u = t * 2
+        assert tracker.live_bytes == 800
+        del u
+        assert tracker.live_bytes == 400
+    result = tracker.result()
+    assert result.peak_bytes == 800
+    assert result.max_by_category["other"] == 800  # allocated outside any phase
 
 
 def test_linear_sgd_step_by_hand() -> None:
@@ -176,6 +202,18 @@ def test_qlora_real_and_fake_agree_and_weights_are_packed() -> None:
     # NF4 code (16 fp32) and the 8-bit map (256 fp32): 1152 + 14·(4 + 4 + 64 + 1024).
     assert real.max_by_category["quant_state"] == 1152 + 14 * (4 + 4 + 64 + 1024)
     assert real.total_params == 106_816 + real.trainable_params
+
+
+@pytest.mark.parametrize("optimizer", ["adamw8bit", "lion"])
+def test_bitsandbytes_optimizers_real_and_fake_agree(optimizer: str) -> None:
+    pytest.importorskip("bitsandbytes")
+    kw: dict[str, Any] = {"config": LLAMA, "optimizer": optimizer, "seq_len": 16}
+    real = measure_step(StepSetup(**kw))
+    fake = measure_step(StepSetup(**kw, fake=True))
+    assert real.peak_bytes == fake.peak_bytes
+    assert dict(real.max_by_category) == dict(fake.max_by_category)
+    if optimizer == "lion":  # one fp32 moment per parameter, no step tensor
+        assert real.max_by_category["optimizer"] == 4 * real.trainable_params
 
 
 def test_unknown_method_is_refused_with_a_reason() -> None:

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from tuneplan.adapters.hub import resolve_model
 from tuneplan.core.job import Checkpointing, Offload, Optimizer, Sharding, Strategy
-from tuneplan.core.recipes import Recipe
 from tuneplan.core.memory import estimate_memory
 from tuneplan.core.methods import Method
+from tuneplan.core.recipes import Recipe
 from tuneplan.errors import UnsupportedError
 
 MODEL = resolve_model("meta-llama/Llama-3.2-1B")
@@ -84,8 +84,8 @@ def test_refusals() -> None:
         estimate_memory(BIG, Strategy(seq_len=200_000))
     estimate_memory(BIG, Strategy(seq_len=200_000, allow_long_context=True))
     with pytest.raises(UnsupportedError, match="8-bit"):
-        estimate_memory(BIG, Strategy(optimizer=Optimizer.ADAMW8BIT, gpus=2, sharding=Sharding.ZERO3,
-                                      offload=Offload.OPTIMIZER))
+        estimate_memory(BIG, Strategy(optimizer=Optimizer.ADAMW8BIT, gpus=2,
+                                      sharding=Sharding.ZERO3, offload=Offload.OPTIMIZER))
     with pytest.raises(UnsupportedError, match="recipe"):
         estimate_memory(BIG, Strategy(method=Method.QLORA, recipe=Recipe.PLAIN, gpus=2,
                                       sharding=Sharding.FSDP))

@@ -12,11 +12,11 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from tuneplan.core.job import Attention, Checkpointing, Optimizer, Precision, Strategy  # noqa: E402
-from tuneplan.core.memory import MemoryAssumptions, estimate_memory  # noqa: E402
-from tuneplan.core.methods import Method  # noqa: E402
-from tuneplan.core.models import parse_model_config  # noqa: E402
-from tuneplan.core.recipes import Recipe  # noqa: E402
+from tuneplan.core.job import Attention, Checkpointing, Optimizer, Precision, Strategy
+from tuneplan.core.memory import MemoryAssumptions, estimate_memory
+from tuneplan.core.methods import Method
+from tuneplan.core.models import parse_model_config
+from tuneplan.core.recipes import Recipe
 
 pytestmark = pytest.mark.probe
 
@@ -37,8 +37,11 @@ CONFIGS = {
 IA3_TARGETS = ("k_proj", "v_proj", "down_proj")
 ATTN_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")  # all-linear on MoE is ambiguous
 
-# (architecture, method, batch, seq, checkpointing, attention, optimizer, param dtype)
-CASES = [
+# (architecture, method, batch, seq, checkpointing, attention, optimizer, precision) where
+# precision "mixed" is the HF Trainer's bf16 autocast (fp32 weights for full fine-tuning, a
+# bf16 base with fp32 adapters for PEFT methods).
+Case = tuple[str, str, int, int, bool, str, str, str]
+CASES: list[Case] = [
     ("llama-gqa", "full", 2, 64, False, "sdpa", "adamw", "float32"),
     ("llama-gqa", "full", 1, 512, False, "eager", "adamw", "bfloat16"),
     ("llama-gqa", "full", 4, 128, True, "sdpa", "sgd", "float32"),
@@ -53,6 +56,8 @@ CASES = [
     ("llama-gqa", "full", 4, 512, True, "sdpa", "adamw", "float32"),
     ("qwen2-tied-bias", "full", 2, 64, False, "sdpa", "adamw", "float32"),
     ("qwen2-tied-bias", "full", 1, 256, True, "sdpa", "sgd", "bfloat16"),
+    ("qwen2-tied-bias", "full", 1, 256, True, "eager", "sgd", "bfloat16"),
+    ("llama-gqa", "lora", 4, 256, True, "eager", "adamw", "float32"),
     ("qwen2-tied-bias", "lora", 2, 128, False, "sdpa", "adamw", "float32"),
     ("qwen2-tied-bias", "dora", 2, 64, True, "sdpa", "adamw", "float32"),
     ("qwen2-tied-bias", "ia3", 3, 64, False, "eager", "adamw", "float32"),
@@ -64,12 +69,10 @@ CASES = [
     ("mixtral-moe", "lora", 2, 64, False, "sdpa", "adamw", "float32"),  # attention targets
     ("mixtral-moe", "full", 1, 128, False, "sdpa", "sgd", "float32"),
     ("llama-gqa", "lora", 1, 64, False, "sdpa", "adamw", "bfloat16"),
-]
-# Known gaps, kept visible: checkpointed eager attention peaks inside the recompute (−13 %),
-# and a checkpointed MoE block's backward is overestimated (+6 %).
-KNOWN_GAPS = [
-    ("qwen2-tied-bias", "full", 1, 256, True, "eager", "sgd", "bfloat16"),
     ("mixtral-moe", "full", 1, 128, True, "sdpa", "sgd", "float32"),
+    ("llama-gqa", "full", 2, 128, False, "sdpa", "adamw", "mixed"),
+    ("qwen2-tied-bias", "lora", 2, 128, True, "sdpa", "adamw", "mixed"),
+    ("mistral", "dora", 1, 256, False, "eager", "adamw", "mixed"),
 ]
 
 
@@ -81,22 +84,28 @@ def _targets(arch: str, method: str) -> tuple[str, ...]:
 
 def _strategy(method: str, b: int, s: int, ckpt: bool, attn: str, opt: str, dtype: str,
               targets: tuple[str, ...]) -> Strategy:
-    return Strategy(method=Method(method), recipe=Recipe.PLAIN,
-                    precision=Precision.FP32 if dtype == "float32" else Precision.BF16,
+    precision = {"float32": Precision.FP32, "bfloat16": Precision.BF16,
+                 "mixed": Precision.BF16_MIXED}[dtype]
+    return Strategy(method=Method(method), recipe=Recipe.HF if dtype == "mixed" else Recipe.PLAIN,
+                    precision=precision,
                     optimizer=Optimizer(opt), batch_size=b, seq_len=s,
                     checkpointing=Checkpointing.FULL if ckpt else Checkpointing.NONE,
                     attention=Attention(attn), lora_rank=8, lora_alpha=16, lora_targets=targets,
                     num_virtual_tokens=8)
 
 
-def _case_id(case: tuple) -> str:
+def _param_dtype(method: str, precision: str) -> str:
+    if precision != "mixed":
+        return precision
+    return "float32" if method == "full" else "bfloat16"
+
+
+def _case_id(case: Case) -> str:
     return "-".join(str(x) for x in case)
 
 
-@pytest.mark.parametrize("case", [
-    *CASES, *(pytest.param(c, marks=pytest.mark.xfail(reason="known gap", strict=True))
-              for c in KNOWN_GAPS)], ids=_case_id)
-def test_allocated_peak_matches_simulation(case: tuple) -> None:
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_allocated_peak_matches_simulation(case: Case) -> None:
     from tuneplan.adapters.probe.harness import StepSetup, measure_step
 
     arch, method, b, s, ckpt, attn, opt, dtype = case
@@ -105,7 +114,8 @@ def test_allocated_peak_matches_simulation(case: tuple) -> None:
     strategy = _strategy(method, b, s, ckpt, attn, opt, dtype, targets)
     measured = measure_step(StepSetup(
         config=config, method=method, batch_size=b, seq_len=s, gradient_checkpointing=ckpt,
-        attention=attn, optimizer=opt, param_dtype=dtype, lora_rank=8, lora_alpha=16,
+        attention=attn, optimizer=opt, param_dtype=_param_dtype(method, dtype),
+        autocast_dtype="bfloat16" if dtype == "mixed" else None, lora_rank=8, lora_alpha=16,
         lora_targets="all-linear" if targets == ("all-linear",) else targets,
         num_virtual_tokens=8))
     spec = parse_model_config(config, name=arch)

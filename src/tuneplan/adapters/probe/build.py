@@ -7,6 +7,7 @@ tensor (ties kept), following FIELD-NOTES. No downloads; bitsandbytes is not han
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, cast
@@ -63,6 +64,11 @@ def check_supported(setup: StepSetup) -> None:
     if _is_moe(setup.config) and setup.param_dtype != "bfloat16":
         raise UnsupportedError(
             "MoE under fake tensors needs bfloat16 params (grouped_mm is bf16-only)"
+        )
+    if _is_moe(setup.config) and setup.method == "qlora" and setup.kbit_prepare:
+        raise UnsupportedError(
+            "MoE qlora under fake tensors: kbit preparation upcasts the unquantized 3-D"
+            " experts to fp32, and grouped_mm is bf16-only (use kbit_prepare=False)"
         )
     if setup.optimizer == "adafactor":
         raise UnsupportedError(
@@ -238,8 +244,35 @@ def make_optimizer(params: list[nn.Parameter], setup: StepSetup) -> torch.optim.
         return torch.optim.AdamW(params, lr=1e-4, **flags)
     if setup.optimizer == "sgd":
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9, **flags)
+    if setup.optimizer in ("adamw8bit", "lion"):
+        return _bnb_optimizer(params, setup.optimizer)
     if setup.optimizer == "adafactor":
         if impl == "fused":
             raise UnsupportedError("torch Adafactor has no fused implementation")
         return torch.optim.Adafactor(params, lr=1e-2, foreach=flags["foreach"])
-    raise UnsupportedError(f"optimizer {setup.optimizer!r} is not adamw, sgd or adafactor")
+    raise UnsupportedError(
+        f"optimizer {setup.optimizer!r} is not adamw, sgd, adafactor, adamw8bit or lion"
+    )
+
+
+def _bnb_optimizer(params: list[nn.Parameter], name: str) -> torch.optim.Optimizer:
+    """bitsandbytes' AdamW8bit or (32-bit) Lion; under fake tensors its code tables are
+    computed from real values first (FIELD-NOTES), then made fake."""
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+    bnb: Any = _import_bnb(name)
+    cls = bnb.optim.Lion if name == "lion" else bnb.optim.AdamW8bit
+    mode = next((p.fake_mode for p in params if isinstance(p, FakeTensor)), None)
+    if mode is None:
+        return cast(torch.optim.Optimizer, cls(params, lr=1e-4))
+    with unset_fake_temporarily():
+        opt = cls(params, lr=1e-4)
+    opt.name2qmap = {k: mode.from_tensor(v) for k, v in opt.name2qmap.items()}
+    return cast(torch.optim.Optimizer, opt)
+
+
+def _import_bnb(what: str) -> Any:
+    try:
+        return importlib.import_module("bitsandbytes")
+    except ImportError:
+        raise UnsupportedError(f"{what} needs bitsandbytes (pip install bitsandbytes)") from None

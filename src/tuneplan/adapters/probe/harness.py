@@ -1,8 +1,8 @@
 """Measure the live tensor bytes of real (or fake) training steps, by category.
 
 ``measure_step(StepSetup)`` builds the transformers model from a config (random weights),
-applies the PEFT method, and runs the HF Trainer's step under ``StorageTracker``. It measures
-tensor bytes only: no allocator reserve, CUDA context, workspaces or bitsandbytes state.
+applies the PEFT method (or bitsandbytes 4-bit + LoRA), and runs the HF Trainer's step under
+``StorageTracker``. Tensor bytes only: no allocator reserve, CUDA context or workspaces.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tuneplan.errors import ProbeError
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepSetup:
-    """One training step to measure; see /tmp/harness_api.md for the agreed meaning."""
+    """One training step to measure (the interface agreed with core/memory; see README.md)."""
 
     config: Mapping[str, Any]
     method: str = "full"  # full | lora | dora | prefix | prompt | ia3 | qlora (bitsandbytes)
@@ -38,7 +38,7 @@ class StepSetup:
     seq_len: int = 128
     gradient_checkpointing: bool = False
     attention: str = "sdpa"  # sdpa | eager
-    optimizer: str = "adamw"  # adamw | sgd (momentum 0.9) | adafactor
+    optimizer: str = "adamw"  # adamw | sgd (momentum .9) | adafactor | adamw8bit, lion (bnb)
     optimizer_impl: str = "fused"  # fused | foreach | single
     param_dtype: str = "float32"  # float32 | bfloat16 | float16
     autocast_dtype: str | None = None  # "bfloat16": torch.autocast("cpu") around forward+loss
@@ -144,6 +144,7 @@ def register_model(
 
 def _build(setup: StepSetup, notes: list[str]) -> tuple[nn.Module, Any]:
     """The model (fake tensors when ``setup.fake``) and the fake mode to run it in, if any."""
+    build.check_supported(setup)
     if setup.method == "qlora":
         model = qlora.build_qlora(setup)
     else:

@@ -182,10 +182,18 @@ class StorageTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def _register_output(self, t: torch.Tensor, category: str) -> None:
         st = self._storage_of(t)
-        if st is not None and self._lookup(st) is None:
+        if st is None:
+            return
+        rec = self._lookup(st)
+        if rec is None:
             self.register(t, category)
             if self._phase == "optimizer":
                 self._records[st].step_alloc = True
+            return
+        nbytes = int(st.nbytes())
+        if nbytes != rec.nbytes:  # resized in place (resize_, out= variants)
+            self._book(rec, nbytes - rec.nbytes)
+            rec.nbytes = nbytes
 
     # -- result -----------------------------------------------------------------------
     def result(self) -> TrackerResult:

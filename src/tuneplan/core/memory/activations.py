@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from tuneplan.core.job import Attention, Strategy
 from tuneplan.core.methods import IA3_FEEDFORWARD, Method, targeted_linears
 from tuneplan.core.models import LayerSpec, Linear, LinearRole, ModelSpec, NormKind
+from tuneplan.core.memory.parts import part
 from tuneplan.core.recipes import PrecisionPlan
+from tuneplan.explain import Term
 
 _O_NAMES = frozenset({"o_proj", "dense", "out_proj", "wo", "c_proj"})
 _DOWN_NAMES = frozenset({"down_proj", "fc2", "dense_4h_to_h", "w2", "c_proj", "down"})
@@ -69,7 +71,8 @@ def norm_saved(model: ModelSpec, tokens: int, w: Widths) -> int:
     return tokens * h * (4 if w.autocast else w.residual) + 2 * tokens * 4
 
 
-def _group(lin: Linear) -> str:
+def linear_group(lin: Linear) -> str:
+    """Which saved input a linear reads: attn_in, o_in, mlp_in or down_in."""
     short = lin.name.rsplit(".", 1)[-1]
     if lin.role is LinearRole.ATTENTION:
         return "o_in" if short in _O_NAMES else "attn_in"
@@ -89,28 +92,31 @@ def _linear_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Wi
             "o_in": (model.num_heads * model.head_dim, w.compute),
             "down_in": (model.intermediate_size, w.compute)}
     shared: set[str] = set()
-    out = {"linear_inputs": 0, "adapters": 0}
+    out = {"linear_inputs_attn": 0, "linear_inputs_mlp": 0, "adapters_attn": 0,
+           "adapters_mlp": 0}
     for lin in layer.linears:
         if lin.role is LinearRole.EXPERT:
             continue
-        group = _group(lin)
+        group = linear_group(lin)
+        side = "attn" if group in ("attn_in", "o_in") else "mlp"
         d_in = dims[group][1]
         if method.trains_base:
             if w.autocast and d_in != w.compute:
-                out["linear_inputs"] += t * lin.in_features * w.compute
+                out[f"linear_inputs_{side}"] += t * lin.in_features * w.compute
             else:
                 shared.add(group)
         if id(lin) not in targets:
             continue
         if method is Method.IA3:
-            out["adapters"] += _ia3_saved(lin, t, d_in, w, shared, group)
+            out[f"adapters_{side}"] += _ia3_saved(lin, t, d_in, w, shared, group)
         else:
-            out["adapters"] += _lora_saved(lin, t, d_in, w, strategy, shared, group)
+            out[f"adapters_{side}"] += _lora_saved(lin, t, d_in, w, strategy, shared, group)
     for group in shared:
         if group == "o_in" and strategy.attention is not Attention.EAGER:
             continue  # SDPA/flash output is laid out so o_proj's input is a view of it
         dim, width = dims[group]
-        out["linear_inputs"] += t * dim * width
+        side = "attn" if group in ("attn_in", "o_in") else "mlp"
+        out[f"linear_inputs_{side}"] += t * dim * width
     return out
 
 
@@ -144,6 +150,13 @@ def _ia3_saved(lin: Linear, t: int, d_in: int, w: Widths, shared: set[str], grou
             return 0
         return t * lin.in_features * w.adapter
     return t * lin.out_features * w.compute
+
+
+def eager_cast_bytes(model: ModelSpec, strategy: Strategy, w: Widths, shape: Shape) -> int:
+    """Eager attention's compute-dtype copy of the fp32 softmax (freed once its matmul ran)."""
+    if strategy.attention is not Attention.EAGER or w.compute == 4:
+        return 0
+    return shape.batch * model.num_heads * shape.seq_q * shape.seq_kv * w.compute
 
 
 def attention_saved(model: ModelSpec, strategy: Strategy, w: Widths, shape: Shape) -> int:
@@ -207,6 +220,28 @@ def first_norm_without_grad(model: ModelSpec, strategy: Strategy, w: Widths,
     if m.trains_base or m.value == "prompt" or strategy.checkpointing.value != "none":
         return 0
     return norm_saved(model, shape.tokens, w)
+
+
+def backward_transients(model: ModelSpec, strategy: Strategy, w: Widths,
+                        shape: Shape) -> tuple[Term, Term]:
+    """Gradients alive inside one block's backward beyond what it saved: (MLP, attention).
+
+    MLP: 2·T·(H+I)·bytes. Eager attention: the fp32 softmax gradient and its input gradient
+    2·B·heads·S·S_kv·4 plus the T·H gradients flowing; SDPA/flash: q, k, v gradients.
+    """
+    t, c = shape.tokens, w.compute
+    mlp = part("activations/backward_transient", 2 * t * (model.hidden_size +
+               model.intermediate_size) * c, "MLP backward gradients 2·T·(H+I)·bytes", tokens=t)
+    if strategy.attention is Attention.EAGER:
+        # softmax backward: its fp32 output gradient and fp32 input gradient (measured).
+        size = 2 * shape.batch * model.num_heads * shape.seq_q * shape.seq_kv * 4 + \
+            2 * t * model.hidden_size * c
+        formula = "eager softmax gradients 2·B·heads·S·S_kv·4 + 2·T·H·bytes"
+    else:
+        size = t * (model.num_heads + 2 * model.num_kv_heads) * model.head_dim * c + \
+            t * model.hidden_size * c
+        formula = "flash/SDPA q, k, v gradients + T·H·bytes"
+    return mlp, part("activations/backward_transient", size, formula, tokens=t)
 
 
 def block_input_bytes(model: ModelSpec, w: Widths, shape: Shape) -> int:

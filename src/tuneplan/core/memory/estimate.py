@@ -19,7 +19,7 @@ from tuneplan.core.memory.logits import loss_moments
 from tuneplan.core.memory.overheads import device_terms, reserve_term, workspace_term
 from tuneplan.core.memory.parts import part, total
 from tuneplan.core.memory.refusals import check_strategy
-from tuneplan.core.memory.sharding import ShardPlan, shard, shard_plan
+from tuneplan.core.memory.sharding import ShardPlan, shard_plan
 from tuneplan.core.memory.steady import Static, host_terms, static_terms
 from tuneplan.core.methods import Method, count_trainable, effective_quant
 from tuneplan.core.models import ModelSpec
@@ -94,19 +94,22 @@ def _moments(model: ModelSpec, s: Strategy, st: Static, sp: ShardPlan,
     blocks = _block_terms(model, s, w, shape, a)
     head_trains = s.method is Method.FULL or any(
         m in ("lm_head", "score", "embed_out") for m in s.trainable_modules)
-    loss = loss_moments(model, s, plan, w, shape, head_trains)
+    loss = loss_moments(model, s, plan, w, shape, head_trains, a.loss_chunks)
     grads_fb = st.grads if s.grad_accum > 1 else []
     dq = _dequant_term(model, s, st)
     inputs = [part("activations/inputs", 2 * shape.tokens * 8,
                    "input ids + labels: 2·T·8 (int64)", tokens=shape.tokens)]
     base = [*st.resident, *inputs]
+    own = part("gradients/current_block", st.block_grads[blocks.when],
+               f"the running block's gradients already made ({blocks.when} backward)")
     moments = {
         "forward": [*base, *grads_fb, *blocks.kept, *st.autocast_copies, *loss.kept,
                     *loss.forward_only, *dq],
         "backward-start": [*base, *grads_fb, *blocks.kept, *st.autocast_copies, *loss.kept,
                            *loss.backward_only, *dq],
-        "backward-top-block": [*base, *(grads_fb or st.grads_top), *blocks.top, *dq],
-        "backward-bottom-block": [*base, *(grads_fb or st.grads_bottom), *blocks.bottom, *dq],
+        "backward-top-block": [*base, *(grads_fb or [*st.grads_top, own]), *blocks.top, *dq],
+        "backward-bottom-block": [*base, *(grads_fb or [*st.grads_bottom, own]), *blocks.bottom,
+                                  *dq],
     }
     if not s.optimizer_in_backward:
         moments["optimizer"] = [*base, *st.grads, *st.step]
@@ -118,6 +121,7 @@ class _Blocks:
     kept: list[Term]
     top: list[Term]
     bottom: list[Term]
+    when: str          # "mlp" or "attention": where the running block's backward peaks
 
 
 def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
@@ -128,18 +132,17 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
         for key, value in act.block_saved(model, layer, s, w, shape).items():
             per_block[key] = per_block.get(key, 0) + value * layer.count
     one = {k: v // layers for k, v in per_block.items()}
-    transient = part("activations/backward_transient",
-                     2 * shape.tokens * (model.hidden_size + model.intermediate_size) * w.compute,
-                     "gradients inside one block's backward: 2·T·(H+I)·bytes", tokens=shape.tokens)
+    current, transient, when = _current_block(model, s, w, shape, one)
     cos_sin = part("activations/rope", 2 * shape.seq_kv * model.head_dim * w.compute,
                    "RoPE cos and sin 2·S·head_dim·bytes (shared by all blocks)")
     if s.checkpointing is Checkpointing.NONE:
         per_block["norms"] -= act.first_norm_without_grad(model, s, w, shape)
         kept = [part(f"activations/blocks/{k}", v, f"{layers} blocks · saved {k}",
                      tokens=shape.tokens) for k, v in per_block.items()]
-        bottom = [part(f"activations/blocks/{k}", v, f"1 block · saved {k}") for k, v in one.items()]
-        return _Blocks(kept=[*kept, cos_sin], top=[*kept, cos_sin, transient],
-                       bottom=[*bottom, cos_sin, transient])
+        others = [part(f"activations/blocks/{k}", v - one[k], f"{layers - 1} blocks · saved {k}")
+                  for k, v in per_block.items()]
+        return _Blocks(kept=[*kept, cos_sin], top=[*others, *current, cos_sin, transient],
+                       bottom=[*current, cos_sin, transient], when=when)
     inp = act.block_input_bytes(model, w, shape)
     on_device = min(layers, a.offload_blocks_on_device) if (
         s.checkpointing is Checkpointing.OFFLOAD) else layers
@@ -147,12 +150,27 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
                  "block inputs kept by checkpointing: blocks on device · T·H·bytes",
                  "torch.utils.checkpoint (non-reentrant)", blocks=on_device, tokens=shape.tokens),
             cos_sin]
-    recomputed = [part(f"activations/recomputed/{k}", v, f"one recomputed block · saved {k}")
-                  for k, v in one.items()]
     bottom_kept = [part("activations/checkpoints", inp, "the last block input still kept"),
                    cos_sin]
-    return _Blocks(kept=kept, top=[*kept, *recomputed, transient],
-                   bottom=[*bottom_kept, *recomputed, transient])
+    return _Blocks(kept=kept, top=[*kept, *current, transient],
+                   bottom=[*bottom_kept, *current, transient], when=when)
+
+
+def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
+                   one: dict[str, int]) -> tuple[list[Term], Term, str]:
+    """The block running backward: at its MLP (all saved) or, if larger, at eager attention
+    (its MLP and second norm already freed, the fp32 softmax gradients alive)."""
+    mlp_t, attn_t = act.backward_transients(model, s, w, shape)
+    # At attention backward the block's MLP side (second norm, MLP, their linear inputs and
+    # adapters) is freed, and so is eager attention's compute-dtype softmax copy.
+    at_attention = dict(one, mlp=0, norms=one["norms"] // 2, linear_inputs_mlp=0, adapters_mlp=0,
+                        attention=one["attention"] - act.eager_cast_bytes(model, s, w, shape))
+    if attn_t.value + sum(at_attention.values()) > mlp_t.value + sum(one.values()):
+        parts, transient, when = at_attention, attn_t, "attention"
+    else:
+        parts, transient, when = one, mlp_t, "mlp"
+    return [part(f"activations/current_block/{k}", v, f"block in {when} backward · saved {k}")
+            for k, v in parts.items()], transient, when
 
 
 def _dequant_term(model: ModelSpec, s: Strategy, st: Static) -> list[Term]:

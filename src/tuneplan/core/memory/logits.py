@@ -9,6 +9,7 @@ cross_entropy saving the fp32 log-softmax), torchtune ``CEWithChunkedOutputLoss`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tuneplan.core.job import Loss, Strategy, Task
 from tuneplan.core.memory.activations import Shape, Widths, norm_saved
@@ -35,7 +36,7 @@ def effective_loss(strategy: Strategy, plan: PrecisionPlan) -> Loss:
 
 
 def loss_moments(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan, w: Widths,
-                 shape: Shape, head_trains: bool) -> LossMoments:
+                 shape: Shape, head_trains: bool, a_chunks: int = 8) -> LossMoments:
     t, v = shape.tokens, model.vocab_size
     kept = [part("activations/final_norm", norm_saved(model, t, w),
                  "final norm: fp32 input T·H·4 + rsqrt T·4 (+ normalized if it trains)",
@@ -55,22 +56,23 @@ def loss_moments(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan, w: W
     fp32 = t * v * 4
     upcast = fp32 if cl != 4 else 0
     loss = effective_loss(strategy, plan)
-    ins = {"tokens": t, "vocab": v, "logit_bytes": cl}
+    ins: dict[str, Any] = {"tokens": t, "vocab": v, "logit_bytes": cl}
     if loss is Loss.CHUNKED and strategy.recipe is Recipe.UNSLOTH:
         # Unsloth's fused CE keeps the logits for an in-place backward and a T-sized logsumexp.
         kept.append(part("logits/logits", logits, "T·V·logit_bytes, reused in place in backward",
                          "unsloth fast_cross_entropy_loss", **ins))
         return LossMoments(kept=tuple(kept), forward_only=(), backward_only=())
     if loss is Loss.CHUNKED:
-        n = 8
-        chunk = -(-t // n) * v * 4
-        kept.append(part("logits/log_softmax", fp32, "fp32 log-softmax of every chunk T·V·4",
-                         "torchtune CEWithChunkedOutputLoss", **ins))
-        fwd = [part("logits/logits", logits, "T·V·logit_bytes (freed before backward)", **ins),
-               part("logits/upcast_chunk", chunk if cl != 4 else 0, "one fp32 chunk ⌈T/8⌉·V·4",
-                    **ins)]
-        bwd = [part("logits/loss_grads", 2 * chunk, "two fp32 chunk gradients 2·⌈T/8⌉·V·4",
-                    **ins)]
+        # Chunked/fused CE (torchtune CEWithChunkedOutputLoss under torch.compile, Liger):
+        # the compute-dtype logits are kept and each chunk's fp32 softmax is recomputed in
+        # backward, so only one chunk of fp32 work is alive at a time.
+        chunk = -(-t // a_chunks) * v
+        kept.append(part("logits/logits", logits, "T·V·logit_bytes kept for the chunked backward",
+                         "torchtune CEWithChunkedOutputLoss; Liger fused CE", **ins))
+        fwd = [part("logits/chunk_fp32", 2 * chunk * 4, "one chunk's fp32 upcast + log-softmax "
+                    "2·⌈T/chunks⌉·V·4", **ins, chunks=a_chunks)]
+        bwd = [part("logits/chunk_grads", 2 * chunk * 4 + chunk * cl,
+                    "one chunk's fp32 gradients + its logits gradient", **ins, chunks=a_chunks)]
         return LossMoments(kept=tuple(kept), forward_only=tuple(fwd), backward_only=tuple(bwd))
     kept.append(part("logits/log_softmax", fp32, "fp32 log-softmax saved by cross_entropy T·V·4",
                      _SRC, **ins))

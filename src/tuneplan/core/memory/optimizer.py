@@ -36,11 +36,13 @@ def _state_elements(opt: Optimizer, trainable: Trainable, width: int,
     if opt is Optimizer.ADAFACTOR:
         mats = sum((r + c) * k for r, c, k in trainable.matrices if r > 1)
         flat = n - sum(r * c * k for r, c, k in trainable.matrices if r > 1)
-        return (mats + flat) * 4, "factored second moment: (rows + cols)·4 per matrix, 4·n for vectors"
+        return (mats + flat) * 4, ("factored second moment: (rows + cols)·4 per matrix, "
+                                   "4·n for vectors")
     big = sum(r * c * k for r, c, k in trainable.matrices if r * c >= a.optim8bit_min_size)
     small = n - big
     per_big = 2 + 2 * 4 / a.optim8bit_blocksize
-    return int(big * per_big) + small * 2 * 4, "8-bit: 2 B + 2·4/256 B per element; small tensors 8 B"
+    return int(big * per_big) + small * 2 * 4, ("8-bit: 2 B + 2·4/256 B per element; "
+                                                 "small tensors 8 B")
 
 
 def optimizer_bytes(strategy: Strategy, plan: PrecisionPlan, trainable: Trainable,
@@ -52,7 +54,8 @@ def optimizer_bytes(strategy: Strategy, plan: PrecisionPlan, trainable: Trainabl
     states, formula = _state_elements(strategy.optimizer, trainable, width, a)
     master = trainable.total * plan.master_bytes
     impl = a.adamw_impl
-    if strategy.optimizer is not Optimizer.ADAMW or impl == "fused" or strategy.optimizer_in_backward:
+    if (strategy.optimizer is not Optimizer.ADAMW or impl == "fused"
+            or strategy.optimizer_in_backward):
         temp = 0
     elif impl == "foreach":
         temp = trainable.total * width

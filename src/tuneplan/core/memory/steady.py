@@ -15,8 +15,9 @@ from tuneplan.core.memory.optimizer import optimizer_bytes
 from tuneplan.core.memory.parts import part, total
 from tuneplan.core.memory.sharding import ShardPlan, shard
 from tuneplan.core.memory.weights import split_params, weight_terms
-from tuneplan.core.methods import Method, Trainable
-from tuneplan.core.models import ModelSpec
+from tuneplan.core.memory.activations import linear_group
+from tuneplan.core.methods import Method, Trainable, targeted_linears
+from tuneplan.core.models import Linear, ModelSpec
 from tuneplan.core.recipes import PrecisionPlan
 from tuneplan.explain import Term
 
@@ -27,6 +28,7 @@ class Static:
     grads: list[Term]            # all gradients (after backward)
     grads_top: list[Term]        # gradients alive while the top block runs backward
     grads_bottom: list[Term]     # gradients alive while the bottom block runs backward
+    block_grads: dict[str, int]  # the running block's own gradients at its MLP / attention
     step: list[Term]             # optimizer-step temporary
     autocast_copies: list[Term]  # compute-dtype weight copies kept from forward to backward
     outside: list[Term]          # on the device but outside the allocator (paged state)
@@ -76,6 +78,7 @@ def static_terms(model: ModelSpec, s: Strategy, plan: PrecisionPlan, trainable: 
                      "bf16 copies of fp32 linear weights saved for backward (blocks alive · "
                      "block linears + head) · 2", "torch.autocast weight cast cache")]
     return Static(resident=resident, grads=grads[0], grads_top=grads[1], grads_bottom=grads[2],
+                  block_grads=_block_grads(model, s, plan, sp),
                   step=step, autocast_copies=autocast, outside=outside, host=host,
                   weights_bytes=wbytes, largest_linear=split.largest_linear,
                   total_params=split.total)
@@ -118,19 +121,53 @@ def _grad_terms(model: ModelSpec, s: Strategy, trainable: Trainable, grads: int,
     full = [part("gradients/trainable", g, "trainable params · grad bytes"
                  + (f" / {sp.grads_div} shards" if sp.grads_div > 1 else ""))]
     layers = sum(layer.count for layer in model.layers)
-    non_block = model.vocab_size * model.hidden_size * (1 if model.tie_word_embeddings else 2)
     width = grads // max(trainable.total, 1)
+    embed = model.vocab_size * model.hidden_size * width
     if s.method is Method.FULL:
-        head = shard(model.head_params * width or model.vocab_size * model.hidden_size * width,
-                     sp.grads_div)
-        block = shard((grads - non_block * width) // layers, sp.grads_div)
+        # The head's gradient exists once the head ran backward (for tied weights it is the
+        # embedding's); an untied embedding's gradient comes last.
+        head = embed
+        pending = 0 if model.tie_word_embeddings else embed
+        block = (grads - embed * (1 if model.tie_word_embeddings else 2)) // layers
     else:
-        head, block = 0, shard(grads // layers, sp.grads_div)
-    top = [part("gradients/trainable", head + block, "head + top block gradients")]
-    bottom = [part("gradients/trainable", max(g - shard(model.vocab_size * model.hidden_size *
-                   width, sp.grads_div) * (s.method is Method.FULL), 0),
-                   "all gradients but the input embedding's")]
+        head, pending, block = 0, 0, grads // layers
+    top = [part("gradients/trainable", shard(head, sp.grads_div),
+                "head gradients (blocks not reached yet)")]
+    bottom = [part("gradients/trainable", shard(max(grads - pending - block, 0), sp.grads_div),
+                   "all gradients but the bottom block's and the untied input embedding's")]
     return full, top, bottom
+
+
+def _block_grads(model: ModelSpec, s: Strategy, plan: PrecisionPlan,
+                 sp: ShardPlan) -> dict[str, int]:
+    """One block's gradients that exist while it runs backward: during its MLP backward the
+    down projection's; during its attention backward every MLP-side one and o_proj's."""
+    down = mlp_side = o = 0
+    layers = 0
+    for layer in model.layers:
+        targets = {id(t) for t in targeted_linears(model, s, layer)}
+        for lin in layer.linears:
+            size = _linear_grad(lin, s, plan, id(lin) in targets) * layer.count
+            group = linear_group(lin)
+            down += size if group == "down_in" else 0
+            mlp_side += size if group in ("down_in", "mlp_in") else 0
+            o += size if group == "o_in" else 0
+        layers += layer.count
+    return {"mlp": shard(down // layers, sp.grads_div),
+            "attention": shard((mlp_side + o) // layers, sp.grads_div),
+            "none": 0}
+
+
+def _linear_grad(lin: Linear, s: Strategy, plan: PrecisionPlan, targeted: bool) -> int:
+    if s.method.trains_base:
+        return lin.params * plan.trainable_weight_bytes
+    if not targeted or s.method.is_prompt_learning:
+        return 0
+    if s.method is Method.IA3:
+        return lin.in_features * lin.copies * plan.adapter_bytes  # upper bound of the vector
+    per = s.lora_rank * (lin.in_features + lin.out_features) + (
+        lin.out_features if s.method is Method.DORA else 0)
+    return per * lin.copies * plan.adapter_bytes
 
 
 def host_terms(model: ModelSpec, s: Strategy, st: Static, sp: ShardPlan) -> list[Term]:

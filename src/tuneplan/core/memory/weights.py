@@ -52,10 +52,8 @@ def quantized_bytes(n: int, rows: int, quant: Quant, double_quant: bool,
     if quant is Quant.INT8:
         return n, rows * 4
     blocks = -(-n // a.nf4_blocksize)
-    if double_quant:
-        consts = blocks + -(-blocks // a.nested_blocksize) * 4 + 256 * 4
-    else:
-        consts = blocks * 4
+    nested = blocks + -(-blocks // a.nested_blocksize) * 4 + 256 * 4
+    consts = nested if double_quant else blocks * 4
     return -(-n // 2), consts
 
 
@@ -82,7 +80,8 @@ def weight_terms(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan,
         width = 4 if plan.kbit_upcast else plan.frozen_weight_bytes
         terms.append(part("weights/unquantized", rest * width,
                           "embeddings, head, norms, biases, experts · bytes"
-                          + (" (fp32: prepare_model_for_kbit_training)" if plan.kbit_upcast else ""),
+                          + (" (fp32: prepare_model_for_kbit_training)"
+                             if plan.kbit_upcast else ""),
                           "peft prepare_model_for_kbit_training" if plan.kbit_upcast else "",
                           params=rest, bytes_per_param=width))
     elif strategy.method is Method.FULL:
@@ -95,7 +94,8 @@ def weight_terms(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan,
                           "frozen parameters · bytes", params=frozen,
                           bytes_per_param=plan.frozen_weight_bytes))
         if strategy.method is Method.FREEZE:
-            terms.append(part("weights/trainable", trainable.base_params * plan.trainable_weight_bytes,
+            trainable_bytes = trainable.base_params * plan.trainable_weight_bytes
+            terms.append(part("weights/trainable", trainable_bytes,
                               "trainable blocks · bytes", params=trainable.base_params))
     if strategy.method is not Method.FULL and strategy.method is not Method.FREEZE:
         if trainable.base_params:

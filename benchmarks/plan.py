@@ -1,0 +1,91 @@
+"""Time a whole-catalog plan (the `tuneplan plan` compute, catalog load excluded) and how it grows.
+
+Seeds a private catalog from the bundled snapshot (load timed separately), then times
+``core.planner.plan_offers`` for a few jobs (median of N cold runs: each run builds its own
+strategy search and memory cache), and for one job over catalog subsets and synthetic copies
+(the same offers in made-up regions with shifted prices, so no cache is shared).
+Run: python benchmarks/plan.py [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from tuneplan.core.catalog import Offer
+from tuneplan.core.job import Job, Strategy
+from tuneplan.core.methods import Method
+from tuneplan.core.planner import PlanResult, plan_offers
+
+JOBS = {
+    "Llama-3.1-8B qlora 50M": ("meta-llama/Llama-3.1-8B", Method.QLORA),
+    "Llama-3.1-8B auto 50M (README)": ("meta-llama/Llama-3.1-8B", Method.AUTO),
+    "Llama-3.1-70B full 50M": ("meta-llama/Llama-3.1-70B", Method.FULL),
+    "Qwen2.5-0.5B auto 50M": ("Qwen/Qwen2.5-0.5B", Method.AUTO),
+}
+
+
+def _timed(model: str, method: Method, offers: list[Offer], runs: int) -> tuple[float, PlanResult]:
+    from tuneplan.adapters.bundled import load_gpu_specs, load_providers
+    from tuneplan.adapters.hub import resolve_model
+    from tuneplan.adapters.plans import _fabric_rates
+
+    spec = resolve_model(model)
+    gpus = {g.name: g for g in load_gpu_specs()}
+    providers = load_providers()
+    job = Job(model=model, strategy=Strategy(method=method), tokens=50_000_000)
+    times, result = [], None
+    for _ in range(runs):
+        start = time.perf_counter()
+        result = plan_offers(spec, job, offers, gpus, {p.name: p for p in providers},
+                             now=datetime.now(UTC), inter_node_bytes_per_s=_fabric_rates(providers))
+        times.append(time.perf_counter() - start)
+    assert result is not None
+    return statistics.median(times), result
+
+
+def _copies(offers: list[Offer], factor: int) -> list[Offer]:
+    out = list(offers)
+    for k in range(1, factor):
+        out += [replace(o, region=f"{o.region}-copy{k}",
+                        price_per_hour=None if o.price_per_hour is None
+                        else o.price_per_hour * Decimal(1 + k / 100)) for o in offers]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        os.environ["TUNEPLAN_HOME"] = folder
+        from tuneplan.adapters.store import load_catalog
+
+        start = time.perf_counter()
+        offers = load_catalog()
+        print(f"catalog load (seed + read, {len(offers)} offers): "
+              f"{(time.perf_counter() - start) * 1000:.0f} ms")
+        for label, (model, method) in JOBS.items():
+            seconds, result = _timed(model, method, offers, args.runs)
+            print(f"{label:34s} {seconds * 1000:7.0f} ms  {len(result.plans):5d} plans  "
+                  f"{len(result.rejected):5d} rejected  {result.memory_estimates:5d} memory "
+                  "estimates")
+        print("growth, Llama-3.1-8B auto:")
+        for share in (0.1, 0.25, 0.5):
+            part = offers[:: round(1 / share)]
+            seconds, _ = _timed(*JOBS["Llama-3.1-8B auto 50M (README)"], part, args.runs)
+            print(f"  {len(part):6d} offers  {seconds * 1000:7.0f} ms")
+        for factor in (1, 2, 4):
+            many = _copies(offers, factor)
+            seconds, _ = _timed(*JOBS["Llama-3.1-8B auto 50M (README)"], many, args.runs)
+            print(f"  {len(many):6d} offers  {seconds * 1000:7.0f} ms")
+
+
+if __name__ == "__main__":
+    main()

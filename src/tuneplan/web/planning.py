@@ -1,0 +1,175 @@
+"""The plan page's data: a validated form → ``Job`` → the planner → the CLI's plan document,
+and the views (rows, charts) the templates draw from the same result.
+
+The model comes already resolved (``inputs.resolve_web_model``: never a path); the planner is
+``core.planner.plan_offers`` fed by the same adapters as ``adapters.plans.plan``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tuneplan.core.job import Job
+from tuneplan.core.models import ModelSpec
+from tuneplan.core.planner import Plan, PlanResult
+from tuneplan.units import format_bytes, format_duration
+from tuneplan.web.charts import MemoryChart, Scatter, memory_chart, scatter
+from tuneplan.web.inputs import PlanInput
+
+
+def build_job(form: PlanInput, model: ModelSpec) -> tuple[Job, int]:
+    """(Job, top) for a validated form, through the CLI's own flag parsing."""
+    from tuneplan.cli_plan import job_from_args
+
+    job, extra = job_from_args(model.name, form.args())
+    return job, int(extra["top"])
+
+
+def run_plan(form: PlanInput, model: ModelSpec, store_path: Path | None) -> PlanResult:
+    """Plans over the app's catalog: ``adapters.plans.plan`` with the web-resolved model."""
+    from tuneplan.adapters.plans import plan
+    from tuneplan.adapters.store import load_catalog
+
+    job, _ = build_job(form, model)
+    return plan(job, model=model, offers=load_catalog(path=store_path), now=datetime.now(UTC))
+
+
+def plan_document(result: PlanResult, top: int, store_path: Path | None) -> dict[str, Any]:
+    """``tuneplan plan --json`` for a result, by the CLI's own document function."""
+    from tuneplan.adapters.plans import catalog_info
+    from tuneplan.plan_report import plan_document as cli_document
+
+    return cli_document(result, catalog_info(path=store_path), top)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanRow:
+    """One ranked plan as the page shows it."""
+
+    id: str
+    rank: int
+    title: str
+    where: str
+    method: str
+    hours_text: str
+    cost_text: str
+    on_demand_text: str
+    spot_text: str
+    memory_text: str
+    pareto: bool
+    why: tuple[str, ...]
+    warnings: tuple[str, ...]
+    plan: Plan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanView:
+    rows: tuple[PlanRow, ...]
+    scatter: Scatter
+    memory: MemoryChart | None
+    memory_title: str
+    feasible: int
+    considered: int
+    rejected: tuple[tuple[str, int], ...]   # reason, offers
+    rejected_total: int
+
+
+def _usd(value: Any) -> str:
+    return "–" if value is None else f"${value:,.2f}"
+
+
+def plan_row(plan: Plan, rank: int, pareto: bool) -> PlanRow:
+    s, offer = plan.strategy, plan.offer
+    nodes = f" × {s.nodes} nodes" if s.nodes > 1 else ""
+    spot = "–" if plan.spot_usd is None else f"{_usd(plan.spot_usd)} expected"
+    if plan.spot is not None and plan.spot.spot is not None:
+        spot += f", P90 {_usd(plan.spot.spot.p90_cost)}"
+    method = s.method.value + (f" r{s.lora_rank}" if s.method.is_lora else "")
+    return PlanRow(
+        id=plan.id, rank=rank, title=f"{s.gpus}× {plan.gpu.name}{nodes}",
+        where=f"{offer.provider} · {offer.instance_type or '(GPU only)'} · "
+              f"{offer.zone or offer.region}",
+        method=f"{method}, micro-batch {s.batch_size}, {s.sharding.value}, "
+               f"checkpointing {s.checkpointing.value}",
+        hours_text=format_duration(plan.hours * 3600), cost_text=_usd(plan.best_cost),
+        on_demand_text=_usd(plan.cost_usd), spot_text=spot,
+        memory_text=f"{format_bytes(plan.candidate.memory.device_total_bytes)} of "
+                    f"{format_bytes(plan.capacity_bytes)}",
+        pareto=pareto, why=plan.why, warnings=plan.warnings, plan=plan)
+
+
+def plan_memory_chart(plan: Plan) -> MemoryChart:
+    """The plan's per-GPU terms stacked against its card's capacity."""
+    terms = [(t.path, int(t.value)) for t in plan.candidate.memory.breakdown]
+    return memory_chart(terms, plan.capacity_bytes)
+
+
+def plan_view(result: PlanResult, top: int) -> PlanView:
+    front = set(result.pareto_ids)
+    shown = result.plans[:top]
+    rows = tuple(plan_row(p, i, p.id in front) for i, p in enumerate(shown, start=1))
+    # The chart shows every Pareto plan, and the shown ones, so the front is whole.
+    points = [(p.id, f"{p.strategy.gpus}× {p.gpu.name} · {p.offer.provider}", p.hours,
+               float(p.best_cost), rank) for rank, p in enumerate(result.plans, start=1)
+              if p.id in front or rank <= top]
+    reasons: dict[str, int] = {}
+    for r in result.rejected:
+        reasons[r.reason] = reasons.get(r.reason, 0) + 1
+    top_plan = shown[0] if shown else None
+    return PlanView(
+        rows=rows, scatter=scatter(points, front),
+        memory=None if top_plan is None else plan_memory_chart(top_plan),
+        memory_title="" if top_plan is None else f"#1: {rows[0].title}, {rows[0].method}",
+        feasible=len(result.plans), considered=result.considered,
+        rejected=tuple(sorted(reasons.items(), key=lambda kv: -kv[1])[:12]),
+        rejected_total=len(result.rejected))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanDetail:
+    row: PlanRow
+    memory: MemoryChart
+    terms: tuple[tuple[str, str, str, str], ...]     # name, size, formula, source
+    facts: tuple[tuple[str, str], ...]               # label, value
+    job: PlanInput
+
+
+def plan_detail_view(plan: Plan, rank: int, result: PlanResult, form: PlanInput) -> PlanDetail:
+    """Everything the detail page shows about one plan."""
+    est, tp, s, offer = plan.candidate.memory, plan.candidate.throughput, plan.strategy, \
+        plan.offer
+    terms = tuple((t.path, format_bytes(int(t.value)), t.formula, t.source)
+                  for t in est.breakdown if t.value)
+    facts = [
+        ("model", result.model), ("offer", f"{offer.provider} {offer.instance_type} "
+                                           f"({offer.id}) in {offer.zone or offer.region}"),
+        ("GPUs", f"{s.gpus} × {plan.gpu.name} per node × {s.nodes} node(s); link {plan.link}"),
+        ("price", f"{_usd(offer.price_per_hour)}/h on-demand, {_usd(offer.spot_price_per_hour)}"
+                  "/h spot"),
+        ("method", f"{s.method.value}, {s.precision.value}, optimizer {s.optimizer.value}"),
+        ("batch", f"micro-batch {s.batch_size} × grad-accum {s.grad_accum} × seq {s.seq_len}"),
+        ("memory per GPU", f"{format_bytes(est.device_total_bytes)} of "
+                           f"{format_bytes(plan.capacity_bytes)} (peak during {est.peak_phase})"),
+        ("throughput", f"{tp.tokens_per_second:,.0f} tokens/s, MFU {tp.mfu:.0%}, step "
+                       f"{tp.step_seconds:.2f} s"),
+        ("time", format_duration(plan.hours * 3600)),
+        ("on-demand cost", _usd(plan.cost_usd)),
+        ("spot cost", "–" if plan.spot_usd is None else f"{_usd(plan.spot_usd)} expected"),
+        ("storage", plan.storage),
+        ("catalog", f"{offer.source}, fetched {offer.fetched_at:%Y-%m-%d %H:%M} UTC"),
+    ]
+    if plan.on_demand is not None:
+        od = plan.on_demand
+        facts[9] = ("on-demand cost", f"{_usd(od.cost)} (compute {_usd(od.compute_cost)}, "
+                                      f"storage {_usd(od.storage_cost)}, egress "
+                                      f"{_usd(od.egress_cost)})")
+    if plan.spot is not None and plan.spot.spot is not None:
+        sp = plan.spot.spot
+        facts[10] = ("spot cost", f"{_usd(sp.expected_cost)} expected, P50 {_usd(sp.p50_cost)}, "
+                                  f"P90 {_usd(sp.p90_cost)}; {sp.interruptions_expected:.1f} "
+                                  "interruptions expected")
+    return PlanDetail(row=plan_row(plan, rank, plan.id in result.pareto_ids),
+                      memory=plan_memory_chart(plan), terms=terms, facts=tuple(facts), job=form)
