@@ -1,7 +1,8 @@
 """Time a whole-catalog plan (the `tuneplan plan` compute, catalog load excluded) and how it grows.
 
 Seeds a private catalog from the bundled snapshot (load timed separately), then times
-``core.planner.plan_offers`` for a few jobs (median of N cold runs: each run builds its own
+``core.planner.plan_offers`` for a few jobs in CPU seconds of this process (the machine is
+shared; wall time is printed beside) as the median of N cold runs (each run builds its own
 strategy search and memory cache), and for one job over catalog subsets and synthetic copies
 (the same offers in made-up regions with shifted prices, so no cache is shared).
 Run: python benchmarks/plan.py [--runs 5]
@@ -31,7 +32,8 @@ JOBS = {
 }
 
 
-def _timed(model: str, method: Method, offers: list[Offer], runs: int) -> tuple[float, PlanResult]:
+def _timed(model: str, method: Method, offers: list[Offer],
+           runs: int) -> tuple[float, float, PlanResult]:
     from tuneplan.adapters.bundled import load_gpu_specs, load_providers
     from tuneplan.adapters.hub import resolve_model
     from tuneplan.adapters.plans import _fabric_rates
@@ -40,14 +42,15 @@ def _timed(model: str, method: Method, offers: list[Offer], runs: int) -> tuple[
     gpus = {g.name: g for g in load_gpu_specs()}
     providers = load_providers()
     job = Job(model=model, strategy=Strategy(method=method), tokens=50_000_000)
-    times, result = [], None
+    cpu, wall, result = [], [], None
     for _ in range(runs):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         result = plan_offers(spec, job, offers, gpus, {p.name: p for p in providers},
                              now=datetime.now(UTC), inter_node_bytes_per_s=_fabric_rates(providers))
-        times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+        wall.append(time.perf_counter() - start)
     assert result is not None
-    return statistics.median(times), result
+    return statistics.median(cpu), statistics.median(wall), result
 
 
 def _copies(offers: list[Offer], factor: int) -> list[Offer]:
@@ -72,19 +75,17 @@ def main() -> None:
         print(f"catalog load (seed + read, {len(offers)} offers): "
               f"{(time.perf_counter() - start) * 1000:.0f} ms")
         for label, (model, method) in JOBS.items():
-            seconds, result = _timed(model, method, offers, args.runs)
-            print(f"{label:34s} {seconds * 1000:7.0f} ms  {len(result.plans):5d} plans  "
+            seconds, wall, result = _timed(model, method, offers, args.runs)
+            print(f"{label:32s} {seconds * 1000:5.0f} ms CPU ({wall * 1000:5.0f} wall) "
+                  f"{len(result.plans):5d} plans  "
                   f"{len(result.rejected):5d} rejected  {result.memory_estimates:5d} memory "
                   "estimates")
         print("growth, Llama-3.1-8B auto:")
-        for share in (0.1, 0.25, 0.5):
-            part = offers[:: round(1 / share)]
-            seconds, _ = _timed(*JOBS["Llama-3.1-8B auto 50M (README)"], part, args.runs)
-            print(f"  {len(part):6d} offers  {seconds * 1000:7.0f} ms")
-        for factor in (1, 2, 4):
-            many = _copies(offers, factor)
-            seconds, _ = _timed(*JOBS["Llama-3.1-8B auto 50M (README)"], many, args.runs)
-            print(f"  {len(many):6d} offers  {seconds * 1000:7.0f} ms")
+        readme = JOBS["Llama-3.1-8B auto 50M (README)"]
+        sizes = [offers[:: round(1 / share)] for share in (0.1, 0.25, 0.5)]
+        for part in [*sizes, *(_copies(offers, factor) for factor in (1, 2, 4))]:
+            seconds, wall, _ = _timed(*readme, part, args.runs)
+            print(f"  {len(part):6d} offers {seconds * 1000:5.0f} ms CPU ({wall * 1000:5.0f} wall)")
 
 
 if __name__ == "__main__":

@@ -101,6 +101,11 @@ from tuneplan.cli_web import register as _register_web  # noqa: E402
 
 _register_web(app)
 
+# launch (bundles for accelerate, DeepSpeed, SkyPilot, dstack) lives in cli_launch (issue 8).
+from tuneplan.cli_launch import register as _register_launch  # noqa: E402
+
+_register_launch(app)
+
 
 def main() -> None:
     """Console-script entry: run the app and turn errors into one line and an exit code.

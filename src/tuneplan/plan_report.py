@@ -53,7 +53,7 @@ def plan_entry(p: Plan, result: PlanResult) -> dict[str, Any]:
                    "headroom_bytes": p.capacity_bytes - c.device_total_bytes,
                    "allocated_peak_bytes": c.memory.allocated_peak_bytes,
                    "reserved_peak_bytes": c.memory.reserved_peak_bytes,
-                   "host_ram_bytes": c.memory.host_ram_bytes, "peak_phase": c.memory.peak_phase,
+                   "host_ram_bytes": c.host_ram_bytes, "peak_phase": c.memory.peak_phase,
                    "exact_for_gpu": c.exact, "trainable_params": c.memory.trainable_params,
                    "total_params": c.memory.total_params},
         "throughput": {"tokens_per_second": t.tokens_per_second,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tuneplan.adapters.store import CatalogStore, default_path, load_catalog
+from tuneplan.adapters.store import SCHEMA_VERSION, CatalogStore, default_path, load_catalog
 from tuneplan.core.catalog import Offer, OfferFilter, OfferSort
 from tuneplan.errors import CatalogError
 from tuneplan.units import GiB
@@ -59,7 +59,7 @@ def test_first_open_seeds_from_the_bundled_snapshot(tmp_path: Path) -> None:
         assert len({o.provider for o in h100}) >= 8
     with sqlite3.connect(tmp_path / "seeded.sqlite") as connection:
         assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert connection.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert connection.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
 def test_replace_source_keeps_history_and_serves_the_newest(empty: CatalogStore) -> None:

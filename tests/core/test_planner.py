@@ -16,6 +16,7 @@ from tuneplan.core.job import Job, Objective, Optimizer, Precision, Strategy
 from tuneplan.core.methods import Method
 from tuneplan.core.plan_search import StrategySearch, gpu_generation, largest_fitting
 from tuneplan.core.planner import PlanResult, pareto_front, plan_offers
+from tuneplan.core.recipes import Recipe
 from tuneplan.errors import InvalidValueError
 from tuneplan.units import GiB
 
@@ -73,7 +74,8 @@ def test_70b_full_needs_a_multi_gpu_node_and_prefers_nvswitch_at_equal_price() -
     assert by_name["pcie"].hours > by_name["sxm"].hours
     assert any("PCIe-only node" in w for w in by_name["pcie"].warnings)
     single = [r for r in result.rejected if r.offer.gpu_count == 1]
-    assert single and all("needs" in r.reason and "GiB" in r.reason for r in single)
+    assert single and all("GiB" in r.reason or "no BF16" in r.reason for r in single)
+    assert any(r.reason.startswith("needs ") for r in single)
 
 
 @pytest.mark.parametrize("objective", [Objective.COST, Objective.PARETO])
@@ -194,3 +196,23 @@ def test_job_validates_every_problem_at_once() -> None:
     job = Job(model="x", dataset_rows=1000, avg_tokens=500)
     assert job.tokens_per_epoch == 500_000
     assert replace(job, tokens=7).tokens_per_epoch == 7
+
+
+def test_multi_node_when_one_node_cannot_hold_the_job() -> None:
+    # 70B full (fp32 AdamW, 16 B/param) on 8 x 80 GB needs offload; with 64 GiB of host RAM
+    # offload is impossible, so one node is rejected and, when allowed, nodes are added.
+    node = offer("A100 80GB SXM4", 8, "32.77", provider="AWS", interconnect="NVLink 3.0",
+                 ram_gib=64)
+    alone = run("meta-llama/Llama-3.1-70B", "full", [node])
+    assert not alone.plans and "host RAM" in alone.rejected[0].reason
+    spread = run("meta-llama/Llama-3.1-70B", "full", [node], multi_node=True)
+    best = spread.plans[0]
+    assert best.strategy.nodes >= 2 and best.strategy.offload.value == "none"
+    floor = Decimal("32.77") * best.strategy.nodes * Decimal(str(best.hours)) * Decimal("0.99")
+    assert best.cost_usd is not None and best.cost_usd >= floor   # every node is billed
+
+
+def test_pure_bf16_is_refused_on_a_card_without_bf16() -> None:
+    bf16 = Strategy(method=Method.LORA, precision=Precision.BF16, recipe=Recipe.TORCHTUNE)
+    result = run("Qwen/Qwen2.5-0.5B", "lora", [offer("T4", 1, "0.35")], strategy=bf16)
+    assert not result.plans and result.rejected[0].reason.startswith("no BF16 on T4")

@@ -20,7 +20,7 @@ from tuneplan.core.catalog import Offer, OfferFilter, OfferSort, filter_offers, 
 from tuneplan.core.gpu_names import CANONICAL_GPUS, gpu_matches
 from tuneplan.errors import CatalogError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 STALE_AFTER_S = 7 * 86_400
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -38,6 +38,14 @@ _MIGRATIONS: dict[int, str] = {
         attachable INTEGER NOT NULL, notes TEXT NOT NULL);
     CREATE INDEX offers_snapshot ON offers(snapshot_id);
     CREATE INDEX offers_gpu ON offers(gpu);
+    """,
+    # Probe measurements (issue 9; read and written by adapters/calibration.py).
+    2: """
+    CREATE TABLE probes (
+        id INTEGER PRIMARY KEY, created_at TEXT NOT NULL, model TEXT NOT NULL,
+        strategy TEXT NOT NULL, device TEXT NOT NULL, device_name TEXT NOT NULL,
+        gpu TEXT, versions TEXT NOT NULL, measured TEXT NOT NULL, origin TEXT NOT NULL);
+    CREATE INDEX probes_gpu ON probes(gpu, device);
     """,
 }
 _COLUMNS = ("offer_id", "provider", "instance_type", "gpu", "gpu_count", "gpu_memory_bytes",

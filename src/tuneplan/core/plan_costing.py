@@ -163,8 +163,8 @@ def plan_warnings(c: Candidate, offer: Offer, gpu: GpuSpec, provider: Provider |
     if offer.gpu in AMBIGUOUS_GPUS or gpu.confidence == "low":
         out.append(f"GPU variant ambiguity: {gpu.name} is inferred from the source's name and "
                    "memory size; check the instance's exact GPU")
-    if offer.ram_bytes is not None and c.memory.host_ram_bytes > offer.ram_bytes:
-        out.append(f"host RAM: the job needs {c.memory.host_ram_bytes / GiB:.0f} GiB, the "
+    if offer.ram_bytes is not None and c.host_ram_bytes > offer.ram_bytes:
+        out.append(f"host RAM: the job needs {c.host_ram_bytes / GiB:.0f} GiB, the "
                    f"instance has {offer.ram_bytes / GiB:.0f} GiB")
     if offer.notes:
         out.append(f"catalog note: {offer.notes}")

@@ -37,6 +37,21 @@ def gpu_generation(gpu: GpuSpec) -> str:
     return gpu.architecture.split()[0].lower() if gpu.architecture else "default"
 
 
+def _ddp_twin(family: Strategy) -> Strategy:
+    if family.sharding is Sharding.DDP and family.world_size > 1 and (
+            family.offload is Offload.NONE and family.checkpointing is not Checkpointing.OFFLOAD):
+        return replace(family, gpus=2, nodes=1)
+    return family
+
+
+def host_ram(est: MemoryEstimate, strategy: Strategy) -> int:
+    """Host RAM per node of ``strategy`` from an estimate made for its DDP twin: under DDP
+    every host term is per local rank (``core.memory.steady.host_terms``)."""
+    if est.strategy.gpus == strategy.gpus:
+        return est.host_ram_bytes
+    return est.host_ram_bytes * strategy.gpus // est.strategy.gpus
+
+
 def largest_fitting(fits: Callable[[int], bool], low: int, high: int) -> int:
     """Largest n in [low, high] with ``fits(n)``, assuming fits is monotone (true then false);
     ``low - 1`` when even ``low`` does not fit. Bisection: about log2(high - low) calls."""
@@ -69,8 +84,10 @@ class Candidate:
     """One strategy that fits a node, with its memory and speed."""
 
     strategy: Strategy
-    memory: MemoryEstimate           # generation-neutral unless ``exact`` (see device_total)
+    memory: MemoryEstimate           # generation-neutral unless ``exact`` (see device_total);
+                                     # made for a DDP twin when not exact (see at_batch)
     device_total_bytes: int          # per GPU on this node's GPU generation
+    host_ram_bytes: int              # per node, for this strategy's GPUs per node
     throughput: Throughput
     exact: bool = False
 
@@ -125,11 +142,15 @@ class StrategySearch:
         return found
 
     def at_batch(self, family: Strategy, batch: int) -> MemoryEstimate | str:
-        """The generation-neutral estimate of ``family`` at micro-batch ``batch`` (cached)."""
-        key = (family, batch)
+        """The generation-neutral estimate of ``family`` at micro-batch ``batch`` (cached).
+
+        DDP replicates everything, so its per-GPU memory is the same on 2 or 16 GPUs: all
+        DDP families share the 2-GPU estimate (host RAM, which grows with the ranks of a
+        node, is rescaled by ``host_ram``)."""
+        key = (_ddp_twin(family), batch)
         found = self._batches.get(key)
         if found is None:
-            found = self.memory(replace(family, batch_size=batch), None)
+            found = self.memory(replace(key[0], batch_size=batch), None)
             self._batches[key] = found
         return found
 
@@ -191,27 +212,28 @@ class StrategySearch:
         if isinstance(found, str):
             return candidate
         return replace(candidate, memory=found, device_total_bytes=found.device_total_bytes,
-                       exact=True)
+                       host_ram_bytes=found.host_ram_bytes, exact=True)
 
     def _fit_method(self, method: Method, node: Node, limit: int, generation: str,
                     out: SearchOutcome, *, offload: bool) -> list[Candidate]:
         """Fitting candidates over sharding x offload x checkpointing, pruned where a choice
         cannot win: heavier sharding once a lighter one reaches the largest micro-batch (more
-        traffic, no larger batch); ZeRO-3 where FSDP fits (same traffic, more memory); no
+        traffic, no larger batch); ZeRO-3 unless FSDP is refused (same traffic, more memory); no
         checkpointing unless checkpointing leaves room for 8 sequences; parameter offload
         where optimizer offload fits."""
         fitted: list[Candidate] = []
         top = 2**self.max_micro_batch_log2
-        fsdp_ok = False
+        fsdp_refused = False
         for family in self.families(method, node, offload=offload):
-            if fsdp_ok and family.sharding is Sharding.ZERO3 and not offload:
-                continue
+            if family.sharding is Sharding.ZERO3 and not offload and not fsdp_refused:
+                continue  # ZeRO-3 needs more memory than FSDP for the same traffic
             if offload and fitted and family.offload is Offload.OPTIMIZER_PARAMS:
                 break
             got = self._fit_family(family, node, limit, generation, out)
+            if family.sharding is Sharding.FSDP:
+                fsdp_refused = isinstance(self.at_batch(family, 1), str)
             if not got:
                 continue
-            fsdp_ok = fsdp_ok or family.sharding is Sharding.FSDP
             fitted += got
             if got[0].strategy.batch_size >= 8:
                 fitted += self._fit_family(replace(family, checkpointing=Checkpointing.NONE),
@@ -256,10 +278,11 @@ class StrategySearch:
         best = largest_fitting(fits, 0, self.max_micro_batch_log2)
         est = self.at_batch(family, 2**best)
         assert not isinstance(est, str)
-        strategy = self._precision_for(est.strategy, node.gpu)
+        strategy = self._precision_for(replace(family, batch_size=2**best), node.gpu)
         speed = self.speed(strategy, node)
         if isinstance(speed, str):
             out.refusals.append(speed)
             return []
         return [Candidate(strategy=strategy, memory=est, throughput=speed,
-                          device_total_bytes=self.device_total(est, generation))]
+                          device_total_bytes=self.device_total(est, generation),
+                          host_ram_bytes=host_ram(est, strategy))]

@@ -20,7 +20,7 @@ from tuneplan.core.catalog import Offer, gpu_matches, provider_matches
 from tuneplan.core.compute_assumptions import ThroughputAssumptions
 from tuneplan.core.cost import CostAssumptions, CostEstimate
 from tuneplan.core.hardware import GpuSpec
-from tuneplan.core.job import Interconnect, Job, Objective, Offload, Strategy
+from tuneplan.core.job import Interconnect, Job, Objective, Offload, Precision, Strategy
 from tuneplan.core.memory import MemoryAssumptions
 from tuneplan.core.methods import Method
 from tuneplan.core.models import ModelSpec
@@ -37,6 +37,7 @@ from tuneplan.core.plan_search import Candidate, Node, SearchOutcome, StrategySe
 from tuneplan.core.providers import Provider
 from tuneplan.units import HOUR_S, GiB
 
+INFINITY = Decimal("Infinity")
 TRADE_OFFS = {
     Method.FULL: "full fine-tuning: every weight learns; the most capacity to change the model, "
                  "and the most memory and compute",
@@ -52,7 +53,9 @@ class PlanAssumptions:
     """Constants of the planner, printed with its result; each says why."""
 
     memory_margin: float = 0.95          # keep 5 % of the card free: fragmentation, spikes
-    max_micro_batch_log2: int = 6        # micro-batches 1..64 (powers of two) are searched
+    # Micro-batches are powers of two up to this many tokens (and at least 1): beyond ~32k
+    # tokens per micro-batch a GPU's matmuls are saturated and host overhead is amortised.
+    max_micro_batch_tokens: int = 32_768
     stale_after_s: float = 7 * 86_400    # a price older than a week is flagged
     ranking_spot_runs: int = 1           # analytic spot expectation while ranking
     detail_spot_runs: int = 1_000        # Monte Carlo runs for the P50/P90 of shown plans
@@ -67,7 +70,7 @@ class PlanAssumptions:
 
     def describe(self) -> dict[str, object]:
         return {"memory_margin": self.memory_margin,
-                "max_micro_batch": 2**self.max_micro_batch_log2,
+                "max_micro_batch_tokens": self.max_micro_batch_tokens,
                 "stale_after_s": self.stale_after_s, "detail_spot_runs": self.detail_spot_runs,
                 "detailed_plans": self.detailed_plans, "max_nodes": self.max_nodes,
                 "min_pareto_saving_s": self.min_pareto_saving_s}
@@ -94,7 +97,7 @@ class Plan:
     spot_hours: float | None
     spot_may_win: bool
     storage: str
-    best_cost: Decimal = Decimal("Infinity")   # what ranking uses: set by ``with_best_cost``
+    best_cost: Decimal = INFINITY     # what ranking uses: ``ranking_cost``
     on_demand: CostEstimate | None = None
     spot: CostEstimate | None = None
     why: tuple[str, ...] = ()
@@ -111,16 +114,16 @@ class Plan:
             return False
         return self.cost_usd is None or self.spot_usd < self.cost_usd
 
-    def with_best_cost(self) -> Plan:
-        """This plan with ``best_cost``: spot's expected cost when it wins, else on-demand."""
-        if self.uses_spot and self.spot_usd is not None:
-            return replace(self, best_cost=self.spot_usd)
-        return replace(self, best_cost=self.cost_usd if self.cost_usd is not None
-                       else Decimal("Infinity"))
-
     @property
     def best_hours(self) -> float:
         return self.spot_hours if self.uses_spot and self.spot_hours else self.hours
+
+
+def ranking_cost(cost: Decimal | None, spot: Decimal | None, spot_may_win: bool) -> Decimal:
+    """Spot's expected cost when it may win and is lower, else on-demand (inf if none)."""
+    if spot_may_win and spot is not None and (cost is None or spot < cost):
+        return spot
+    return cost if cost is not None else INFINITY
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,7 +170,8 @@ def plan_offers(model: ModelSpec, job: Job, offers: Sequence[Offer],
     search = StrategySearch(
         model=model, base=job.strategy, tokens=job.tokens_per_epoch, epochs=job.epochs,
         avg_tokens=None if job.strategy.packing else job.avg_tokens,
-        margin=a.memory_margin, max_micro_batch_log2=a.max_micro_batch_log2,
+        margin=a.memory_margin, max_micro_batch_log2=max(
+            0, (a.max_micro_batch_tokens // job.strategy.seq_len).bit_length() - 1),
         memory_assumptions=a.memory, throughput_assumptions=a.throughput)
     plans: list[Plan] = []
     rejected: list[Rejection] = []
@@ -219,21 +223,23 @@ def _plan_offer(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[st
     if gpu is None:
         return f"no GPU specification for {offer.gpu}"
     link = node_link(offer, gpu)
-    if _LINK_RANK[link] < job.min_interconnect.rank and job.min_interconnect is not (
-            Interconnect.ANY):
-        return f"{link} between GPUs, the job asks for at least {job.min_interconnect.value}"
+    problem = _hardware_problem(job, gpu, link)
+    if problem:
+        return problem
     capacity = min(gpu.usable_memory_bytes, offer.gpu_memory_bytes) if (
         offer.gpu_memory_bytes >= gpu.memory_bytes * 0.9) else offer.gpu_memory_bytes
     node = Node(gpu=gpu, gpus_per_node=offer.gpu_count, capacity_bytes=capacity,
                 intra_link="pcie" if link == "pcie" else "auto")
-    outcome = search.search(node)
     provider = providers.get(offer.provider)
-    if not outcome.best and job.multi_node and _multi_node_ok(provider):
-        outcome, node = _more_nodes(search, job, node, inter, a)
+    outcome = search.search(node)
+    short = _host_ram_short(outcome.best.values(), offer)
+    if len(short) == len(outcome.best) and job.multi_node and _multi_node_ok(provider):
+        bigger = _more_nodes(search, job, node, inter, a, offer)
+        if bigger is not None:
+            outcome, short = bigger, {}
     if not outcome.best:
         return _why_not(outcome.smallest_need_bytes, outcome.refusals, capacity, a)
     out: list[Plan] = []
-    short = _host_ram_short(outcome.best.values(), offer)
     for candidate in outcome.best.values():
         if id(candidate) in short:
             continue
@@ -241,17 +247,29 @@ def _plan_offer(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[st
         key = (id(candidate), offer.provider)
         if key not in prices:
             prices[key] = unit_cost(candidate, provider, job, a.cost)
-        unit = prices[key]
-        cost, spot = scaled_costs(unit, offer, candidate.strategy.nodes)
+        cost, spot = scaled_costs(prices[key], offer, candidate.strategy.nodes)
         out.append(Plan(id=plan_id(offer, candidate.strategy), offer=offer, gpu=gpu,
                         candidate=candidate, link=link, capacity_bytes=capacity,
-                        hours=unit.wall_hours, cost_usd=cost, spot_usd=spot,
-                        spot_hours=unit.spot_expected_hours, spot_may_win=job.spot is True,
+                        hours=prices[key].wall_hours, cost_usd=cost, spot_usd=spot,
+                        spot_hours=prices[key].spot_expected_hours,
+                        spot_may_win=job.spot is True,
+                        best_cost=ranking_cost(cost, spot, job.spot is True),
                         storage=storage_note(provider),
                         warnings=tuple(plan_warnings(
                             candidate, offer, gpu, provider, link, now=now,
-                            stale_after_s=a.stale_after_s))).with_best_cost())
+                            stale_after_s=a.stale_after_s))))
     return out or next(iter(short.values()))
+
+
+def _hardware_problem(job: Job, gpu: GpuSpec, link: str) -> str | None:
+    """A reason the hardware cannot serve the job at all, before any memory estimate."""
+    if _LINK_RANK[link] < job.min_interconnect.rank and job.min_interconnect is not (
+            Interconnect.ANY):
+        return f"{link} between GPUs, the job asks for at least {job.min_interconnect.value}"
+    if gpu.supports_bf16 is False and job.strategy.precision is Precision.BF16:
+        return (f"no BF16 on {gpu.name}: pure bf16 training needs it "
+                "(--precision fp16-mixed would run)")
+    return None
 
 
 def _host_ram_short(candidates: Iterable[Candidate], offer: Offer) -> dict[int, str]:
@@ -260,10 +278,10 @@ def _host_ram_short(candidates: Iterable[Candidate], offer: Offer) -> dict[int, 
     ram = offer.ram_bytes
     if ram is None:
         return {}
-    return {id(c): f"offload needs {c.memory.host_ram_bytes / GiB:,.0f} GiB host RAM, "
+    return {id(c): f"offload needs {c.host_ram_bytes / GiB:,.0f} GiB host RAM, "
                    f"the instance has {ram / GiB:,.0f} GiB"
             for c in candidates
-            if c.strategy.offload is not Offload.NONE and c.memory.host_ram_bytes > ram}
+            if c.strategy.offload is not Offload.NONE and c.host_ram_bytes > ram}
 
 
 def _multi_node_ok(provider: Provider | None) -> bool:
@@ -272,17 +290,19 @@ def _multi_node_ok(provider: Provider | None) -> bool:
 
 
 def _more_nodes(search: StrategySearch, job: Job, node: Node, inter: float | None,
-                a: PlanAssumptions) -> tuple[SearchOutcome, Node]:
-    """The fewest nodes (2, 4, 8 ...) on which something fits, within --max-gpus."""
-    nodes, outcome = 2, search.search(node)
+                a: PlanAssumptions, offer: Offer) -> SearchOutcome | None:
+    """The fewest nodes (2, 4, 8 ...) on which something fits (within the instance's RAM
+    when offloading), up to --max-gpus; None when no count works."""
+    nodes = 2
     limit = job.max_gpus or a.max_nodes * node.gpus_per_node
     while nodes <= a.max_nodes and nodes * node.gpus_per_node <= limit:
-        bigger = replace(node, nodes=nodes, inter_node_bytes_per_s=inter)
-        outcome = search.search(bigger)
-        if outcome.best:
-            return outcome, bigger
+        outcome = search.search(replace(node, nodes=nodes, inter_node_bytes_per_s=inter))
+        short = _host_ram_short(outcome.best.values(), offer)
+        if outcome.best and len(short) < len(outcome.best):
+            return SearchOutcome(best={m: c for m, c in outcome.best.items()
+                                       if id(c) not in short})
         nodes *= 2
-    return outcome, node
+    return None
 
 
 def _why_not(need: int | None, refusals: list[str], capacity: int, a: PlanAssumptions) -> str:

@@ -29,9 +29,8 @@ class OfferRow:
     attachable: bool
 
 
-COLUMNS = ("GPU", "GPU memory", "count", "provider", "instance", "region", "$/h on-demand",
-           "$/GPU-h on-demand", "$/h spot", "$/GPU-h spot", "interconnect", "billing",
-           "storage persists", "source")
+COLUMNS = ("GPU", "mem/GPU", "GPUs", "provider", "instance", "region", "$/h", "$/GPU-h",
+           "spot $/h", "spot $/GPU-h", "link", "billing", "storage kept", "source")
 
 
 def offer_rows(records: list[dict[str, Any]], catalog: dict[str, Any]) -> list[OfferRow]:

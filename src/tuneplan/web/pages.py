@@ -140,11 +140,12 @@ def plan_detail(request: Request, key: str, plan_id: str) -> HTMLResponse:
             "loc": ["path"], "msg": "no such plan (results are kept in memory for the "
                                     f"last {MAX_KEPT_PLANS} runs): plan again"}]}, status=404)
     rank, plan = found
-    from importlib.util import find_spec
+    from tuneplan.cli import app as cli_app
 
+    launch_ready = any(c.name == "launch" for c in cli_app.registered_commands)
     return html(request, "plan_detail.html", {
         "d": plan_detail_view(plan, rank, kept[0], kept[1]), "key": key, "page": "plan",
-        "launch_ready": find_spec("tuneplan.core.launch") is not None})
+        "launch_ready": launch_ready})
 
 
 @router.get("/docs", response_class=HTMLResponse)

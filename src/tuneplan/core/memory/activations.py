@@ -92,8 +92,8 @@ def _linear_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Wi
             "o_in": (model.num_heads * model.head_dim, w.compute),
             "down_in": (model.intermediate_size, w.compute)}
     shared: set[str] = set()
-    out = {"linear_inputs_attn": 0, "linear_inputs_mlp": 0, "adapters_attn": 0,
-           "adapters_mlp": 0}
+    out = {"linear_inputs_attn": 0, "linear_inputs_mlp": 0, "linear_inputs_down": 0,
+           "adapters_attn": 0, "adapters_mlp": 0}
     for lin in layer.linears:
         if lin.role is LinearRole.EXPERT:
             continue
@@ -115,7 +115,8 @@ def _linear_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Wi
         if group == "o_in" and strategy.attention is not Attention.EAGER:
             continue  # SDPA/flash output is laid out so o_proj's input is a view of it
         dim, width = dims[group]
-        side = "attn" if group in ("attn_in", "o_in") else "mlp"
+        side = "attn" if group in ("attn_in", "o_in") else (
+            "down" if group == "down_in" else "mlp")
         out[f"linear_inputs_{side}"] += t * dim * width
     return out
 
@@ -226,12 +227,19 @@ def backward_transients(model: ModelSpec, strategy: Strategy, w: Widths,
                         shape: Shape) -> tuple[Term, Term]:
     """Gradients alive inside one block's backward beyond what it saved: (MLP, attention).
 
-    MLP: 2·T·(H+I)·bytes. Eager attention: the fp32 softmax gradient and its input gradient
+    MLP: 3·T·I·bytes (gated) + T·H·bytes. Eager attention: the fp32 softmax gradient and its input gradient
     2·B·heads·S·S_kv·4 plus the T·H gradients flowing; SDPA/flash: q, k, v gradients.
     """
     t, c = shape.tokens, w.compute
-    mlp = part("activations/backward_transient", 2 * t * (model.hidden_size +
-               model.intermediate_size) * c, "MLP backward gradients 2·T·(H+I)·bytes", tokens=t)
+    gated = model.mlp_kind.value == "gated"
+    pairs, inter = t, model.intermediate_size
+    if model.num_experts:
+        pairs, inter = t * model.num_experts_per_token, (
+            model.moe_intermediate_size or model.intermediate_size)
+    # At the gate·up product's backward: the down input's gradient and both factors'.
+    mlp = part("activations/backward_transient",
+               (3 if gated else 2) * pairs * inter * c + t * model.hidden_size * c,
+               "MLP backward gradients (3 gated / 2 plain)·T·I·bytes + T·H·bytes", tokens=t)
     if strategy.attention is Attention.EAGER:
         # softmax backward: its fp32 output gradient and fp32 input gradient (measured).
         size = 2 * shape.batch * model.num_heads * shape.seq_q * shape.seq_kv * 4 + \
@@ -242,6 +250,36 @@ def backward_transients(model: ModelSpec, strategy: Strategy, w: Widths,
             t * model.hidden_size * c
         formula = "flash/SDPA q, k, v gradients + T·H·bytes"
     return mlp, part("activations/backward_transient", size, formula, tokens=t)
+
+
+def forward_transient(model: ModelSpec, strategy: Strategy, w: Widths, shape: Shape) -> int:
+    """Bytes alive only while one block runs forward (or is recomputed), beyond what it saves.
+
+    PEFT lora.Linear keeps ``x.to(A.dtype)`` until it returns (saved already unless autocast
+    re-casts it), and holds B's output, its scaled copy and the new sum (T·out each); any
+    block produces at least its T·H output. The largest linear sets the figure.
+    """
+    t, c, a = shape.tokens, w.compute, w.adapter
+    worst = t * model.hidden_size * c
+    if not strategy.method.is_lora:
+        return worst
+    inner = c if w.autocast else a
+    widths_in = {"attn_in": w.norm_out, "mlp_in": w.norm_out, "o_in": c, "down_in": c}
+    for layer in model.layers:
+        for lin in targeted_linears(model, strategy, layer):
+            d_in = widths_in[linear_group(lin)]
+            copy = t * lin.in_features * a if (w.autocast and d_in != a) else 0
+            worst = max(worst, copy + 2 * t * lin.out_features * inner
+                        + t * lin.out_features * max(c, inner))
+    return worst
+
+
+def input_shared_with_norm(model: ModelSpec, w: Widths, shape: Shape) -> int:
+    """Bytes of a block's input that its first norm saves as the very same tensor (fp32
+    residual under RMSNorm, or LayerNorm without autocast), so checkpoints do not add them."""
+    shared = (model.norm_kind is NormKind.RMSNORM and w.residual == 4) or (
+        model.norm_kind is not NormKind.RMSNORM and not w.autocast)
+    return block_input_bytes(model, w, shape) if shared else 0
 
 
 def block_input_bytes(model: ModelSpec, w: Widths, shape: Shape) -> int:

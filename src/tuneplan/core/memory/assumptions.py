@@ -68,6 +68,12 @@ class MemoryAssumptions:
     dropout_mask_bytes: int = 1
     # Chunked cross-entropy: number of chunks the logits are cut into (torchtune: 8).
     loss_chunks: int = 8
+    # Where a field's value came from when it is not the default above (field name -> source),
+    # e.g. a probe calibration: "calibrated from probe #3 on NVIDIA H100 80GB HBM3, 2026-11-30".
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def source_of(self, name: str, default: str) -> str:
+        return self.sources.get(name, default)
 
     def context_bytes(self, generation: str | None) -> int:
         table = self.context_bytes_by_generation

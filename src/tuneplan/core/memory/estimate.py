@@ -110,7 +110,11 @@ def _moments(model: ModelSpec, s: Strategy, st: Static, sp: ShardPlan,
         "backward-top-block": [*base, *(grads_fb or [*st.grads_top, own]), *blocks.top, *dq],
         "backward-bottom-block": [*base, *(grads_fb or [*st.grads_bottom, own]), *blocks.bottom,
                                   *dq],
+        "forward-last-block": [*base, *grads_fb, *blocks.forward_last, *st.autocast_copies, *dq],
     }
+    if blocks.recompute:
+        moments["backward-recompute"] = [*base, *(grads_fb or st.grads_top), *blocks.recompute,
+                                         *dq]
     if not s.optimizer_in_backward:
         moments["optimizer"] = [*base, *st.grads, *st.step]
     return moments
@@ -121,6 +125,8 @@ class _Blocks:
     kept: list[Term]
     top: list[Term]
     bottom: list[Term]
+    forward_last: list[Term]   # all blocks' saved tensors while the last one runs forward
+    recompute: list[Term]      # checkpointing: the top block being recomputed
     when: str          # "mlp" or "attention": where the running block's backward peaks
 
 
@@ -132,9 +138,13 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
         for key, value in act.block_saved(model, layer, s, w, shape).items():
             per_block[key] = per_block.get(key, 0) + value * layer.count
     one = {k: v // layers for k, v in per_block.items()}
-    current, transient, when = _current_block(model, s, w, shape, one)
+    current, transient, when = _current_block(model, s, w, shape, one,
+                                              s.checkpointing is not Checkpointing.NONE)
     cos_sin = part("activations/rope", 2 * shape.seq_kv * model.head_dim * w.compute,
                    "RoPE cos and sin 2·S·head_dim·bytes (shared by all blocks)")
+    fwd = part("activations/forward_transient", act.forward_transient(model, s, w, shape),
+               "largest linear's forward temporaries (PEFT input cast, B output, scaled copy, "
+               "sum) or the T·H block output", "peft lora.Linear.forward")
     if s.checkpointing is Checkpointing.NONE:
         per_block["norms"] -= act.first_norm_without_grad(model, s, w, shape)
         kept = [part(f"activations/blocks/{k}", v, f"{layers} blocks · saved {k}",
@@ -142,7 +152,8 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
         others = [part(f"activations/blocks/{k}", v - one[k], f"{layers - 1} blocks · saved {k}")
                   for k, v in per_block.items()]
         return _Blocks(kept=[*kept, cos_sin], top=[*others, *current, cos_sin, transient],
-                       bottom=[*current, cos_sin, transient], when=when)
+                       bottom=[*current, cos_sin, transient], when=when,
+                       forward_last=[*kept, cos_sin, fwd], recompute=[])
     inp = act.block_input_bytes(model, w, shape)
     on_device = min(layers, a.offload_blocks_on_device) if (
         s.checkpointing is Checkpointing.OFFLOAD) else layers
@@ -152,23 +163,32 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
             cos_sin]
     bottom_kept = [part("activations/checkpoints", inp, "the last block input still kept"),
                    cos_sin]
+    flowing = part("activations/output_grad", shape.tokens * model.hidden_size * w.compute,
+                   "gradient arriving at the recomputed block T·H·bytes")
+    recomputed = [part(f"activations/recomputed/{k}", v, f"recomputed block · saved {k}")
+                  for k, v in one.items()]
     return _Blocks(kept=kept, top=[*kept, *current, transient],
-                   bottom=[*bottom_kept, *current, transient], when=when)
+                   bottom=[*bottom_kept, *current, transient], when=when,
+                   forward_last=[*kept, fwd], recompute=[*kept, *recomputed, fwd, flowing])
 
 
 def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
-                   one: dict[str, int]) -> tuple[list[Term], Term, str]:
+                   one: dict[str, int], recomputed: bool) -> tuple[list[Term], Term, str]:
     """The block running backward: at its MLP (all saved) or, if larger, at eager attention
     (its MLP and second norm already freed, the fp32 softmax gradients alive)."""
     mlp_t, attn_t = act.backward_transients(model, s, w, shape)
+    if recomputed:  # the recomputed first norm saves the checkpointed input tensor itself
+        one = dict(one, norms=one["norms"] - act.input_shared_with_norm(model, w, shape))
+    at_mlp = dict(one, linear_inputs_down=0)  # down_proj's input is freed by its backward
     # At attention backward the block's MLP side (second norm, MLP, their linear inputs and
     # adapters) is freed, and so is eager attention's compute-dtype softmax copy.
-    at_attention = dict(one, mlp=0, norms=one["norms"] // 2, linear_inputs_mlp=0, adapters_mlp=0,
+    at_attention = dict(one, mlp=0, norms=one["norms"] // 2, linear_inputs_mlp=0,
+                        linear_inputs_down=0, adapters_mlp=0,
                         attention=one["attention"] - act.eager_cast_bytes(model, s, w, shape))
-    if attn_t.value + sum(at_attention.values()) > mlp_t.value + sum(one.values()):
+    if attn_t.value + sum(at_attention.values()) > mlp_t.value + sum(at_mlp.values()):
         parts, transient, when = at_attention, attn_t, "attention"
     else:
-        parts, transient, when = one, mlp_t, "mlp"
+        parts, transient, when = at_mlp, mlp_t, "mlp"
     return [part(f"activations/current_block/{k}", v, f"block in {when} backward · saved {k}")
             for k, v in parts.items()], transient, when
 

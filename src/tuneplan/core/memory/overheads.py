@@ -23,14 +23,16 @@ def reserve_term(allocated: int, a: MemoryAssumptions) -> Term:
     reserve = max(int(allocated * a.allocator_reserve_fraction), a.allocator_reserve_min_bytes)
     return part("overheads/allocator_reserve", reserve,
                 "max(fraction · allocated peak, floor): block rounding and fragmentation",
-                "assumption, checked against reserved peaks in the calibration set",
+                a.source_of("allocator_reserve_fraction",
+                            "assumption, checked against reserved peaks in the calibration set"),
                 fraction=a.allocator_reserve_fraction, floor_bytes=a.allocator_reserve_min_bytes)
 
 
 def device_terms(generation: str | None, world: int, a: MemoryAssumptions) -> list[Term]:
     terms = [part("overheads/cuda_context", a.context_bytes(generation),
                   "CUDA context + loaded kernels by GPU generation (outside the allocator)",
-                  "MemoryAssumptions.context_bytes_by_generation", generation=generation)]
+                  a.source_of("context_bytes", "MemoryAssumptions.context_bytes_by_generation"),
+                  generation=generation)]
     if world > 1:
         terms.append(part("overheads/nccl", a.nccl_bytes, "NCCL communicator buffers per GPU",
                           "assumption", world_size=world))

@@ -1,0 +1,192 @@
+"""Run a probe's steps: tensor-level tracking on the CPU (real or fake), or the CUDA allocator.
+
+The model comes from the harness (random weights from the config), or ``from_pretrained`` of a
+local folder with weights. CPU: ``StorageTracker`` peaks by category plus per-step wall time.
+CUDA: ``max_memory_allocated/reserved``, ``mem_get_info`` and timed steps after warm-up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from tuneplan.adapters.probe import build, harness
+from tuneplan.adapters.probe.harness import MeasuredStep, StepSetup
+from tuneplan.adapters.probe.tracker import StorageTracker
+from tuneplan.errors import ProbeError, UnsupportedError
+
+OnStep = Callable[[int], None]  # called with the 1-based index of the step starting
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timing:
+    """Wall time of each step (seconds) and how many leading ones were warm-up."""
+
+    step_seconds: tuple[float, ...]
+    warmup: int
+    tokens_per_step: int
+
+    @property
+    def measured_seconds(self) -> float:
+        timed = self.step_seconds[self.warmup:] or self.step_seconds
+        return sum(timed) / len(timed)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_per_step / self.measured_seconds if self.measured_seconds else 0.0
+
+
+def load_pretrained(setup: StepSetup, source: str | Path) -> nn.Module:
+    """A model with real weights (folder, or a hub id the user asked to download) + method."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    if setup.method == "qlora":
+        raise UnsupportedError("the probe loads real weights for qlora only with --random-weights")
+    auto = AutoModelForCausalLM if setup.task == "causal-lm" else AutoModelForSequenceClassification
+    model: Any = auto.from_pretrained(
+        str(source), dtype=build.dtype_of(setup.param_dtype), attn_implementation=setup.attention)
+    model.config.use_cache = False
+    if setup.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if setup.method in build.PEFT_METHODS:
+            model.enable_input_require_grads()
+    return build.apply_method(model, setup)
+
+
+def _built(setup: StepSetup, weights: str | Path | None) -> tuple[nn.Module, Any]:
+    if weights is None:
+        # Same package: the harness's own builder (QLoRA, fake swap and all).
+        return harness._build(setup, [])
+    return load_pretrained(setup, weights), contextlib.nullcontext()
+
+
+def measure_cpu(setup: StepSetup, *, weights: str | Path | None = None,
+                on_step: OnStep | None = None) -> tuple[MeasuredStep, Timing]:
+    """Tensor-level peak by category (real or ``setup.fake``) and per-step wall time."""
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        model, fake_mode = _built(setup, weights)
+        tracker = StorageTracker()
+        patch = build.patched_packed_sequence_check() if setup.fake else contextlib.nullcontext()
+        starts: list[float] = []
+        with fake_mode, patch:
+            vocab = int(build.make_config(setup.config, setup.task).vocab_size)
+            inputs = build.make_inputs(setup, vocab)
+            harness.register_model(tracker, model, inputs)
+
+            def forward() -> torch.Tensor:
+                starts.append(time.perf_counter())
+                if on_step:
+                    on_step(len(starts))
+                return model(**inputs).loss
+
+            try:
+                peaks = harness.run_steps(model, forward, setup, tracker)
+            except (RuntimeError, AssertionError, NotImplementedError, ValueError) as exc:
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise ProbeError(f"the probe step failed: {first}") from exc
+        ended = time.perf_counter()
+    return _measured(model, tracker, peaks, started, starts, ended), _timing(setup, starts, ended)
+
+
+def _timing(setup: StepSetup, starts: list[float], ended: float) -> Timing:
+    bounds = [*starts, ended]
+    seconds = tuple(b - a for a, b in zip(bounds, bounds[1:], strict=False))
+    return Timing(step_seconds=seconds, warmup=1 if len(seconds) > 1 else 0,
+                  tokens_per_step=setup.batch_size * setup.seq_len)
+
+
+def _measured(model: nn.Module, tracker: StorageTracker, peaks: list[int], started: float,
+              starts: list[float], ended: float) -> MeasuredStep:
+    from tuneplan.adapters.probe import qlora
+
+    r = tracker.result()
+    params = harness._unique_params(model)
+    return MeasuredStep(
+        peak_bytes=r.peak_bytes, peak_by_category=r.peak_by_category,
+        max_by_category=r.max_by_category, peak_phase=r.peak_phase,
+        trainable_params=sum(p.numel() for p in params if p.requires_grad),
+        total_params=qlora.logical_numel(model), seconds=ended - started,
+        step_seconds=ended - (starts[0] if starts else ended),
+        peak_step=next((i + 1 for i, p in enumerate(peaks) if p >= r.peak_bytes), 0),
+        per_step_peak_bytes=tuple(peaks),
+        peak_by_phase={k: v for k, v in r.peak_by_phase.items() if k != "setup"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CudaMeasured:
+    """What the CUDA caching allocator and the driver reported over the probe's steps."""
+
+    device_name: str
+    max_allocated_bytes: int
+    max_reserved_bytes: int
+    device_total_bytes: int   # mem_get_info total (what NVML reports as the device total)
+    device_used_bytes: int    # total - free at the end: context + reserved (+ other processes)
+    reserved_end_bytes: int
+    trainable_params: int
+    total_params: int
+
+    @property
+    def context_bytes(self) -> int:
+        """Memory this device holds outside the caching allocator: CUDA context + kernels."""
+        return max(0, self.device_used_bytes - self.reserved_end_bytes)
+
+
+def measure_cuda(setup: StepSetup, *, weights: str | Path | None = None,
+                 on_step: OnStep | None = None) -> tuple[CudaMeasured, Timing]:
+    """Real steps on ``cuda:0``; the first step is warm-up for timing (not for the peaks)."""
+    if not torch.cuda.is_available():
+        raise UnsupportedError("--device cuda: torch sees no CUDA device")
+    if setup.method == "qlora":
+        raise UnsupportedError("the CUDA probe does not run qlora yet (use --simulate)")
+    dev = torch.device("cuda", 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        model = _built(setup, weights)[0].to(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        vocab = int(build.make_config(setup.config, setup.task).vocab_size)
+        inputs = {k: v.to(dev) for k, v in build.make_inputs(setup, vocab).items()}
+        starts: list[float] = []
+        _cuda_steps(model, inputs, setup, starts, on_step)
+        torch.cuda.synchronize(dev)
+        ended = time.perf_counter()
+    free, total = torch.cuda.mem_get_info(dev)
+    params = harness._unique_params(model)
+    measured = CudaMeasured(
+        device_name=torch.cuda.get_device_name(dev),
+        max_allocated_bytes=torch.cuda.max_memory_allocated(dev),
+        max_reserved_bytes=torch.cuda.max_memory_reserved(dev),
+        device_total_bytes=int(total), device_used_bytes=int(total - free),
+        reserved_end_bytes=torch.cuda.memory_reserved(dev),
+        trainable_params=sum(p.numel() for p in params if p.requires_grad),
+        total_params=sum(p.numel() for p in params))
+    return measured, _timing(setup, starts, ended)
+
+
+def _cuda_steps(model: nn.Module, inputs: dict[str, torch.Tensor], setup: StepSetup,
+                starts: list[float], on_step: OnStep | None) -> None:
+    params = [p for p in harness._unique_params(model) if p.requires_grad]
+    opt = build.make_optimizer(params, replace(setup, fake=False))
+    dtype = build.dtype_of(setup.autocast_dtype) if setup.autocast_dtype else None
+    model.train()
+    for _ in range(setup.steps):
+        torch.cuda.synchronize()
+        starts.append(time.perf_counter())
+        if on_step:
+            on_step(len(starts))
+        autocast = torch.autocast("cuda", dtype=dtype) if dtype else contextlib.nullcontext()
+        with autocast:
+            loss = model(**inputs).loss
+        loss.backward()  # type: ignore[no-untyped-call]
+        del loss
+        opt.step()
+        opt.zero_grad(set_to_none=True)

@@ -1,0 +1,139 @@
+"""``tuneplan probe``: measure a short run (CPU/CUDA) or simulate one, set it beside the
+estimate, and save it as a calibration record. Returns the JSON document; prints nothing.
+
+Weights: random from the config (``random_weights``), a local folder holding weights, or a hub
+download only when ``download`` is asked for. Progress goes through the ``report`` callback.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tuneplan.adapters.probe import setup as probe_setup
+from tuneplan.errors import InvalidValueError
+
+Report = Callable[[str, int, int], None]  # (what, done, total)
+_WEIGHT_FILES = ("*.safetensors", "*.bin")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeRequest:
+    model: str
+    job_args: tuple[str, ...] = ()
+    steps: int = 10
+    device: str = "auto"          # auto | cpu | cuda
+    random_weights: bool = False
+    simulate: bool = False
+    download: bool = False
+    save: bool = True
+    store_path: str | Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def raw_config(name: str) -> dict[str, Any]:
+    """The config.json dict of a bundled model, local folder/file, or hub id (config only)."""
+    from tuneplan.adapters import hub
+
+    bundled = hub.find_bundled(name)
+    if bundled is not None:
+        return hub.load_bundled_config(bundled)
+    path = Path(name).expanduser()
+    if path.exists() or path.suffix == ".json":
+        return hub.load_config_path(path)
+    return hub.fetch_hub_config(name)
+
+
+def weights_source(req: ProbeRequest) -> str | Path | None:
+    """Where real weights come from; None means random weights from the config."""
+    if req.random_weights or req.simulate:
+        return None
+    path = Path(req.model).expanduser()
+    if path.is_dir() and any(any(path.glob(p)) for p in _WEIGHT_FILES):
+        return path
+    if req.download:
+        return req.model
+    raise InvalidValueError(
+        f"{req.model} has no local weights: pass --random-weights (built from the config, no "
+        "download), a local folder with weights, or --download to fetch them from the hub")
+
+
+def pick_device(asked: str, simulate: bool) -> str:
+    if asked not in ("auto", "cpu", "cuda"):
+        raise InvalidValueError(f"--device {asked!r} is not auto, cpu or cuda")
+    if simulate:
+        return "simulated"
+    if asked != "auto":
+        return asked
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def library_versions() -> dict[str, str]:
+    out = {}
+    for name in ("tuneplan", "torch", "transformers", "peft", "bitsandbytes"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    import torch
+
+    if torch.version.cuda:
+        out["cuda"] = str(torch.version.cuda)
+    return out
+
+
+def run_probe(req: ProbeRequest, report: Report | None = None) -> dict[str, Any]:
+    """Measure (or simulate) the job, compare with the estimate, save; the JSON document."""
+    from tuneplan.adapters.hub import resolve_model
+    from tuneplan.jobflags import default_sharding, parse_job_args, strategy_from_flags
+
+    if req.steps < 1:
+        raise InvalidValueError("--steps must be at least 1")
+    started = time.perf_counter()
+    strategy = strategy_from_flags(default_sharding(parse_job_args(list(req.job_args))))
+    spec = resolve_model(req.model)
+    config = raw_config(req.model)
+    device = pick_device(req.device, req.simulate)
+    weights = weights_source(req)
+    say = report or (lambda what, done, total: None)
+    if device == "cuda":
+        from tuneplan.adapters.probe.report_cuda import probe_cuda
+
+        doc = probe_cuda(req, spec, strategy, config, weights, say)
+    else:
+        from tuneplan.adapters.probe.report_cpu import probe_cpu
+
+        doc = probe_cpu(req, spec, strategy, config, weights, device, say)
+    doc["seconds"] = round(time.perf_counter() - started, 2)
+    doc["versions"] = library_versions()
+    if req.save:
+        doc["probe_id"] = _save(req, doc)
+    return doc
+
+
+def _save(req: ProbeRequest, doc: dict[str, Any]) -> int:
+    from tuneplan.adapters.calibration import CalibrationStore, ProbeRecord
+
+    record = ProbeRecord(
+        created_at=datetime.now(UTC), model=doc["model"], strategy=doc["strategy"],
+        device=doc["device"], device_name=doc["device_name"], gpu=doc.get("gpu"),
+        versions=doc["versions"], measured=doc["record"])
+    with CalibrationStore.open(req.store_path) as store:
+        saved = store.add(record)
+    return int(saved.id or 0)
+
+
+def job_strategy(args: Sequence[str]) -> Any:
+    from tuneplan.jobflags import default_sharding, parse_job_args, strategy_from_flags
+
+    return strategy_from_flags(default_sharding(parse_job_args(list(args))))
+
+
+__all__ = ["ProbeRequest", "probe_setup", "raw_config", "run_probe", "weights_source"]
