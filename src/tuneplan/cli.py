@@ -101,6 +101,11 @@ from tuneplan.cli_web import register as _register_web  # noqa: E402
 
 _register_web(app)
 
+# probe and the `calibration` group live in cli_probe (issue 9).
+from tuneplan.cli_probe import register as _register_probe  # noqa: E402
+
+_register_probe(app)
+
 # launch (bundles for accelerate, DeepSpeed, SkyPilot, dstack) lives in cli_launch (issue 8).
 from tuneplan.cli_launch import register as _register_launch  # noqa: E402
 

@@ -8,7 +8,6 @@ and provider through the adapters, call ``core.compute`` / ``core.cost``, presen
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from decimal import Decimal
 from typing import Annotated, Any
@@ -111,16 +110,6 @@ def _print_throughput(result: Throughput) -> None:
         Console().print(f"note: {note}")
 
 
-_RATE = re.compile(r"(\d+(?:\.\d+)?)\s*(Gbps|Gb/s|Tbps|Tb/s)", re.IGNORECASE)
-
-
-def fabric_bytes_per_s(text: str | None) -> float | None:
-    """Largest node fabric rate named in a provider's text (``3200 Gbps`` -> 4e11 B/s)."""
-    rates = [float(n) * (1e12 if u.lower().startswith("t") else 1e9) / 8
-             for n, u in _RATE.findall(text or "")]
-    return max(rates) if rates else None
-
-
 def _offer_and_provider(offer_id: str) -> tuple[Any, Any]:
     from tuneplan.adapters.bundled import load_providers
     from tuneplan.adapters.store import CatalogStore
@@ -190,7 +179,7 @@ def cost_command(
 
     found, provider = _offer_and_provider(offer)
     flags, strategy = job_flags(list(ctx.args), gpus=found.gpu_count)
-    inter = fabric_bytes_per_s(provider.multinode_interconnect if provider else None)
+    inter = provider.multinode_fabric_bytes_per_s if provider else None
     shape, result, job = _throughput(model, load_gpu_spec(found.gpu), flags, strategy, fabric,
                                      inter)
     options = {"spot": spot, "checkpoint_every": checkpoint_every, "dataset_size": dataset_size,

@@ -7,7 +7,7 @@ import json
 from typer.testing import CliRunner
 
 from tuneplan.cli import app
-from tuneplan.cli_compute import fabric_bytes_per_s
+from tuneplan.core.providers import parse_fabric_rate as fabric_bytes_per_s
 from tuneplan.errors import InvalidValueError
 
 runner = CliRunner()

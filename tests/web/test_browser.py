@@ -89,6 +89,7 @@ def test_offers_filter_to_h100_and_sort_by_price(base_url: str, page: Any) -> No
     assert len(gpus) > 50 and all(g.startswith("H100") for g in gpus)
     # Sort by on-demand $/h with the column heading (client side), twice to reverse.
     heading = page.get_by_role("button", name="$/h", exact=True)
+    assert heading.get_attribute("data-name") == "$/h"
     column = 1 + int(heading.get_attribute("data-col"))
     cells = f"#offers tbody tr td:nth-child({column})"
     heading.click()

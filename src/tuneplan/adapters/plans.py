@@ -34,12 +34,9 @@ class CatalogInfo:
 
 
 def _fabric_rates(providers: Sequence[Any]) -> dict[str, float]:
-    # The text -> bytes/s reading lives with `tuneplan cost` (issue 5); reused, not copied.
-    from tuneplan.cli_compute import fabric_bytes_per_s
-
     out: dict[str, float] = {}
     for p in providers:
-        rate = fabric_bytes_per_s(p.multinode_interconnect)
+        rate = p.multinode_fabric_bytes_per_s
         if rate:
             out[p.name] = rate
     return out

@@ -166,8 +166,8 @@ def plan_warnings(c: Candidate, offer: Offer, gpu: GpuSpec, provider: Provider |
     if offer.ram_bytes is not None and c.host_ram_bytes > offer.ram_bytes:
         out.append(f"host RAM: the job needs {c.host_ram_bytes / GiB:.0f} GiB, the "
                    f"instance has {offer.ram_bytes / GiB:.0f} GiB")
-    if offer.notes:
-        out.append(f"catalog note: {offer.notes}")
+    # offer.notes (data-cleaning remarks) stay on the offer record, not among warnings: they
+    # would repeat on most plans and drown the ones that should change a decision.
     return out
 
 

@@ -80,6 +80,24 @@ class Provider:
     as_of: str | None
     sources: str | None
 
+    @property
+    def multinode_fabric_bytes_per_s(self) -> float | None:
+        """Largest inter-node rate named in ``multinode_interconnect`` (bytes/s), if any."""
+        return parse_fabric_rate(self.multinode_interconnect)
+
+
+_RATE = re.compile(r"(\d+(?:\.\d+)?)\s*(Gbps|Gb/s|Tbps|Tb/s)", re.IGNORECASE)
+
+
+def parse_fabric_rate(text: str | None) -> float | None:
+    """Largest network rate named in a text, in bytes/s: ``3200 Gbps`` -> 4·10^11 B/s.
+
+    Rates are bits per second (decimal prefixes); /8 turns them into bytes.
+    """
+    rates = [float(n) * (1e12 if u.lower().startswith("t") else 1e9) / 8
+             for n, u in _RATE.findall(text or "")]
+    return max(rates) if rates else None
+
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*-?\s*(seconds?|s|minutes?|min|hours?|h)\b")
 _UNIT_S = {"s": 1, "second": 1, "seconds": 1, "min": MINUTE_S, "minute": MINUTE_S,

@@ -252,26 +252,30 @@ def backward_transients(model: ModelSpec, strategy: Strategy, w: Widths,
     return mlp, part("activations/backward_transient", size, formula, tokens=t)
 
 
-def forward_transient(model: ModelSpec, strategy: Strategy, w: Widths, shape: Shape) -> int:
-    """Bytes alive only while one block runs forward (or is recomputed), beyond what it saves.
+def forward_transient(model: ModelSpec, strategy: Strategy, w: Widths,
+                      shape: Shape) -> dict[str, int]:
+    """Bytes alive only while a block's MLP runs forward (or is recomputed), beyond what the
+    block has saved by then, at its gate/up ("mlp_in") and at its down projection ("down").
 
-    PEFT lora.Linear keeps ``x.to(A.dtype)`` until it returns (saved already unless autocast
-    re-casts it), and holds B's output, its scaled copy and the new sum (T·out each); any
-    block produces at least its T·H output. The largest linear sets the figure.
+    PEFT lora.Linear keeps ``x.to(A.dtype)`` until it returns (already saved unless autocast
+    re-casts it) and, while adding the update, the base output and the scaled update (T·out
+    each); without an adapter a linear just produces its T·out output.
     """
     t, c, a = shape.tokens, w.compute, w.adapter
-    worst = t * model.hidden_size * c
-    if not strategy.method.is_lora:
-        return worst
     inner = c if w.autocast else a
+    out = {"mlp_in": t * model.intermediate_size * c, "down_in": t * model.hidden_size * c}
+    if not strategy.method.is_lora:
+        return out
     widths_in = {"attn_in": w.norm_out, "mlp_in": w.norm_out, "o_in": c, "down_in": c}
     for layer in model.layers:
         for lin in targeted_linears(model, strategy, layer):
-            d_in = widths_in[linear_group(lin)]
+            group = linear_group(lin)
+            if group not in out:
+                continue
+            d_in = widths_in[group]
             copy = t * lin.in_features * a if (w.autocast and d_in != a) else 0
-            worst = max(worst, copy + 2 * t * lin.out_features * inner
-                        + t * lin.out_features * max(c, inner))
-    return worst
+            out[group] = max(out[group], copy + t * lin.out_features * (c + inner))
+    return out
 
 
 def input_shared_with_norm(model: ModelSpec, w: Widths, shape: Shape) -> int:

@@ -142,9 +142,7 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
                                               s.checkpointing is not Checkpointing.NONE)
     cos_sin = part("activations/rope", 2 * shape.seq_kv * model.head_dim * w.compute,
                    "RoPE cos and sin 2·S·head_dim·bytes (shared by all blocks)")
-    fwd = part("activations/forward_transient", act.forward_transient(model, s, w, shape),
-               "largest linear's forward temporaries (PEFT input cast, B output, scaled copy, "
-               "sum) or the T·H block output", "peft lora.Linear.forward")
+    fwd_parts, fwd = _forward_moment(model, s, w, shape, one)
     if s.checkpointing is Checkpointing.NONE:
         per_block["norms"] -= act.first_norm_without_grad(model, s, w, shape)
         kept = [part(f"activations/blocks/{k}", v, f"{layers} blocks · saved {k}",
@@ -153,7 +151,7 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
                   for k, v in per_block.items()]
         return _Blocks(kept=[*kept, cos_sin], top=[*others, *current, cos_sin, transient],
                        bottom=[*current, cos_sin, transient], when=when,
-                       forward_last=[*kept, cos_sin, fwd], recompute=[])
+                       forward_last=[*others, *fwd_parts, cos_sin, fwd], recompute=[])
     inp = act.block_input_bytes(model, w, shape)
     on_device = min(layers, a.offload_blocks_on_device) if (
         s.checkpointing is Checkpointing.OFFLOAD) else layers
@@ -165,11 +163,27 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
                    cos_sin]
     flowing = part("activations/output_grad", shape.tokens * model.hidden_size * w.compute,
                    "gradient arriving at the recomputed block T·H·bytes")
-    recomputed = [part(f"activations/recomputed/{k}", v, f"recomputed block · saved {k}")
-                  for k, v in one.items()]
     return _Blocks(kept=kept, top=[*kept, *current, transient],
                    bottom=[*bottom_kept, *current, transient], when=when,
-                   forward_last=[*kept, fwd], recompute=[*kept, *recomputed, fwd, flowing])
+                   forward_last=[*kept, fwd], recompute=[*kept, *fwd_parts, fwd, flowing])
+
+
+def _forward_moment(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
+                    one: dict[str, int]) -> tuple[list[Term], Term]:
+    """The block running forward (or being recomputed) at its MLP: what it has saved so far
+    and the temporaries of its gate/up or down projection, whichever moment is larger."""
+    temps = act.forward_transient(model, s, w, shape)
+    at_gate = dict(one, mlp=0, linear_inputs_down=0, adapters_mlp=0)
+    at_down = dict(one, linear_inputs_down=0)
+    if sum(at_gate.values()) + temps["mlp_in"] >= sum(at_down.values()) + temps["down_in"]:
+        parts, temp, when = at_gate, temps["mlp_in"], "gate/up"
+    else:
+        parts, temp, when = at_down, temps["down_in"], "down"
+    return ([part(f"activations/running_block/{k}", v, f"block at its {when} projection · "
+                  f"saved {k}") for k, v in parts.items()],
+            part("activations/forward_transient", temp,
+                 f"{when} projection temporaries: PEFT input cast + base output + scaled "
+                 "update (T·out each), or its T·out output", "peft lora.Linear.forward"))
 
 
 def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,

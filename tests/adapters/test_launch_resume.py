@@ -1,0 +1,148 @@
+"""The generated train.py really resumes: runs it on the CPU with a tiny random Llama.
+
+An uninterrupted run and an interrupted one (SIGTERM inside a step, then relaunched) must end
+with bit-identical weights, identical per-step learning rates, and every sample trained on
+exactly once; checkpoints without their marker are ignored; a LoRA resume keeps the adapter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from tuneplan.adapters.launch_files import read_train_script  # noqa: E402
+from tuneplan.core.launch import MARKER_NAME, render_bundle  # noqa: E402
+
+pytestmark = pytest.mark.probe
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "launch"
+TINY_LLAMA = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32,
+              "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "max_position_embeddings": 64}
+ROWS = 40           # 40 rows / (batch 2 x accumulation 2) = 10 optimizer steps
+
+
+def _bundle(tmp: Path, method: str, name: str) -> Path:
+    """A real bundle from the 8B QLoRA fixture plan, with its config adapted to the CPU: a
+    tiny random Llama, synthetic rows, fp32, frequent checkpoints."""
+    doc = json.loads((FIXTURES / "plan_llama8b_qlora_aws.json").read_text())
+    files = render_bundle({"job": doc["job"], **doc["plans"][0]}, ["accelerate"],
+                          train_script=read_train_script())
+    folder = tmp / name
+    folder.mkdir()
+    for rel, text in files.items():
+        (folder / rel).write_text(text)
+    cfg = json.loads(files["train_config.json"])
+    cfg.update(model_config=TINY_LLAMA, method=method, precision="fp32", batch_size=2,
+               grad_accum=2, seq_len=16, gradient_checkpointing=False, save_steps=3,
+               output_dir=str(folder / "ckpt"), learning_rate=1e-2, warmup_steps=2,
+               dataset={"kind": "synthetic", "rows": ROWS, "vocab_size": 64, "seed": 1})
+    (folder / "train_config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TUNEPLAN_CHECKPOINT_DIR", "TUNEPLAN_FAULT_SIGTERM_AT_STEP")}
+    env |= {"CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1",
+            "OMP_NUM_THREADS": "1"} | extra
+    return env
+
+
+def _run(folder: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "train.py", "--config", "train_config.json"],
+                          cwd=folder, env=_env(**extra), capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def _progress(folder: Path) -> list[dict[str, Any]]:
+    lines = (folder / "ckpt" / "progress.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def _final(folder: Path, name: str) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "ckpt" / "final" / name))
+
+
+def _assert_same_run(a: Path, b: Path, weights: str) -> None:
+    import torch
+
+    wa, wb = _final(a, weights), _final(b, weights)
+    assert wa.keys() == wb.keys() and wa
+    different = [k for k in wa if not torch.equal(wa[k], wb[k])]
+    assert different == []
+    pa, pb = _progress(a), _progress(b)
+    assert [p["step"] for p in pb] == list(range(1, 11))
+    assert [p["lr"] for p in pa] == [p["lr"] for p in pb]
+    assert [p["sample_ids"] for p in pa] == [p["sample_ids"] for p in pb]
+    seen = [i for p in pb for i in p["sample_ids"]]
+    assert sorted(seen) == list(range(ROWS))  # each sample exactly once, none skipped
+
+
+@pytest.fixture(scope="module")
+def full_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = _bundle(tmp_path_factory.mktemp("full"), "full", "reference")
+    done = _run(folder)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return folder
+
+
+def test_sigterm_inside_a_step_then_resume_matches_an_uninterrupted_run(
+        full_reference: Path, tmp_path: Path) -> None:
+    folder = _bundle(tmp_path, "full", "interrupted")
+    # SIGTERM arrives in step 5 between its two micro-batches' forward/backward passes.
+    first = _run(folder, TUNEPLAN_FAULT_SIGTERM_AT_STEP="5")
+    assert first.returncode == 143, first.stderr[-2000:]
+    assert "Traceback" not in first.stderr
+    marker = json.loads((folder / "ckpt" / "checkpoint-4" / MARKER_NAME).read_text())
+    assert marker["reason"] == "sigterm" and marker["step"] == 4
+    assert "optimizer.pt" in marker["files"] and "rng_state.pth" in marker["files"]
+    # A newer checkpoint without its marker (the machine died while saving) must be ignored.
+    fake = folder / "ckpt" / "checkpoint-9"
+    fake.mkdir()
+    (fake / "model.safetensors").write_bytes(b"half a file")
+    second = _run(folder)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "ignoring checkpoint-9" in second.stderr
+    assert "resuming from checkpoint-4" in second.stderr
+    _assert_same_run(full_reference, folder, "model.safetensors")
+
+
+def test_lora_resume_after_an_external_sigterm_keeps_the_adapter(tmp_path: Path) -> None:
+    reference = _bundle(tmp_path, "lora", "reference")
+    assert _run(reference).returncode == 0
+    folder = _bundle(tmp_path, "lora", "interrupted")
+    proc = subprocess.Popen([sys.executable, "train.py", "--config", "train_config.json"],
+                            cwd=folder, env=_env(), stderr=subprocess.PIPE, text=True)
+    progress = folder / "ckpt" / "progress.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (
+            not progress.exists() or len(progress.read_text().splitlines()) < 4):
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)  # wherever the run is: in a step or between two
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr[-2000:]
+    # Remove the newest marker: the resume must fall back to the checkpoint before it.
+    saved = sorted((p for p in (folder / "ckpt").glob("checkpoint-*")),
+                   key=lambda p: int(p.name.split("-")[1]))
+    (saved[-1] / MARKER_NAME).unlink()
+    second = _run(folder)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert f"ignoring {saved[-1].name}" in second.stderr
+    _assert_same_run(reference, folder, "adapter_model.safetensors")
+    adapter = _final(folder, "adapter_model.safetensors")
+    lora_b = [v for k, v in adapter.items() if "lora_B" in k]
+    assert lora_b and all(v.abs().sum() > 0 for v in lora_b)  # trained, not re-initialised
