@@ -60,7 +60,10 @@ def _throughput(model_name: str, gpu: Any, flags: dict[str, Any], strategy: Any,
     shape = model_shape_from_spec(resolve_model(model_name))
     tokens = parse_count(str(flags["tokens"])) if flags.get("tokens") else None
     epochs = _positive(flags.get("epochs", 1), "epochs")
-    result = estimate_throughput(shape, job, gpu, tokens=tokens, epochs=epochs)
+    from tuneplan.adapters.calibration import calibration_for  # saved probes (issue 9)
+
+    result = estimate_throughput(shape, job, gpu, tokens=tokens, epochs=epochs,
+                                 assumptions=calibration_for(gpu).throughput)
     return shape, result, job
 
 

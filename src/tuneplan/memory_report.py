@@ -26,7 +26,11 @@ def run_memory(model_name: str, args: Sequence[str],
 
         gpu = resolve_gpu_spec(str(flags["gpu"]))
     generation = gpu.architecture.split()[0].lower() if gpu else None
-    return estimate_memory(model, strategy, generation=generation), model, gpu
+    from tuneplan.adapters.calibration import calibration_for
+
+    # A saved CUDA probe on this GPU replaces the hardware-only constants (issue 9).
+    assumptions = calibration_for(gpu).memory
+    return estimate_memory(model, strategy, assumptions, generation=generation), model, gpu
 
 
 def memory_document(est: MemoryEstimate, model: Any, gpu: Any) -> dict[str, Any]:

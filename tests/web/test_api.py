@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient
 
 from tests.cli.conftest import CliResult
@@ -332,3 +334,22 @@ def test_plan_page_and_detail_page(client: TestClient) -> None:
     assert link.group(2) in detail.text and 'id="memory-chart"' in detail.text
     assert "weights/" in detail.text  # the terms table
     assert client.get("/plans/nope/" + link.group(2)).status_code == 404
+
+
+def test_plan_detail_offers_the_launch_bundle_as_a_zip(client: TestClient) -> None:
+    import io
+    import re
+    import zipfile
+
+    page = client.post("/plan", data={k: str(v) for k, v in QLORA_8B.items()} | {"top": "2"})
+    link = re.search(r'href="(/plans/[^"/]+/([0-9a-f]{12}))"', page.text)
+    assert link is not None
+    detail = client.get(link.group(1)).text
+    assert f'{link.group(1)}/launch.zip?to=skypilot' in detail
+    response = client.get(f"{link.group(1)}/launch.zip", params={"to": "skypilot"})
+    assert response.status_code == 200 and response.headers["content-type"] == "application/zip"
+    names = zipfile.ZipFile(io.BytesIO(response.content)).namelist()
+    folder = f"launch-{link.group(2)}/"
+    assert {folder + n for n in ("train.py", "sky.yaml", "RUN.md")} <= set(names)
+    assert folder + ".dstack.yml" not in names  # only the chosen target's files
+    assert client.get(f"{link.group(1)}/launch.zip", params={"to": "slurm"}).status_code == 422

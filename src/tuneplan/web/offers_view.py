@@ -33,6 +33,9 @@ COLUMNS = ("GPU", "mem/GPU", "GPUs", "provider", "instance", "region", "$/h", "$
            "spot $/h", "spot $/GPU-h", "link", "billing", "storage kept", "source")
 
 
+_STEPS = {1: "per second", 60: "per minute", 3600: "per hour"}
+
+
 def offer_rows(records: list[dict[str, Any]], catalog: dict[str, Any]) -> list[OfferRow]:
     """One row per record, in the order given (the store's sort)."""
     from tuneplan.web.documents import providers_by_name
@@ -51,8 +54,8 @@ def _provider(providers: dict[str, Any], name: str) -> Any:
 
 
 def _row(r: dict[str, Any], stale: bool, provider: Any) -> OfferRow:
-    billing = "?" if provider is None or provider.billing_granularity_s is None else \
-        f"per {format_duration(provider.billing_granularity_s)}"
+    step = None if provider is None else provider.billing_granularity_s
+    billing = "?" if step is None else _STEPS.get(step, f"per {format_duration(step)}")
     persists = "?" if provider is None or not provider.storage_survives_stop else \
         str(provider.storage_survives_stop)
     cells = (

@@ -7,9 +7,9 @@ Thin: read the form or query, validate with the same pydantic models as the API,
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from fastapi import APIRouter, File, Request, UploadFile
+from fastapi import APIRouter, File, Query, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel, ValidationError
@@ -126,26 +126,55 @@ def _keep(request: Request, kept_value: tuple[Any, PlanInput]) -> str:
     return key
 
 
-@router.get("/plans/{key}/{plan_id}", response_class=HTMLResponse)
-def plan_detail(request: Request, key: str, plan_id: str) -> HTMLResponse:
-    """One plan: offer, strategy, memory chart and terms, time and cost, why and warnings."""
-    from tuneplan.web.planning import plan_detail_view
-
+def _kept_plan(request: Request, key: str, plan_id: str) -> tuple[Any, int, Any, PlanInput]:
+    """(plan, rank, result, form) kept for a results page; 404 page when gone."""
     kept = request.app.state.plans.get(key[:64])
     found = None if kept is None else next(
         ((rank, p) for rank, p in enumerate(kept[0].plans, start=1) if p.id == plan_id[:64]),
         None)
     if kept is None or found is None:
-        return html(request, "error.html", {"status": 404, "problems": [{
-            "loc": ["path"], "msg": "no such plan (results are kept in memory for the "
-                                    f"last {MAX_KEPT_PLANS} runs): plan again"}]}, status=404)
-    rank, plan = found
-    from tuneplan.cli import app as cli_app
+        raise _Gone
+    return found[1], found[0], kept[0], kept[1]
 
-    launch_ready = any(c.name == "launch" for c in cli_app.registered_commands)
+
+class _Gone(Exception):
+    pass
+
+
+def _gone(request: Request) -> HTMLResponse:
+    return html(request, "error.html", {"status": 404, "problems": [{
+        "loc": ["path"], "msg": "no such plan (results are kept in memory for the "
+                                f"last {MAX_KEPT_PLANS} runs): plan again"}]}, status=404)
+
+
+@router.get("/plans/{key}/{plan_id}", response_class=HTMLResponse)
+def plan_detail(request: Request, key: str, plan_id: str) -> HTMLResponse:
+    """One plan: offer, strategy, memory chart and terms, time and cost, why and warnings."""
+    from tuneplan.web.planning import plan_detail_view
+
+    try:
+        plan, rank, result, form = _kept_plan(request, key, plan_id)
+    except _Gone:
+        return _gone(request)
     return html(request, "plan_detail.html", {
-        "d": plan_detail_view(plan, rank, kept[0], kept[1]), "key": key, "page": "plan",
-        "launch_ready": launch_ready})
+        "d": plan_detail_view(plan, rank, result, form), "key": key, "page": "plan",
+        "targets": ["all", "accelerate", "deepspeed", "skypilot", "dstack"]})
+
+
+@router.get("/plans/{key}/{plan_id}/launch.zip")
+def plan_launch(request: Request, key: str, plan_id: str,
+                to: Annotated[Literal["all", "accelerate", "deepspeed", "skypilot", "dstack"],
+                              Query()] = "all") -> Response:
+    """The plan's launch bundle (``tuneplan launch PLAN_ID --to TO``) as a zip download."""
+    from tuneplan.web.planning import launch_zip
+
+    try:
+        plan, _, result, _ = _kept_plan(request, key, plan_id)
+    except _Gone:
+        return _gone(request)
+    name, data = launch_zip(plan, result, to)
+    return Response(data, media_type="application/zip",
+                    headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
 
 @router.get("/docs", response_class=HTMLResponse)

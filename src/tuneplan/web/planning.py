@@ -173,3 +173,28 @@ def plan_detail_view(plan: Plan, rank: int, result: PlanResult, form: PlanInput)
                                   "interruptions expected")
     return PlanDetail(row=plan_row(plan, rank, plan.id in result.pareto_ids),
                       memory=plan_memory_chart(plan), terms=terms, facts=tuple(facts), job=form)
+
+
+def launch_zip(plan: Plan, result: PlanResult, targets: str) -> tuple[str, bytes]:
+    """(file name, zip bytes) of the plan's launch bundle, as ``tuneplan launch`` renders it
+    from the plan's JSON entry (``plan_report.plan_entry`` with its ``job``). Built in memory;
+    nothing is written on the server."""
+    import io
+    import json
+    import zipfile
+
+    from tuneplan.adapters.launch_files import read_train_script
+    from tuneplan.cli import _json_default
+    from tuneplan.core.launch import expand_targets, render_bundle
+    from tuneplan.plan_report import plan_entry
+
+    entry = {"job": result.job.as_dict(), **plan_entry(plan, result)}
+    entry = json.loads(json.dumps(entry, default=_json_default))  # as the CLI reads it back
+    chosen = [t.value for t in expand_targets([targets])]
+    files = render_bundle(entry, chosen, train_script=read_train_script())
+    buffer = io.BytesIO()
+    folder = f"launch-{plan.id}"
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as bundle:
+        for name, text in sorted(files.items()):
+            bundle.writestr(f"{folder}/{name}", text)
+    return f"{folder}.zip", buffer.getvalue()

@@ -30,6 +30,9 @@ CONFIGS = {
                         "tie_word_embeddings": True},
     "mistral": {**_BASE, "model_type": "mistral", "architectures": ["MistralForCausalLM"],
                 "tie_word_embeddings": False, "sliding_window": None},
+    # a small vocabulary, so that blocks (not the loss) set the peak
+    "llama-small-vocab": {**_BASE, "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+                          "tie_word_embeddings": False, "vocab_size": 128},
     "mixtral-moe": {**_BASE, "model_type": "mixtral", "architectures": ["MixtralForCausalLM"],
                     "tie_word_embeddings": False, "num_local_experts": 4,
                     "num_experts_per_tok": 2},
@@ -73,6 +76,20 @@ CASES: list[Case] = [
     ("llama-gqa", "full", 2, 128, False, "sdpa", "adamw", "mixed"),
     ("qwen2-tied-bias", "lora", 2, 128, True, "sdpa", "adamw", "mixed"),
     ("mistral", "dora", 1, 256, False, "eager", "adamw", "mixed"),
+    ("llama-small-vocab", "full", 2, 256, True, "sdpa", "adamw", "float32"),
+    ("llama-small-vocab", "lora", 2, 256, True, "sdpa", "adamw", "float32"),
+    ("llama-small-vocab", "lora", 2, 256, False, "eager", "adamw", "float32"),
+    ("llama-small-vocab", "dora", 2, 256, False, "sdpa", "adamw", "bfloat16"),
+    ("llama-small-vocab", "prefix", 2, 256, False, "sdpa", "adamw", "float32"),
+    ("llama-small-vocab", "full", 2, 256, True, "eager", "sgd", "float32"),
+    ("llama-small-vocab", "full", 2, 256, False, "sdpa", "adamw", "mixed"),
+]
+# Known gaps when blocks set the peak (kept visible, strict xfail): LoRA under autocast with
+# checkpointing (−9 %), IA3 (−5 %) and checkpointed prompt tuning (−3.5 %) miss a temporary.
+KNOWN_GAPS: list[Case] = [
+    ("llama-small-vocab", "lora", 2, 256, True, "sdpa", "adamw", "mixed"),
+    ("llama-small-vocab", "ia3", 2, 256, False, "sdpa", "adamw", "float32"),
+    ("llama-small-vocab", "prompt", 2, 256, True, "sdpa", "adamw", "float32"),
 ]
 
 
@@ -104,7 +121,9 @@ def _case_id(case: Case) -> str:
     return "-".join(str(x) for x in case)
 
 
-@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("case", [
+    *CASES, *(pytest.param(c, marks=pytest.mark.xfail(reason="known gap", strict=True))
+              for c in KNOWN_GAPS)], ids=_case_id)
 def test_allocated_peak_matches_simulation(case: Case) -> None:
     from tuneplan.adapters.probe.harness import StepSetup, measure_step
 

@@ -199,13 +199,26 @@ def mlp_saved(model: ModelSpec, layer: LayerSpec, w: Widths, shape: Shape,
     return t * inter * c
 
 
+def moe_tail_saved(model: ModelSpec, layer: LayerSpec, w: Widths, shape: Shape,
+                   experts_train: bool) -> int:
+    """Part of a MoE MLP's saved tensors freed first in backward: the experts' down outputs
+    (kept for the routing-weight product) and, if experts train, their down inputs."""
+    if not layer.num_experts:
+        return 0
+    inter = model.moe_intermediate_size or model.intermediate_size
+    per_pair = model.hidden_size + (inter if experts_train else 0)
+    return shape.tokens * layer.experts_per_token * per_pair * w.compute
+
+
 def block_saved(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Widths,
                 shape: Shape) -> dict[str, int]:
     """Everything one block keeps from forward to backward, by component (bytes)."""
     t = shape.tokens
+    mlp = mlp_saved(model, layer, w, shape, strategy.method.trains_base)
+    tail = moe_tail_saved(model, layer, w, shape, strategy.method.trains_base)
     parts = {"norms": 2 * norm_saved(model, t, w),
              "attention": attention_saved(model, strategy, w, shape),
-             "mlp": mlp_saved(model, layer, w, shape, strategy.method.trains_base)}
+             "mlp": mlp - tail, "mlp_tail": tail}
     parts.update(_linear_inputs(model, layer, strategy, w, shape))
     return parts
 

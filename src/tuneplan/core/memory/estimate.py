@@ -173,7 +173,7 @@ def _forward_moment(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Sha
     """The block running forward (or being recomputed) at its MLP: what it has saved so far
     and the temporaries of its gate/up or down projection, whichever moment is larger."""
     temps = act.forward_transient(model, s, w, shape)
-    at_gate = dict(one, mlp=0, linear_inputs_down=0, adapters_mlp=0)
+    at_gate = dict(one, mlp=0, mlp_tail=0, linear_inputs_down=0, adapters_mlp=0)
     at_down = dict(one, linear_inputs_down=0)
     if sum(at_gate.values()) + temps["mlp_in"] >= sum(at_down.values()) + temps["down_in"]:
         parts, temp, when = at_gate, temps["mlp_in"], "gate/up"
@@ -193,10 +193,11 @@ def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shap
     mlp_t, attn_t = act.backward_transients(model, s, w, shape)
     if recomputed:  # the recomputed first norm saves the checkpointed input tensor itself
         one = dict(one, norms=one["norms"] - act.input_shared_with_norm(model, w, shape))
-    at_mlp = dict(one, linear_inputs_down=0)  # down_proj's input is freed by its backward
+    # down_proj's input (and a MoE's down outputs) are freed once their backward ran
+    at_mlp = dict(one, linear_inputs_down=0, mlp_tail=0)
     # At attention backward the block's MLP side (second norm, MLP, their linear inputs and
     # adapters) is freed, and so is eager attention's compute-dtype softmax copy.
-    at_attention = dict(one, mlp=0, norms=one["norms"] // 2, linear_inputs_mlp=0,
+    at_attention = dict(one, mlp=0, mlp_tail=0, norms=one["norms"] // 2, linear_inputs_mlp=0,
                         linear_inputs_down=0, adapters_mlp=0,
                         attention=one["attention"] - act.eager_cast_bytes(model, s, w, shape))
     if attn_t.value + sum(at_attention.values()) > mlp_t.value + sum(at_mlp.values()):

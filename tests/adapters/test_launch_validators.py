@@ -1,0 +1,279 @@
+"""Every file of a launch bundle is read by the library that consumes it, and must pass.
+
+accelerate's config loader and its launch path (up to torch's launcher, stubbed), torchrun's
+parser, DeepSpeed's config class, transformers' TrainingArguments built by the bundle's own
+train.py, dstack's configuration models, and SkyPilot's JSON schemas (SkyPilot itself is not
+installable beside this project: it pins click<8.2; the schemas are vendored from 0.14.1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tuneplan.adapters.launch_files import read_train_script
+from tuneplan.core.launch import render_bundle
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "launch"
+DOCS = ("plan_llama8b_qlora_aws.json", "plan_llama70b_full_aws.json",
+        "plan_llama70b_multinode_aws.json")
+
+
+def _plans() -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for name in DOCS:
+        doc = json.loads((FIXTURES / name).read_text())
+        out += [(p["id"], {"job": doc["job"], **p}) for p in doc["plans"]]
+    return out
+
+
+PLANS = _plans()
+IDS = [pid for pid, _ in PLANS]
+
+
+def _two_nodes_of_eight(plan: dict[str, Any]) -> dict[str, Any]:
+    """The 70B ZeRO-3 plan on p5.48xlarge stretched to 2 nodes x 8 GPUs (derived here)."""
+    out = json.loads(json.dumps(plan))
+    out["strategy"] |= {"gpus": 8, "nodes": 2}
+    out["id"] = "derived2x8"
+    return out
+
+
+MULTI_NODE = [p for _, p in PLANS if p["strategy"]["nodes"] > 1]
+MULTI_NODE.append(_two_nodes_of_eight(next(p for pid, p in PLANS if pid == "f838284b7b65")))
+
+
+def _write(plan: dict[str, Any], folder: Path) -> dict[str, str]:
+    files = render_bundle(plan, ["all"], train_script=read_train_script())
+    for rel, text in files.items():
+        (folder / rel).write_text(text)
+    return files
+
+
+def test_fixtures_cover_every_sharding_kind() -> None:
+    shardings = {p["strategy"]["sharding"] for _, p in PLANS}
+    assert {"ddp", "zero3", "fsdp"} <= shardings
+    assert MULTI_NODE and all(p["strategy"]["nodes"] > 1 for p in MULTI_NODE)
+
+
+@pytest.mark.parametrize("plan", [p for _, p in PLANS], ids=IDS)
+def test_accelerate_loads_the_config(plan: dict[str, Any], tmp_path: Path) -> None:
+    pytest.importorskip("accelerate")
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
+    _write(plan, tmp_path)
+    config = load_config_from_file(str(tmp_path / "accelerate_config.yaml"))
+    s = plan["strategy"]
+    expected = {"zero3": DistributedType.DEEPSPEED, "fsdp": DistributedType.FSDP,
+                "ddp": DistributedType.NO if s["gpus"] * s["nodes"] == 1
+                else DistributedType.MULTI_GPU}[s["sharding"]]
+    assert config.distributed_type == expected
+    assert config.num_processes == s["gpus"] * s["nodes"]
+    assert config.num_machines == s["nodes"]
+    if expected is DistributedType.FSDP:
+        assert config.fsdp_config["fsdp_sharding_strategy"] == "FULL_SHARD"
+    if expected is DistributedType.DEEPSPEED:
+        assert config.deepspeed_config["deepspeed_config_file"] == "ds_config.json"
+
+
+@pytest.mark.parametrize("plan", [p for _, p in PLANS], ids=IDS)
+def test_deepspeed_accepts_the_json(plan: dict[str, Any], tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("deepspeed")
+    import deepspeed.runtime.config as ds_config
+
+    files = _write(plan, tmp_path)
+    s = plan["strategy"]
+    world = s["gpus"] * s["nodes"]
+    # DeepSpeedConfig asks the process group for the world size; stand in for it.
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(ds_config.dist, "get_world_size", lambda *a, **k: world)
+    parsed = ds_config.DeepSpeedConfig(json.loads(files["ds_config.json"]))
+    assert parsed.train_batch_size == s["batch_size"] * s["grad_accum"] * world
+    expected_stage = {"zero3": 3, "fsdp": 3, "ddp": 0}[s["sharding"]]
+    assert parsed.zero_optimization_stage == expected_stage
+    assert parsed.bfloat16_config.enabled is (s["precision"] in ("bf16-mixed", "bf16"))
+    # The same class refuses a batch size that does not multiply out (the check is real).
+    bad = json.loads(files["ds_config.json"]) | {"train_batch_size": world * 1000 + 1}
+    with pytest.raises(AssertionError):
+        ds_config.DeepSpeedConfig(bad)
+
+
+def _load_train_module(folder: Path) -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bundle_train", folder / "train.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("plan", [p for _, p in PLANS], ids=IDS)
+def test_training_arguments_accept_the_settings(plan: dict[str, Any], tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    files = _write(plan, tmp_path)
+    train = _load_train_module(tmp_path)
+    cfg = json.loads(files["train_config.json"]) | {"output_dir": str(tmp_path / "out"),
+                                                    "deepspeed": None}
+    args = train.training_arguments(cfg)
+    s = plan["strategy"]
+    assert args.per_device_train_batch_size == s["batch_size"]
+    assert args.gradient_accumulation_steps == s["grad_accum"]
+    assert args.save_steps == cfg["save_steps"] and args.save_strategy == "steps"
+    assert args.save_total_limit >= 2
+    assert args.bf16 is (s["precision"] in ("bf16-mixed", "bf16"))
+    assert args.gradient_checkpointing is (s["checkpointing"] != "none")
+    assert args.optim.value == train.OPTIMIZERS[s["optimizer"]]
+    if s["method"] == "qlora":
+        import torch
+
+        q = train._quantization(cfg, torch.bfloat16)  # BitsAndBytesConfig validates itself
+        assert q.load_in_4bit and q.bnb_4bit_quant_type == s["quant"]
+
+
+@pytest.mark.parametrize("plan", [p for _, p in PLANS], ids=IDS)
+def test_dstack_models_accept_task_and_volume(plan: dict[str, Any], tmp_path: Path) -> None:
+    pytest.importorskip("dstack")
+    from dstack._internal.core.models.configurations import (
+        TaskConfiguration,
+        parse_apply_configuration,
+        parse_run_configuration,
+    )
+
+    files = _write(plan, tmp_path)
+    task = parse_run_configuration(yaml.safe_load(files[".dstack.yml"]))
+    assert isinstance(task, TaskConfiguration)
+    assert task.nodes == plan["strategy"]["nodes"]
+    assert [e.value for e in task.retry.on_events] == ["no-capacity", "interruption"]
+    assert task.spot_policy.value == ("spot" if plan["cost"]["uses_spot"] else "on-demand")
+    assert task.resources.gpu.count.min == plan["strategy"]["gpus"]
+    volume = parse_apply_configuration(yaml.safe_load(files["volume.dstack.yml"]))
+    assert volume.type == "volume" and volume.name == f"tuneplan-ckpt-{plan['id']}"
+
+
+def _sky_validator() -> Callable[[str, Any], None]:
+    jsonschema = pytest.importorskip("jsonschema")
+    schemas = json.loads((FIXTURES / "skypilot_0.14.1_schemas.json").read_text())
+
+    def check(kind: str, value: Any) -> None:
+        jsonschema.validate(value, schemas[kind])
+
+    return check
+
+
+@pytest.mark.parametrize("plan", [p for _, p in PLANS], ids=IDS)
+def test_skypilot_schemas_accept_the_task(plan: dict[str, Any], tmp_path: Path) -> None:
+    check = _sky_validator()
+    files = _write(plan, tmp_path)
+    task = yaml.safe_load(files["sky.yaml"])
+    check("task", task)
+    check("resources", task["resources"])
+    for mount in task["file_mounts"].values():
+        check("storage", mount)
+    assert task["num_nodes"] == plan["strategy"]["nodes"]
+    assert task["resources"]["use_spot"] is plan["cost"]["uses_spot"]
+    assert 143 in task["resources"]["job_recovery"]["recover_on_exit_codes"]
+    # The schema is strict enough to refuse a misspelt field.
+    import jsonschema
+
+    with pytest.raises(jsonschema.ValidationError):
+        check("resources", task["resources"] | {"use_spots": True})
+
+
+def test_skypilot_itself_loads_the_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only where SkyPilot is installed (not in this project's extras: see the module doc)."""
+    sky = pytest.importorskip("sky")
+    plan = next(p for pid, p in PLANS if pid == "da81eb4f39ff")
+    _write(plan, tmp_path)
+    catalog = tmp_path / "home" / ".sky" / "catalogs" / "v8" / "aws"
+    catalog.mkdir(parents=True)
+    src = Path(__file__).parents[2] / "src" / "tuneplan" / "data" / "skypilot_snapshot" / "aws.csv"
+    catalog.joinpath("vms.csv").write_text(src.read_text())
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    task = sky.Task.from_yaml(str(tmp_path / "sky.yaml"))
+    assert task.num_nodes == 4
+
+
+# ------------------------------------------------------------------ multi-node launch lines
+_ECHO = f'{sys.executable} -c "import json,sys; print(json.dumps(sys.argv[1:]))"'
+SHELL_STUBS = f'accelerate() {{ {_ECHO} accelerate "$@"; }}\ntorchrun() {{ {_ECHO} "$@"; }}\n'
+
+
+def _expand(line: str, env: dict[str, str], cwd: Path) -> list[str]:
+    """The argv a node's shell really passes to the launcher (launcher stubbed by echo)."""
+    done = subprocess.run(["bash", "-c", SHELL_STUBS + line], env={**os.environ, **env},
+                          cwd=cwd, capture_output=True, text=True, check=True)
+    argv: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return argv
+
+
+def _node_envs(nodes: int, gpus: int) -> dict[str, Callable[[int], dict[str, str]]]:
+    ips = [f"10.0.0.{i + 1}" for i in range(nodes)]
+    return {
+        "skypilot": lambda r: {"SKYPILOT_NODE_RANK": str(r), "SKYPILOT_NUM_NODES": str(nodes),
+                               "SKYPILOT_NUM_GPUS_PER_NODE": str(gpus),
+                               "SKYPILOT_NODE_IPS": "\n".join(ips)},
+        "dstack": lambda r: {"DSTACK_NODE_RANK": str(r), "DSTACK_NODES_NUM": str(nodes),
+                             "DSTACK_GPUS_PER_NODE": str(gpus), "DSTACK_MASTER_NODE_IP": ips[0]},
+        "manual": lambda r: {"NODE_RANK": str(r), "MASTER_ADDR": ips[0]},
+    }
+
+
+def _lines(files: dict[str, str]) -> dict[tuple[str, str], str]:
+    sky_run = yaml.safe_load(files["sky.yaml"])["run"].strip().splitlines()[-1]
+    dstack_run = yaml.safe_load(files[".dstack.yml"])["commands"][-1]
+    return {("skypilot", "accelerate"): sky_run, ("dstack", "accelerate"): dstack_run,
+            ("manual", "accelerate"): files["launch_accelerate.sh"].strip().splitlines()[-1],
+            ("manual", "torchrun"): files["launch_torchrun.sh"].strip().splitlines()[-1]}
+
+
+def _accelerate_to_torchrun(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Run accelerate's own launch path on argv; return the torchrun args it hands over."""
+    import torch.distributed.run as distrib_run
+    from accelerate.commands.launch import launch_command, launch_command_parser
+
+    captured: list[Any] = []
+    monkeypatch.setattr(distrib_run, "run", lambda a: captured.append((a, dict(os.environ))))
+    launch_command(launch_command_parser().parse_args(argv[2:]))
+    assert len(captured) == 1
+    return captured[0]
+
+
+@pytest.mark.parametrize("plan", MULTI_NODE, ids=[p["id"] for p in MULTI_NODE])
+def test_every_node_launches_with_its_rank_and_node0_address(
+        plan: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("accelerate")
+    pytest.importorskip("deepspeed")
+    import torch.distributed.run as distrib_run
+
+    files = _write(plan, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    nodes, gpus = plan["strategy"]["nodes"], plan["strategy"]["gpus"]
+    envs = _node_envs(nodes, gpus)
+    for (where, engine), line in _lines(files).items():
+        for rank in range(nodes):
+            argv = _expand(line, envs[where](rank), tmp_path)
+            if engine == "accelerate":
+                args, env = _accelerate_to_torchrun(argv, monkeypatch)
+                if plan["strategy"]["sharding"].startswith("zero"):
+                    assert env.get("ACCELERATE_USE_DEEPSPEED") == "true"
+                    assert env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE") == "ds_config.json"
+            else:
+                args = distrib_run.get_args_parser().parse_args(argv)
+            config, _, script_args = distrib_run.config_from_args(args)
+            assert args.node_rank == rank, (where, engine)
+            assert config.rdzv_endpoint == "10.0.0.1:29500", (where, engine)
+            assert (config.min_nodes, config.max_nodes) == (nodes, nodes)
+            assert config.nproc_per_node == gpus
+            assert script_args[-2:] == ["--config", "train_config.json"] or \
+                script_args[-2:] == ["--deepspeed", "ds_config.json"]
