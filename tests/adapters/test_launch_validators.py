@@ -132,7 +132,8 @@ def test_training_arguments_accept_the_settings(plan: dict[str, Any], tmp_path: 
     assert args.save_steps == cfg["save_steps"] and args.save_strategy == "steps"
     assert args.save_total_limit >= 2
     assert args.bf16 is (s["precision"] in ("bf16-mixed", "bf16"))
-    assert args.gradient_checkpointing is (s["checkpointing"] != "none")
+    recompute = getattr(args, "activation_checkpointing", args.gradient_checkpointing)
+    assert recompute is (s["checkpointing"] != "none")
     assert args.optim.value == train.OPTIMIZERS[s["optimizer"]]
     if s["method"] == "qlora":
         import torch

@@ -178,6 +178,6 @@ def storage_note(provider: Provider | None) -> str:
     price = provider.storage_price_usd_per_gb_month
     parts = [f"${price}/GB-month" if price is not None else "storage price unknown"]
     if provider.storage_survives_stop:
-        words = provider.storage_survives_stop.split(";")[0].split()
-        parts.append(f"kept on stop: {' '.join(words[:3])}")
+        # The provider's own words, whole: a clipped "yes while the" misleads more than it saves.
+        parts.append(f"survives a stop: {provider.storage_survives_stop}")
     return "; ".join(parts)

@@ -120,17 +120,21 @@ def load_config(path: str) -> dict[str, Any]:
 
 def training_arguments(cfg: dict[str, Any], deepspeed: str | None = None) -> Any:
     """transformers.TrainingArguments from the plan's settings (validated by its constructor)."""
+    import torch
     from transformers import TrainingArguments
 
     precision = cfg["precision"]
+    # transformers 5 renamed gradient_checkpointing (the old name still works, with a warning).
+    recompute = ("activation_checkpointing" if "activation_checkpointing"
+                 in TrainingArguments.__dataclass_fields__ else "gradient_checkpointing")
     return TrainingArguments(
+        use_cpu=not torch.cuda.is_available(), **{recompute: cfg["gradient_checkpointing"]},
         output_dir=cfg["output_dir"], per_device_train_batch_size=cfg["batch_size"],
         gradient_accumulation_steps=cfg["grad_accum"], num_train_epochs=cfg["epochs"],
         max_steps=cfg.get("max_steps", -1), learning_rate=cfg["learning_rate"],
         lr_scheduler_type=cfg["lr_scheduler"], warmup_steps=cfg.get("warmup_steps", 0),
         optim=OPTIMIZERS[cfg["optimizer"]], max_grad_norm=1.0,
         bf16=precision in ("bf16-mixed", "bf16"), fp16=precision == "fp16-mixed",
-        gradient_checkpointing=cfg["gradient_checkpointing"],
         save_strategy="steps", save_steps=cfg["save_steps"],
         save_total_limit=max(2, cfg["save_total_limit"]), logging_steps=1,
         seed=cfg["seed"], data_seed=cfg["seed"], report_to="none",

@@ -1,0 +1,144 @@
+"""Saved probes: schema migration, reuse as calibrated constants, JSON export/import."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tuneplan.adapters.bundled import resolve_gpu_spec
+from tuneplan.adapters.calibration import (
+    CalibrationStore,
+    ProbeRecord,
+    calibrate,
+    calibration_for,
+    export_document,
+)
+from tuneplan.adapters.store import _MIGRATIONS, CatalogStore
+from tuneplan.cli import app
+from tuneplan.core.compute import compute_job_from_strategy, estimate_throughput
+from tuneplan.core.compute import model_shape_from_spec
+from tuneplan.core.job import Strategy
+from tuneplan.errors import InvalidValueError
+from tuneplan.memory_report import run_memory
+
+MiB = 2**20
+runner = CliRunner()
+
+
+def h100_probe(**measured: object) -> ProbeRecord:
+    figures = {"max_allocated_bytes": 20_000 * MiB, "max_reserved_bytes": 20_800 * MiB,
+               "device_total_bytes": 81_559 * MiB, "context_bytes": 520 * MiB,
+               "tokens_per_second": 3000.0, "step_seconds": 1.4, "matmul_efficiency": 0.30,
+               **measured}
+    return ProbeRecord(created_at=datetime(2026, 11, 30, 12, tzinfo=UTC),
+                       model="meta-llama/Llama-3.1-8B", strategy={"method": "lora"},
+                       device="cuda", device_name="NVIDIA H100 80GB HBM3", gpu="H100 SXM5",
+                       versions={"torch": "2.13.0"}, measured=figures)
+
+
+def test_probes_table_is_schema_2_and_keeps_an_old_catalog(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.sqlite"
+    with sqlite3.connect(path) as db:  # a version-1 catalog written before issue 9
+        db.executescript(_MIGRATIONS[1] + "INSERT INTO snapshots VALUES "
+                         "(7,'x','2026-11-30T00:00:00+00:00',0,1); PRAGMA user_version=1;")
+    with CalibrationStore.open(path) as store:
+        saved = store.add(h100_probe())
+        assert saved.id == 1
+        assert [r.measured["context_bytes"] for r in store.records()] == [520 * MiB]
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert db.execute("SELECT id FROM snapshots").fetchall() == [(7,)]
+    with CatalogStore.open(path, seed=False) as catalog:  # the catalog opens it as before
+        assert catalog.offers() == []
+
+
+def test_latest_cuda_probe_for_a_gpu_wins(tmp_path: Path) -> None:
+    with CalibrationStore.open(tmp_path / "c.sqlite") as store:
+        store.add(h100_probe(context_bytes=500 * MiB))
+        store.add(h100_probe(context_bytes=530 * MiB))
+        cpu = h100_probe()
+        store.add(ProbeRecord(**{**_fields(cpu), "device": "cpu", "gpu": None}))
+        latest = store.latest_for("H100 SXM5")
+        assert latest is not None and latest.id == 2
+        assert store.latest_for("A100 SXM4 80GB") is None
+
+
+def _fields(r: ProbeRecord) -> dict[str, object]:
+    return {k: getattr(r, k) for k in r.__dataclass_fields__}
+
+
+def test_an_estimate_changes_after_a_probe_and_says_why() -> None:
+    args = ["--method", "qlora", "--gpu", "H100", "--seq-len", "1024"]
+    before, _, _ = run_memory("meta-llama/Llama-3.1-8B", args)
+    with CalibrationStore.open() as store:  # TUNEPLAN_HOME is private to each test
+        store.add(h100_probe())
+    after, _, _ = run_memory("meta-llama/Llama-3.1-8B", args)
+    terms = {t.path: t for t in after.breakdown}
+    assert after.allocated_peak_bytes == before.allocated_peak_bytes  # tensors: not hardware
+    assert int(terms["overheads/cuda_context"].value) == 520 * MiB
+    assert int(before.breakdown.value("overheads/cuda_context")) == 700 * MiB  # hopper default
+    # reserve fraction (20800-20000)/20000 = 0.04 with the floor lowered to the 800 MiB seen.
+    assert after.assumptions.allocator_reserve_fraction == 0.04
+    assert after.device_total_bytes < before.device_total_bytes
+    why = "calibrated from probe #1 on NVIDIA H100 80GB HBM3, 2026-11-30"
+    assert terms["overheads/cuda_context"].source == why
+    assert terms["overheads/allocator_reserve"].source == why
+
+
+def test_throughput_uses_the_measured_efficiency() -> None:
+    gpu = resolve_gpu_spec("H100")
+    from tuneplan.adapters.hub import resolve_model
+
+    shape = model_shape_from_spec(resolve_model("meta-llama/Llama-3.1-8B"))
+    job = compute_job_from_strategy(Strategy(seq_len=1024))
+    plain = estimate_throughput(shape, job, gpu)
+    cal = calibrate(h100_probe(matmul_efficiency=0.22), gpu)  # default Hopper is 0.44
+    slower = estimate_throughput(shape, job, gpu, assumptions=cal.throughput)
+    assert slower.tokens_per_second < 0.75 * plain.tokens_per_second
+    assert any("calibrated from probe" in n for n in cal.throughput.notes)
+    assert calibration_for(None).record is None
+
+
+def test_export_import_round_trip(tmp_path: Path) -> None:
+    with CalibrationStore.open() as store:
+        store.add(h100_probe())
+    out = tmp_path / "probes.json"
+    result = runner.invoke(app, ["calibration", "export", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert doc["format"] == "tuneplan-calibration" and len(doc["records"]) == 1
+    assert runner.invoke(app, ["calibration", "import", str(out)]).exit_code == 0
+    listed = json.loads(runner.invoke(app, ["calibration", "list", "--json"]).stdout)
+    assert [r["origin"] for r in listed] == ["probe", "import"]
+    assert listed[1]["measured"] == listed[0]["measured"]
+    assert listed[1]["created_at"] == "2026-11-30T12:00:00+00:00"
+
+
+def test_import_refuses_a_bad_file_and_writes_nothing(tmp_path: Path) -> None:
+    good = export_document([h100_probe()])["records"][0]
+    bad_bytes = {**good, "measured": {**good["measured"], "max_reserved_bytes": -1}}
+    no_gpu = {**good, "gpu": None}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"format": "tuneplan-calibration", "version": 1,
+                                "records": [good, bad_bytes, no_gpu]}))
+    result = runner.invoke(app, ["calibration", "import", str(path)])
+    assert isinstance(result.exception, InvalidValueError)
+    message = str(result.exception)
+    assert "record 2: measured.max_reserved_bytes" in message
+    assert "record 3: a cuda record needs" in message
+    with CalibrationStore.open() as store:
+        assert store.records() == []
+
+
+@pytest.mark.parametrize("document", [[], {"format": "other"},
+                                      {"format": "tuneplan-calibration", "version": 9}])
+def test_import_refuses_foreign_documents(tmp_path: Path, document: object) -> None:
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps(document))
+    result = runner.invoke(app, ["calibration", "import", str(path)])
+    assert isinstance(result.exception, InvalidValueError)
