@@ -18,8 +18,8 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tuneplan.errors import TuneplanError  # noqa: E402
-from tuneplan.memory_report import run_memory  # noqa: E402
+from tuneplan.errors import TuneplanError
+from tuneplan.memory_report import run_memory
 
 DEFAULT = Path("/work/shared/data/calibration/cases.jsonl")
 GiB = 2**30
@@ -28,8 +28,11 @@ GiB = 2**30
 # qwen2 block with kv_heads = heads (fused c_attn with bias = q/k/v with bias; w1, w2, c_proj =
 # gate, up, down), so an equivalent qwen2 config stands in; the LoRA targets c_attn, c_proj,
 # w1, w2 cover every block linear. Dimensions from the Qwen-1 config.json files.
-_QWEN1 = {"Qwen/Qwen-1_8B": (2048, 24, 16, 5504, 151936), "Qwen/Qwen-7B": (4096, 32, 32, 11008, 151936),
-          "Qwen/Qwen-14B": (5120, 40, 40, 13696, 152064), "Qwen/Qwen-72B": (8192, 80, 64, 24576, 152064)}
+# (hidden, layers, heads, per-matrix MLP width = intermediate_size / 2, vocabulary)
+_QWEN1 = {"Qwen/Qwen-1_8B": (2048, 24, 16, 5504, 151936),
+          "Qwen/Qwen-7B": (4096, 32, 32, 11008, 151936),
+          "Qwen/Qwen-14B": (5120, 40, 40, 13696, 152064),
+          "Qwen/Qwen-72B": (8192, 80, 64, 24576, 152064)}
 _QWEN1_TARGETS = {"c_attn": "q_proj,k_proj,v_proj", "c_proj": "o_proj,down_proj",
                   "w1": "gate_proj", "w2": "up_proj"}
 
@@ -68,9 +71,18 @@ def case_args(args: dict[str, Any]) -> list[str]:
     return out
 
 
+def comparable(case: dict[str, Any]) -> bool:
+    """A case the estimate should match: not low confidence, no torch.compile or GPTQ base
+    (settings without a flag), and a sequence length the data actually reaches."""
+    outside = " ".join(case.get("settings_not_in_cli", []))
+    return (case["confidence"] != "low" and "compile" not in outside and "GPTQ" not in outside
+            and not case.get("seq_len_basis", "").startswith("cap-not"))
+
+
 def evaluate(case: dict[str, Any]) -> dict[str, Any]:
     row = {"id": case["id"], "metric": case["metric"], "type": case["row_type"],
-           "confidence": case["confidence"], "expected": case.get("expected_bytes")}
+           "confidence": case["confidence"], "expected": case.get("expected_bytes"),
+           "comparable": comparable(case)}
     model = case.get("model_fallback") or case["model"]
     try:
         est, _, gpu = run_memory(model, case_args(map_targets(case["args"], model)),
@@ -117,6 +129,11 @@ def main(argv: list[str]) -> None:
         within = sum(e <= 15 for e in errors) / len(errors)
         print(f"median absolute error: {statistics.median(errors):.1f}%   "
               f"within ±15%: {within:.0%}   mean absolute error: {statistics.mean(errors):.1f}%")
+    fair = [abs(r["error_pct"]) for r in rows if "error_pct" in r and r["comparable"]]
+    if fair:
+        print(f"comparable subset ({len(fair)}: high/medium confidence, no compile/GPTQ, "
+              f"sequence reached): median {statistics.median(fair):.1f}%   within ±15%: "
+              f"{sum(e <= 15 for e in fair) / len(fair):.0%}")
     if fits:
         print(f"fit/OOM rows classified correctly: {sum(fits)}/{len(fits)}")
     # Throughput (issue 5): the cases that publish tokens/s, from throughput_accuracy.py.

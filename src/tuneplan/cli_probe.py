@@ -79,17 +79,14 @@ def _print_probe(doc: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from tuneplan.units import format_bytes
-
     table = Table(title=f"{doc['model']} on {doc['device_name']}: measured vs estimated")
     for col in ("term", "measured", "estimated", "error"):
         table.add_column(col, justify="left" if col == "term" else "right")
     for row in doc["comparison"]:
-        fmt = (lambda v: f"{v:,}") if row["name"] == "tokens/s" else (
-            lambda v: format_bytes(int(v)))
         err = "n/a" if row["error_pct"] is None else f"{row['error_pct']:+.1f} %"
         name = row["name"] + (" (analytic)" if row.get("measured_source") == "analytic" else "")
-        table.add_row(name, fmt(row["measured_bytes"]), fmt(row["estimated_bytes"]), err)
+        table.add_row(name, _fmt(row["name"], row["measured_bytes"]),
+                      _fmt(row["name"], row["estimated_bytes"]), err)
     console = Console()
     console.print(table)
     measured = doc["measured"]
@@ -101,6 +98,12 @@ def _print_probe(doc: dict[str, Any]) -> None:
         console.print(f"not simulated: {fb['part']} ({fb['reason']}); "
                       f"analytic {fb['analytic_term']} used")
     console.print(f"saved as probe #{doc.get('probe_id')} ({doc['seconds']} s in all)")
+
+
+def _fmt(name: str, value: int) -> str:
+    from tuneplan.units import format_bytes
+
+    return f"{value:,}" if name == "tokens/s" else format_bytes(int(value))
 
 
 @calibration_app.command("list")

@@ -148,7 +148,12 @@ def _checkpointing(kwargs: dict[str, Any], name: str, negated: bool, value: Any)
 
 
 def default_sharding(flags: dict[str, Any]) -> dict[str, Any]:
-    """CLI.md: ``--sharding`` defaults to ddp on one GPU, zero3 on several."""
+    """CLI.md defaults that depend on other flags: ``--sharding`` is ddp on one GPU and zero3
+    on several; the unsloth recipe offloads its checkpoints unless told otherwise."""
+    checkpoint_flags = {"gradient-checkpointing", "no-gradient-checkpointing",
+                        "offload-activations", "no-offload-activations"}
+    if str(flags.get("recipe")) == "unsloth" and not checkpoint_flags & set(flags):
+        flags = flags | {"offload-activations": True}
     if "sharding" in flags:
         return flags
     gpus = _int(str(flags.get("gpus", 1))) * _int(str(flags.get("nodes", 1)))

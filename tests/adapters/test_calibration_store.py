@@ -20,8 +20,11 @@ from tuneplan.adapters.calibration import (
 )
 from tuneplan.adapters.store import _MIGRATIONS, CatalogStore
 from tuneplan.cli import app
-from tuneplan.core.compute import compute_job_from_strategy, estimate_throughput
-from tuneplan.core.compute import model_shape_from_spec
+from tuneplan.core.compute import (
+    compute_job_from_strategy,
+    estimate_throughput,
+    model_shape_from_spec,
+)
 from tuneplan.core.job import Strategy
 from tuneplan.errors import InvalidValueError
 from tuneplan.memory_report import run_memory

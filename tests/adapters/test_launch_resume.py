@@ -22,8 +22,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from tuneplan.adapters.launch_files import read_train_script  # noqa: E402
-from tuneplan.core.launch import MARKER_NAME, render_bundle  # noqa: E402
+from tuneplan.adapters.launch_files import read_train_script
+from tuneplan.core.launch import MARKER_NAME, render_bundle
 
 pytestmark = pytest.mark.probe
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "launch"
@@ -121,27 +121,37 @@ def test_sigterm_inside_a_step_then_resume_matches_an_uninterrupted_run(
     _assert_same_run(full_reference, folder, "model.safetensors")
 
 
-def test_lora_resume_after_an_external_sigterm_keeps_the_adapter(tmp_path: Path) -> None:
-    reference = _bundle(tmp_path, "lora", "reference")
-    assert _run(reference).returncode == 0
-    folder = _bundle(tmp_path, "lora", "interrupted")
+def _interrupt_from_outside(folder: Path, after_steps: int) -> str:
+    """Start train.py, send SIGTERM once ``after_steps`` steps are logged (wherever the run
+    is then: in a step or between two), return its stderr."""
     proc = subprocess.Popen([sys.executable, "train.py", "--config", "train_config.json"],
                             cwd=folder, env=_env(), stderr=subprocess.PIPE, text=True)
     progress = folder / "ckpt" / "progress.jsonl"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (
-            not progress.exists() or len(progress.read_text().splitlines()) < 4):
+            not progress.exists() or len(progress.read_text().splitlines()) < after_steps):
         time.sleep(0.005)
-    proc.send_signal(signal.SIGTERM)  # wherever the run is: in a step or between two
+    proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 143, stderr[-2000:]
-    # Remove the newest marker: the resume must fall back to the checkpoint before it.
-    saved = sorted((p for p in (folder / "ckpt").glob("checkpoint-*")),
-                   key=lambda p: int(p.name.split("-")[1]))
-    (saved[-1] / MARKER_NAME).unlink()
-    second = _run(folder)
-    assert second.returncode == 0, second.stderr[-2000:]
-    assert f"ignoring {saved[-1].name}" in second.stderr
+    return stderr
+
+
+def test_lora_survives_two_interruptions_and_keeps_the_adapter(tmp_path: Path) -> None:
+    reference = _bundle(tmp_path, "lora", "reference")
+    assert _run(reference).returncode == 0
+    folder = _bundle(tmp_path, "lora", "interrupted")
+    _interrupt_from_outside(folder, after_steps=3)
+    # Second interruption while step 8 updates the weights: the save waits for the step's end.
+    update = _run(folder, TUNEPLAN_FAULT_SIGTERM_AT_STEP="8:update")
+    assert update.returncode == 143, update.stderr[-2000:]
+    marker = json.loads((folder / "ckpt" / "checkpoint-8" / MARKER_NAME).read_text())
+    assert marker["reason"] == "sigterm" and "adapter_model.safetensors" in marker["files"]
+    # Remove that marker: the resume must fall back to the checkpoint before it.
+    (folder / "ckpt" / "checkpoint-8" / MARKER_NAME).unlink()
+    last = _run(folder)
+    assert last.returncode == 0, last.stderr[-2000:]
+    assert "ignoring checkpoint-8" in last.stderr
     _assert_same_run(reference, folder, "adapter_model.safetensors")
     adapter = _final(folder, "adapter_model.safetensors")
     lora_b = [v for k, v in adapter.items() if "lora_B" in k]

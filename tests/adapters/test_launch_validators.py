@@ -49,6 +49,9 @@ def _two_nodes_of_eight(plan: dict[str, Any]) -> dict[str, Any]:
 
 MULTI_NODE = [p for _, p in PLANS if p["strategy"]["nodes"] > 1]
 MULTI_NODE.append(_two_nodes_of_eight(next(p for pid, p in PLANS if pid == "f838284b7b65")))
+#: Every plan that starts several processes: the multi-node ones and 8-GPU single nodes.
+MULTI_PROCESS = MULTI_NODE + [p for _, p in PLANS
+                              if p["strategy"]["nodes"] == 1 and p["strategy"]["gpus"] > 1]
 
 
 def _write(plan: dict[str, Any], folder: Path) -> dict[str, str]:
@@ -106,6 +109,28 @@ def test_deepspeed_accepts_the_json(plan: dict[str, Any], tmp_path: Path,
     bad = json.loads(files["ds_config.json"]) | {"train_batch_size": world * 1000 + 1}
     with pytest.raises(AssertionError):
         ds_config.DeepSpeedConfig(bad)
+
+
+@pytest.mark.parametrize("plan", [p for _, p in PLANS], ids=IDS)
+def test_ds_config_agrees_with_the_trainer_arguments(plan: dict[str, Any], tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers' own DeepSpeed bridge finds no value that differs from TrainingArguments
+    (it would refuse to train), at the plan's world size."""
+    pytest.importorskip("transformers")
+    from transformers import TrainingArguments
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    files = _write(plan, tmp_path)
+    train = _load_train_module(tmp_path)
+    cfg = json.loads(files["train_config.json"]) | {"output_dir": str(tmp_path / "out"),
+                                                    "deepspeed": None}
+    args = train.training_arguments(cfg)
+    s = plan["strategy"]
+    for world, clean in ((s["gpus"] * s["nodes"], True), (s["gpus"] * s["nodes"] + 1, False)):
+        monkeypatch.setattr(TrainingArguments, "world_size", property(lambda self, w=world: w))
+        bridge = HfTrainerDeepSpeedConfig(json.loads(files["ds_config.json"]))
+        bridge.trainer_config_process(args)
+        assert (bridge.mismatches == []) is clean, bridge.mismatches
 
 
 def _load_train_module(folder: Path) -> Any:
@@ -191,10 +216,12 @@ def test_skypilot_schemas_accept_the_task(plan: dict[str, Any], tmp_path: Path) 
         check("resources", task["resources"] | {"use_spots": True})
 
 
-def test_skypilot_itself_loads_the_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Only where SkyPilot is installed (not in this project's extras: see the module doc)."""
+@pytest.mark.parametrize("plan", [p for _, p in PLANS], ids=IDS)
+def test_skypilot_itself_loads_the_task(plan: dict[str, Any], tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only where SkyPilot is installed (not in this project's extras: see the module doc);
+    its catalog comes from the bundled snapshot (AWS: every fixture plan is on AWS)."""
     sky = pytest.importorskip("sky")
-    plan = next(p for pid, p in PLANS if pid == "da81eb4f39ff")
     _write(plan, tmp_path)
     catalog = tmp_path / "home" / ".sky" / "catalogs" / "v8" / "aws"
     catalog.mkdir(parents=True)
@@ -202,7 +229,10 @@ def test_skypilot_itself_loads_the_task(tmp_path: Path, monkeypatch: pytest.Monk
     catalog.joinpath("vms.csv").write_text(src.read_text())
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     task = sky.Task.from_yaml(str(tmp_path / "sky.yaml"))
-    assert task.num_nodes == 4
+    assert task.num_nodes == plan["strategy"]["nodes"]
+    (resources,) = task.resources
+    assert resources.instance_type == plan["offer"]["instance_type"]
+    assert resources.use_spot is plan["cost"]["uses_spot"]
 
 
 # ------------------------------------------------------------------ multi-node launch lines
@@ -250,7 +280,21 @@ def _accelerate_to_torchrun(argv: list[str], monkeypatch: pytest.MonkeyPatch) ->
     return captured[0]
 
 
-@pytest.mark.parametrize("plan", MULTI_NODE, ids=[p["id"] for p in MULTI_NODE])
+def _assert_engine_env(sharding: str, env: dict[str, str]) -> None:
+    """What accelerate's launcher made of the config for the training processes."""
+    if sharding.startswith("zero"):
+        assert env.get("ACCELERATE_USE_DEEPSPEED") == "true"
+        assert env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE") == "ds_config.json"
+    elif sharding == "fsdp":
+        assert env.get("ACCELERATE_USE_FSDP") == "true"
+        assert env.get("FSDP_SHARDING_STRATEGY") == "FULL_SHARD"
+        assert env.get("FSDP_STATE_DICT_TYPE") == "SHARDED_STATE_DICT"
+        assert env.get("FSDP_USE_ORIG_PARAMS") == "true"  # PEFT needs the original params
+    if not sharding.startswith("zero"):  # with a DeepSpeed JSON, precision comes from it
+        assert env.get("ACCELERATE_MIXED_PRECISION") == "bf16"
+
+
+@pytest.mark.parametrize("plan", MULTI_PROCESS, ids=[p["id"] for p in MULTI_PROCESS])
 def test_every_node_launches_with_its_rank_and_node0_address(
         plan: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("accelerate")
@@ -266,14 +310,15 @@ def test_every_node_launches_with_its_rank_and_node0_address(
             argv = _expand(line, envs[where](rank), tmp_path)
             if engine == "accelerate":
                 args, env = _accelerate_to_torchrun(argv, monkeypatch)
-                if plan["strategy"]["sharding"].startswith("zero"):
-                    assert env.get("ACCELERATE_USE_DEEPSPEED") == "true"
-                    assert env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE") == "ds_config.json"
+                _assert_engine_env(plan["strategy"]["sharding"], env)
             else:
                 args = distrib_run.get_args_parser().parse_args(argv)
             config, _, script_args = distrib_run.config_from_args(args)
             assert args.node_rank == rank, (where, engine)
-            assert config.rdzv_endpoint == "10.0.0.1:29500", (where, engine)
+            # One node talks to itself (accelerate then ignores the address); several
+            # meet at node 0's address.
+            meet = {"10.0.0.1:29500"} if nodes > 1 else {"10.0.0.1:29500", "127.0.0.1:29500"}
+            assert config.rdzv_endpoint in meet, (where, engine)
             assert (config.min_nodes, config.max_nodes) == (nodes, nodes)
             assert config.nproc_per_node == gpus
             assert script_args[-2:] == ["--config", "train_config.json"] or \

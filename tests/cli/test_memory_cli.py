@@ -51,3 +51,27 @@ def test_refusals_exit_2() -> None:
                  ["--method", "vera"], ["--compile"]):
         result = runner.invoke(app, ["memory", "llama-3.1-8b", *args, "--json"])
         assert isinstance(result.exception, UnsupportedError), args
+
+
+def test_job_file_with_flag_override(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    job = tmp_path / "job.yaml"
+    job.write_text("method: lora\nlora_rank: 8\nbatch_size: 4\nseq_len: 1024\n")
+    result = runner.invoke(app, ["memory", "llama-3.1-8b", "--job", str(job), "--lora-rank",
+                                 "32", "--json"])
+    assert result.exit_code == 0, result.output
+    strategy = json.loads(result.stdout)["strategy"]
+    assert (strategy["lora_rank"], strategy["batch_size"], strategy["seq_len"]) == (32, 4, 1024)
+
+
+def test_unknown_flag_is_bad_input() -> None:
+    from tuneplan.errors import InvalidValueError
+
+    result = runner.invoke(app, ["memory", "llama-3.1-8b", "--no-such-flag", "--json"])
+    assert isinstance(result.exception, InvalidValueError)
+
+
+def test_several_gpus_default_to_zero3_and_unsloth_offloads() -> None:
+    result = runner.invoke(app, ["memory", "llama-3.1-8b", "--gpus", "4", "--json"])
+    assert json.loads(result.stdout)["strategy"]["sharding"] == "zero3"
+    result = runner.invoke(app, ["memory", "llama-3.1-8b", "--recipe", "unsloth", "--json"])
+    assert json.loads(result.stdout)["strategy"]["checkpointing"] == "offload"

@@ -228,7 +228,9 @@ def calibrate(record: ProbeRecord, gpu: GpuSpec,
               memory: MemoryAssumptions | None = None,
               throughput: ThroughputAssumptions | None = None) -> Calibration:
     """The hardware-only constants measured by a CUDA probe, as assumption overrides."""
-    m, mem, tp = record.measured, memory or MemoryAssumptions(), throughput or ThroughputAssumptions()
+    m = record.measured
+    mem = memory or MemoryAssumptions()
+    tp = throughput or ThroughputAssumptions()
     label = f"calibrated from {record.label()}"
     context = {**mem.context_bytes_by_generation, generation_of(gpu): int(m["context_bytes"])}
     reserve = int(m["max_reserved_bytes"]) - int(m["max_allocated_bytes"])

@@ -53,7 +53,8 @@ def expand_targets(targets: Iterable[str]) -> tuple[Target, ...]:
                 raise InvalidValueError(f"unknown launch target {word!r}: use {choices}") from None
             out |= set(Target) - {Target.ALL} if target is Target.ALL else {target}
     if not out:
-        raise InvalidValueError("no launch target: use --to accelerate|deepspeed|skypilot|dstack|all")
+        raise InvalidValueError(
+            "no launch target: use --to accelerate|deepspeed|skypilot|dstack|all")
     return tuple(t for t in Target if t in out)
 
 
@@ -146,7 +147,8 @@ class _Reader:
         try:
             return kind(node)
         except (TypeError, ValueError):
-            self.problems.append(f"{path}={node!r} is not a valid {getattr(kind, '__name__', kind)}")
+            name = getattr(kind, "__name__", kind)
+            self.problems.append(f"{path}={node!r} is not a valid {name}")
             return None
 
 
@@ -173,31 +175,13 @@ def _interval(r: _Reader, ckpt_bytes: int) -> tuple[float, str]:
                       f"{1 / a.default_interruptions_per_hour:.0f} h MTBF), default assumptions")
 
 
-def launch_spec(plan: Mapping[str, Any]) -> LaunchSpec:
-    """Read a plan entry (``tuneplan plan --json``'s ``plans[i]`` with its ``job``).
-
-    Raises InvalidValueError listing every missing or bad field."""
-    r = _Reader(plan)
+def _plan_fields(r: _Reader) -> dict[str, Any]:
+    """The plan's own fields (strategy, offer, job, cost), keyed as LaunchSpec names them."""
     s = "strategy."
-    method = r.get(s + "method", Method)
-    precision = r.get(s + "precision", Precision)
-    optimizer = r.get(s + "optimizer", Optimizer)
-    total = r.get("memory.total_params", int) or 0
-    trainable = r.get("memory.trainable_params", int) or 0
-    step_s = r.get("throughput.step_seconds", float)
-    if r.problems:
-        raise InvalidValueError("plan cannot be launched: " + "; ".join(r.problems))
-    ckpt = _checkpoint_bytes(method, precision, optimizer, total, trainable)
-    interval_s, source = _interval(r, ckpt)
-    disk = r.get("offer.disk_bytes", int, None)
-    weights = total * 2
-    # The cost model priced storage for ``checkpoints_kept``; a known disk may hold more.
-    kept = CostAssumptions().checkpoints_kept if not disk else \
-        (disk - weights - DISK_HEADROOM_BYTES) // max(ckpt, 1)
-    kept = max(MIN_KEPT, min(MAX_KEPT, kept))
-    spec = LaunchSpec(
+    return dict(
         plan_id=r.get("id", str), model=r.get("job.model", str),
-        method=method, precision=precision, optimizer=optimizer,
+        method=r.get(s + "method", Method), precision=r.get(s + "precision", Precision),
+        optimizer=r.get(s + "optimizer", Optimizer),
         lora_rank=r.get(s + "lora_rank", int, 16), lora_alpha=r.get(s + "lora_alpha", int, 32),
         lora_dropout=r.get(s + "lora_dropout", float, 0.0),
         lora_targets=tuple(r.get(s + "lora_targets", list, ["all-linear"])),
@@ -214,19 +198,41 @@ def launch_spec(plan: Mapping[str, Any]) -> LaunchSpec:
         provider=r.get("offer.provider", str), instance_type=r.get("offer.instance_type", str),
         gpu=r.get("offer.gpu", str), region=r.get("offer.region", str),
         zone=r.get("offer.zone", str, None), use_spot=r.get("cost.uses_spot", bool, False),
-        step_s=step_s, checkpoint_interval_s=interval_s, interval_source=source,
-        save_steps=max(1, round(interval_s / step_s)) if math.isfinite(interval_s) else 1000,
-        save_total_limit=kept, checkpoint_bytes=ckpt,
-        disk_bytes=weights + kept * ckpt + DISK_HEADROOM_BYTES,
-        total_params=total, trainable_params=trainable,
+        step_s=r.get("throughput.step_seconds", float),
+        total_params=r.get("memory.total_params", int),
+        trainable_params=r.get("memory.trainable_params", int),
         tokens_per_epoch=r.get("job.tokens_per_epoch", int, None),
         epochs=r.get("job.epochs", float, 1.0), hours=r.get("cost.hours", float, None),
         on_demand_usd=r.get("cost.on_demand_usd", str, None),
         spot_usd=r.get("cost.spot.expected_usd", str, None),
         why=tuple(r.get("why", list, [])), warnings=tuple(r.get("warnings", list, [])))
+
+
+def launch_spec(plan: Mapping[str, Any]) -> LaunchSpec:
+    """Read a plan entry (``tuneplan plan --json``'s ``plans[i]`` with its ``job``) and derive
+    the checkpoint cadence: save_steps = interval / step time (hourly when no interruption is
+    expected); kept = what the disk holds beside the weights, within [MIN_KEPT, MAX_KEPT].
+
+    Raises InvalidValueError listing every missing or bad field."""
+    r = _Reader(plan)
+    fields = _plan_fields(r)
     if r.problems:
         raise InvalidValueError("plan cannot be launched: " + "; ".join(r.problems))
-    return spec
+    total, step_s = fields["total_params"], fields["step_s"]
+    ckpt = _checkpoint_bytes(fields["method"], fields["precision"], fields["optimizer"], total,
+                             fields["trainable_params"])
+    interval_s, source = _interval(r, ckpt)
+    disk = r.get("offer.disk_bytes", int, None)
+    weights = total * 2
+    # The cost model priced storage for ``checkpoints_kept``; a known disk may hold more.
+    kept = CostAssumptions().checkpoints_kept if not disk else \
+        (disk - weights - DISK_HEADROOM_BYTES) // max(ckpt, 1)
+    kept = max(MIN_KEPT, min(MAX_KEPT, kept))
+    every_s = interval_s if math.isfinite(interval_s) else HOUR_S
+    return LaunchSpec(
+        **fields, checkpoint_interval_s=interval_s, interval_source=source,
+        save_steps=max(1, round(every_s / step_s)), save_total_limit=kept,
+        checkpoint_bytes=ckpt, disk_bytes=weights + kept * ckpt + DISK_HEADROOM_BYTES)
 
 
 def train_config(spec: LaunchSpec, *, output_dir: str = CHECKPOINT_DIR) -> dict[str, Any]:
@@ -261,13 +267,14 @@ def render_bundle(plan: Mapping[str, Any], targets: Iterable[str], *,
 
     spec = launch_spec(plan)
     chosen = expand_targets(targets)
+    with_ds = spec.zero_stage is not None or Target.DEEPSPEED in chosen
     files: dict[str, str] = {
         "train.py": train_script,
         "train_config.json": json.dumps(train_config(spec), indent=2) + "\n",
-        "requirements.txt": launch_engines.requirements(spec),
+        "requirements.txt": launch_engines.requirements(spec, deepspeed=with_ds),
         "accelerate_config.yaml": launch_engines.render_accelerate_config(spec),
     }
-    if spec.zero_stage is not None or Target.DEEPSPEED in chosen:
+    if with_ds:
         files["ds_config.json"] = json.dumps(launch_engines.deepspeed_config(spec), indent=2) + "\n"
     if Target.ACCELERATE in chosen:
         files["launch_accelerate.sh"] = launch_engines.launch_script(spec, "accelerate")

@@ -178,12 +178,14 @@ def launch_script(spec: LaunchSpec, engine: str) -> str:
             f"{line}\n")
 
 
-def requirements(spec: LaunchSpec) -> str:
-    """pip requirements of the bundle's train.py (versions seen working; CUDA torch comes
-    from the machine image)."""
+def requirements(spec: LaunchSpec, *, deepspeed: bool) -> str:
+    """pip requirements of the bundle's train.py (CUDA torch comes from the machine image):
+    bitsandbytes for quantised bases and 8-bit/paged optimizers, DeepSpeed when the bundle
+    carries a DeepSpeed JSON."""
     lines = ["transformers>=4.46", "accelerate>=1.0", "peft>=0.13", "safetensors"]
-    if spec.quant and spec.method.value in ("qlora", "lora8bit") or spec.optimizer.is_8bit:
+    quantised = spec.method.value in ("qlora", "lora8bit")
+    if quantised or spec.optimizer.is_8bit or spec.optimizer.is_paged:
         lines.append("bitsandbytes>=0.45")
-    if spec.zero_stage is not None or spec.world_size > 1:
+    if deepspeed:
         lines.append("deepspeed>=0.15")
     return "\n".join(lines) + "\n"

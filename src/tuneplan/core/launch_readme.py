@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tuneplan.core.launch import Target
-from tuneplan.core.launch import LaunchSpec
+from tuneplan.core.launch import LaunchSpec, Target
 from tuneplan.units import GB, format_duration
 
 
@@ -38,7 +37,7 @@ def _expectations(spec: LaunchSpec) -> list[str]:
 
 def _checkpoints(spec: LaunchSpec) -> list[str]:
     interval = format_duration(spec.checkpoint_interval_s) \
-        if spec.checkpoint_interval_s != float("inf") else "never (no interruptions expected)"
+        if spec.checkpoint_interval_s != float("inf") else "1h (no interruption expected)"
     return [
         f"- Every **{spec.save_steps} steps** (interval {interval} from {spec.interval_source},"
         f" / {spec.step_s:.2f} s per step). One checkpoint is about "
@@ -68,6 +67,10 @@ def _how(files: Sequence[str], targets: Sequence[Target]) -> list[str]:
         if f"launch_{engine}.sh" in files:
             out += ["", f"Your own machines with {engine} (run on every node):", "",
                     f"    NODE_RANK=0 MASTER_ADDR=<node 0 address> bash launch_{engine}.sh"]
+    if "launch_torchrun.sh" in files:
+        out += ["", "`launch_torchrun.sh` trains through the HF Trainer's DeepSpeed integration "
+                "(`--deepspeed ds_config.json`): an FSDP plan maps to ZeRO-3 (full shard) or "
+                "ZeRO-2 (gradient+optimizer shard) there, a DDP plan to ZeRO stage 0."]
     return out
 
 

@@ -35,7 +35,13 @@ def _scalar(value: Any) -> str:
 
 
 def _is_block_text(value: Any) -> bool:
-    return isinstance(value, str) and "\n" in value.rstrip("\n")
+    """Multi-line text a ``|`` literal keeps exactly: at most one final newline, no first line
+    starting with a space (it would set the indentation), no trailing blanks, no CR or tab."""
+    if not isinstance(value, str) or "\n" not in value.rstrip("\n"):
+        return False
+    lines = value.rstrip("\n").split("\n")
+    return (not value.endswith("\n\n") and not lines[0].startswith(" ")
+            and all(line == line.rstrip() and line.isprintable() for line in lines))
 
 
 def _block_text(value: str, depth: int) -> list[str]:
@@ -55,7 +61,8 @@ def _mapping(data: Mapping[str, Any], depth: int) -> list[str]:
 
 def _entry(prefix: str, value: Any, depth: int) -> list[str]:
     if _is_block_text(value):
-        return [f"{prefix} |", *_block_text(value, depth + 1)]
+        chomp = "|" if value.endswith("\n") else "|-"  # keep or drop the one final newline
+        return [f"{prefix} {chomp}", *_block_text(value, depth + 1)]
     if isinstance(value, Mapping):
         return [f"{prefix} {{}}"] if not value else [prefix, *_mapping(value, depth + 1)]
     if isinstance(value, Sequence) and not isinstance(value, str):

@@ -78,5 +78,6 @@ def precision_plan(strategy: Strategy) -> PrecisionPlan:
 
 
 def default_offload_checkpoints(recipe: Recipe) -> bool:
-    """Unsloth's ``use_gradient_checkpointing="unsloth"`` offloads checkpoints to host."""
+    """Unsloth's ``use_gradient_checkpointing="unsloth"`` offloads checkpoints to host
+    (applied by ``tuneplan.jobflags.default_sharding`` when no checkpointing flag is given)."""
     return recipe is Recipe.UNSLOTH

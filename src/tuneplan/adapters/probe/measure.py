@@ -8,6 +8,7 @@ CUDA: ``max_memory_allocated/reserved``, ``mem_get_info`` and timed steps after 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 import warnings
 from collections.abc import Callable
@@ -55,7 +56,11 @@ def load_pretrained(setup: StepSetup, source: str | Path) -> nn.Module:
         str(source), dtype=build.dtype_of(setup.param_dtype), attn_implementation=setup.attention)
     model.config.use_cache = False
     if setup.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         if setup.method in build.PEFT_METHODS:
             model.enable_input_require_grads()
     return build.apply_method(model, setup)
@@ -87,7 +92,8 @@ def measure_cpu(setup: StepSetup, *, weights: str | Path | None = None,
                 starts.append(time.perf_counter())
                 if on_step:
                     on_step(len(starts))
-                return model(**inputs).loss
+                loss: torch.Tensor = model(**inputs).loss
+                return loss
 
             try:
                 peaks = harness.run_steps(model, forward, setup, tracker)
@@ -100,7 +106,7 @@ def measure_cpu(setup: StepSetup, *, weights: str | Path | None = None,
 
 def _timing(setup: StepSetup, starts: list[float], ended: float) -> Timing:
     bounds = [*starts, ended]
-    seconds = tuple(b - a for a, b in zip(bounds, bounds[1:], strict=False))
+    seconds = tuple(b - a for a, b in itertools.pairwise(bounds))
     return Timing(step_seconds=seconds, warmup=1 if len(seconds) > 1 else 0,
                   tokens_per_step=setup.batch_size * setup.seq_len)
 
@@ -156,7 +162,12 @@ def measure_cuda(setup: StepSetup, *, weights: str | Path | None = None,
         vocab = int(build.make_config(setup.config, setup.task).vocab_size)
         inputs = {k: v.to(dev) for k, v in build.make_inputs(setup, vocab).items()}
         starts: list[float] = []
-        _cuda_steps(model, inputs, setup, starts, on_step)
+        try:
+            _cuda_steps(model, inputs, setup, starts, on_step)
+        except torch.cuda.OutOfMemoryError as exc:
+            peak = torch.cuda.max_memory_allocated(dev)
+            raise ProbeError(f"out of memory on {torch.cuda.get_device_name(dev)} in step "
+                             f"{len(starts)} (allocated peak {peak:,} B): it does not fit") from exc
         torch.cuda.synchronize(dev)
         ended = time.perf_counter()
     free, total = torch.cuda.mem_get_info(dev)
@@ -186,7 +197,7 @@ def _cuda_steps(model: nn.Module, inputs: dict[str, torch.Tensor], setup: StepSe
         autocast = torch.autocast("cuda", dtype=dtype) if dtype else contextlib.nullcontext()
         with autocast:
             loss = model(**inputs).loss
-        loss.backward()  # type: ignore[no-untyped-call]
+        loss.backward()
         del loss
         opt.step()
         opt.zero_grad(set_to_none=True)

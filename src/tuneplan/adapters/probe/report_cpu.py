@@ -31,8 +31,42 @@ def probe_cpu(req: Any, spec: ModelSpec, strategy: Strategy, config: dict[str, A
     measured, timing = measure_cpu(setup, weights=weights,
                                    on_step=lambda i: say(f"step {i}/{steps}", i - 1, steps))
     say("done", steps, steps)
-    got, want = ps.measured_groups(measured), ps.estimated_groups(est)
-    peak = measured.peak_bytes
+    got, peak, sources = _with_fallbacks(measured, est, fallbacks)
+    rows = ps.compare(got, ps.estimated_groups(est))
+    for row in rows:
+        row["measured_source"] = sources[row["name"]]
+    estimate = ps.tensor_estimate(est)
+    return {
+        "model": spec.name, "strategy": strategy.as_dict(), "device": device,
+        "device_name": "cpu (fake tensors)" if fake else "cpu", "gpu": None,
+        "steps": steps, "warmup_steps": timing.warmup,
+        "measured": _measured_doc(peak, measured, timing, fake),
+        "estimated": {"tensor_peak_bytes": estimate, "peak_phase": est.peak_phase,
+                      "trainable_params": est.trainable_params,
+                      "allocated_peak_bytes": est.allocated_peak_bytes,
+                      "note": "tensor peak = allocated peak less the cuBLAS workspace (GPU-only)"},
+        "comparison": [*rows, _total_row(peak, estimate)],
+        "fallbacks": [{"part": f.part, "reason": f.reason, "analytic_term": f.term}
+                      for f in fallbacks],
+        "record": _record(peak, measured, timing, fake),
+    }
+
+
+def _measured_doc(peak: int, measured: Any, timing: Any, fake: bool) -> dict[str, Any]:
+    return {"tensor_peak_bytes": peak, "peak_phase": measured.peak_phase,
+            "peak_step": measured.peak_step, "peak_by_category": dict(measured.peak_by_category),
+            "trainable_params": measured.trainable_params, "total_params": measured.total_params,
+            "step_seconds": list(timing.step_seconds),
+            # fake tensors run no arithmetic: their speed says nothing
+            "tokens_per_second": None if fake else round(timing.tokens_per_second, 2),
+            "simulation_seconds": round(measured.seconds, 2) if fake else None}
+
+
+def _with_fallbacks(measured: Any, est: Any, fallbacks: tuple[ps.Fallback, ...],
+                    ) -> tuple[dict[str, int], int, dict[str, str]]:
+    """Measured groups and peak with each unsimulated part replaced by (or, for a GPU-kernel
+    temporary, added as) its analytic term; which groups are analytic."""
+    got, peak = ps.measured_groups(measured), measured.peak_bytes
     sources = dict.fromkeys(got, "measured")
     for fb in fallbacks:
         analytic = _term_bytes(est, fb.term)
@@ -43,31 +77,7 @@ def probe_cpu(req: Any, spec: ModelSpec, strategy: Strategy, config: dict[str, A
             peak += analytic - got[fb.group]
             got[fb.group] = analytic
             sources[fb.group] = "analytic"
-    rows = ps.compare(got, want)
-    for row in rows:
-        row["measured_source"] = sources[row["name"]]
-    estimate = ps.tensor_estimate(est)
-    return {
-        "model": spec.name, "strategy": strategy.as_dict(), "device": device,
-        "device_name": "cpu (fake tensors)" if fake else "cpu", "gpu": None,
-        "steps": steps, "warmup_steps": timing.warmup,
-        "measured": {"tensor_peak_bytes": peak, "peak_phase": measured.peak_phase,
-                     "peak_step": measured.peak_step,
-                     "peak_by_category": dict(measured.peak_by_category),
-                     "trainable_params": measured.trainable_params,
-                     "total_params": measured.total_params,
-                     "step_seconds": list(timing.step_seconds),
-                     "tokens_per_second": round(timing.tokens_per_second, 2),
-                     "simulation_seconds": round(measured.seconds, 2) if fake else None},
-        "estimated": {"tensor_peak_bytes": estimate, "peak_phase": est.peak_phase,
-                      "trainable_params": est.trainable_params,
-                      "allocated_peak_bytes": est.allocated_peak_bytes,
-                      "note": "tensor peak = allocated peak less the cuBLAS workspace (GPU-only)"},
-        "comparison": [*rows, _total_row(peak, estimate)],
-        "fallbacks": [{"part": f.part, "reason": f.reason, "analytic_term": f.term}
-                      for f in fallbacks],
-        "record": _record(peak, measured, timing, fake),
-    }
+    return got, peak, sources
 
 
 def _term_bytes(est: Any, prefix: str) -> int:

@@ -95,16 +95,27 @@ def _speed(spec: ModelSpec, strategy: Strategy, gpu: GpuSpec | None, cal: Any,
     tp = estimate_throughput(model_shape_from_spec(spec), compute_job_from_strategy(strategy),
                              gpu, assumptions=cal.throughput)
     ratio = timing.tokens_per_second / tp.tokens_per_second_per_gpu
-    efficiency, _ = cal.throughput.matmul_efficiency(gpu.architecture)
     rows = ps.compare({"tokens/s": round(timing.tokens_per_second)},
                       {"tokens/s": round(tp.tokens_per_second_per_gpu)})
     return {
-        # MFU scales with tokens/s at fixed FLOPs per token; the implied efficiency assumes
-        # the whole step scales with matmul time (approximate: host overheads do not).
+        # MFU scales with tokens/s at fixed FLOPs per token.
         "record": {"mfu": round(tp.mfu * ratio, 4),
                    "estimated_tokens_per_second": round(tp.tokens_per_second_per_gpu, 2),
-                   "matmul_efficiency": round(efficiency * ratio, 4)},
+                   **implied_efficiency(tp, timing.measured_seconds, gpu, cal)},
         "estimated": {"tokens_per_second": round(tp.tokens_per_second_per_gpu, 2),
                       "mfu": round(tp.mfu, 4), "step_seconds": round(tp.step_seconds, 5)},
         "rows": rows,
     }
+
+
+def implied_efficiency(tp: Any, measured_step_s: float, gpu: GpuSpec,
+                       cal: Any) -> dict[str, float]:
+    """The matmul efficiency that makes the estimated step take the measured time, keeping
+    the other step terms; only when matmuls are at least half the estimated step (a small,
+    host-bound run says nothing about the GPU's matmul speed)."""
+    matmul = sum(float(t.value) for t in tp.step if t.path.endswith("/matmul"))
+    rest = float(tp.step.total) - matmul
+    if matmul < 0.5 * float(tp.step.total) or measured_step_s <= rest:
+        return {}
+    efficiency, _ = cal.throughput.matmul_efficiency(gpu.architecture)
+    return {"matmul_efficiency": round(efficiency * matmul / (measured_step_s - rest), 4)}

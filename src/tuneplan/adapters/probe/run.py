@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tuneplan.adapters.probe import setup as probe_setup
 from tuneplan.errors import InvalidValueError
 
 Report = Callable[[str, int, int], None]  # (what, done, total)
@@ -33,7 +32,6 @@ class ProbeRequest:
     download: bool = False
     save: bool = True
     store_path: str | Path | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def raw_config(name: str) -> dict[str, Any]:
@@ -128,12 +126,3 @@ def _save(req: ProbeRequest, doc: dict[str, Any]) -> int:
     with CalibrationStore.open(req.store_path) as store:
         saved = store.add(record)
     return int(saved.id or 0)
-
-
-def job_strategy(args: Sequence[str]) -> Any:
-    from tuneplan.jobflags import default_sharding, parse_job_args, strategy_from_flags
-
-    return strategy_from_flags(default_sharding(parse_job_args(list(args))))
-
-
-__all__ = ["ProbeRequest", "probe_setup", "raw_config", "run_probe", "weights_source"]

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuneplan.core.job import Attention, Strategy
-from tuneplan.core.methods import IA3_FEEDFORWARD, Method, targeted_linears
-from tuneplan.core.models import LayerSpec, Linear, LinearRole, ModelSpec, NormKind
 from tuneplan.core.memory.parts import part
+from tuneplan.core.methods import IA3_FEEDFORWARD, Method, effective_quant, targeted_linears
+from tuneplan.core.models import LayerSpec, Linear, LinearRole, ModelSpec, NormKind
 from tuneplan.core.recipes import PrecisionPlan
 from tuneplan.explain import Term
 
@@ -45,6 +45,7 @@ class Widths:
     adapter: int
     autocast: bool
     norm_trains: bool
+    mlp: int = 2               # MLP intermediates: bnb Linear4bit/8bit return the input dtype
     dropout_mask: int = 1
 
 
@@ -57,8 +58,13 @@ def widths(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan,
     norm_w = plan.trainable_weight_bytes if full else (4 if plan.kbit_upcast else
                                                         plan.frozen_weight_bytes)
     residual = embed if plan.autocast or plan.kbit_upcast or full else plan.compute_bytes
-    return Widths(compute=plan.compute_bytes, residual=residual, norm_out=max(residual, norm_w),
+    norm_out = max(residual, norm_w)
+    # bitsandbytes Linear4bit.forward casts its input to the compute dtype and its output back
+    # to the input's dtype, so after PEFT's fp32 norm upcast the MLP runs in fp32.
+    quantized = effective_quant(strategy) is not None
+    return Widths(compute=plan.compute_bytes, residual=residual, norm_out=norm_out,
                   adapter=plan.adapter_bytes, autocast=plan.autocast, norm_trains=full,
+                  mlp=norm_out if quantized else plan.compute_bytes,
                   dropout_mask=dropout_mask_bytes)
 
 
@@ -90,7 +96,7 @@ def _linear_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Wi
         method.is_lora or method is Method.IA3) else set()
     dims = {"attn_in": (model.hidden_size, w.norm_out), "mlp_in": (model.hidden_size, w.norm_out),
             "o_in": (model.num_heads * model.head_dim, w.compute),
-            "down_in": (model.intermediate_size, w.compute)}
+            "down_in": (model.intermediate_size, w.mlp)}
     shared: set[str] = set()
     out = {"linear_inputs_attn": 0, "linear_inputs_mlp": 0, "linear_inputs_down": 0,
            "adapters_attn": 0, "adapters_mlp": 0}
@@ -183,7 +189,7 @@ def attention_saved(model: ModelSpec, strategy: Strategy, w: Widths, shape: Shap
 def mlp_saved(model: ModelSpec, layer: LayerSpec, w: Widths, shape: Shape,
               experts_train: bool) -> int:
     """Gated MLP: gate out, act out, up out; plain MLP: fc1 out. MoE: per routed token copy."""
-    t, c = shape.tokens, w.compute
+    t, c = shape.tokens, w.mlp
     if layer.num_experts:
         k = layer.experts_per_token
         inter = model.moe_intermediate_size or model.intermediate_size
@@ -240,8 +246,9 @@ def backward_transients(model: ModelSpec, strategy: Strategy, w: Widths,
                         shape: Shape) -> tuple[Term, Term]:
     """Gradients alive inside one block's backward beyond what it saved: (MLP, attention).
 
-    MLP: 3·T·I·bytes (gated) + T·H·bytes. Eager attention: the fp32 softmax gradient and its input gradient
-    2·B·heads·S·S_kv·4 plus the T·H gradients flowing; SDPA/flash: q, k, v gradients.
+    MLP: 3·T·I·bytes (gated) + T·H·bytes. Eager attention: the fp32 softmax gradient and its
+    input gradient 2·B·heads·S·S_kv·4 plus the T·H gradients flowing; SDPA/flash: q, k, v
+    gradients.
     """
     t, c = shape.tokens, w.compute
     gated = model.mlp_kind.value == "gated"
@@ -279,7 +286,7 @@ def forward_transient(model: ModelSpec, strategy: Strategy, w: Widths,
     out = {"mlp_in": t * model.intermediate_size * c, "down_in": t * model.hidden_size * c}
     if not strategy.method.is_lora:
         return out
-    widths_in = {"attn_in": w.norm_out, "mlp_in": w.norm_out, "o_in": c, "down_in": c}
+    widths_in = {"attn_in": w.norm_out, "mlp_in": w.norm_out, "o_in": c, "down_in": w.mlp}
     for layer in model.layers:
         for lin in targeted_linears(model, strategy, layer):
             group = linear_group(lin)

@@ -10,9 +10,9 @@ context and NCCL are further explicit terms). Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from tuneplan.core.job import Checkpointing, Strategy
+from tuneplan.core.job import Checkpointing, Strategy, Task
 from tuneplan.core.memory import activations as act
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.core.memory.logits import loss_moments
@@ -63,6 +63,10 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
     """
     a = assumptions or MemoryAssumptions()
     check_strategy(model, strategy)
+    if strategy.task is Task.SEQ_CLS:
+        # *ForSequenceClassification has no vocabulary head: a H×labels ``score`` instead
+        # (tiny, counted with the logits); the embedding stays.
+        model = replace(model, tie_word_embeddings=True, head_bias=False)
     trainable = count_trainable(model, strategy)
     plan = precision_plan(strategy)
     sp = shard_plan(strategy)

@@ -37,6 +37,7 @@ def effective_loss(strategy: Strategy, plan: PrecisionPlan) -> Loss:
 
 def loss_moments(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan, w: Widths,
                  shape: Shape, head_trains: bool, a_chunks: int = 8) -> LossMoments:
+    """Loss-side tensors at the end of forward and the start of backward (bytes)."""
     t, v = shape.tokens, model.vocab_size
     kept = [part("activations/final_norm", norm_saved(model, t, w),
                  "final norm: fp32 input T·H·4 + rsqrt T·4 (+ normalized if it trains)",
@@ -52,34 +53,44 @@ def loss_moments(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan, w: W
     cl = w.compute if w.autocast else (4 if plan.kbit_upcast else
                                        (plan.trainable_weight_bytes if head_trains else
                                         plan.frozen_weight_bytes))
-    logits = t * v * cl
-    fp32 = t * v * 4
-    upcast = fp32 if cl != 4 else 0
-    loss = effective_loss(strategy, plan)
     ins: dict[str, Any] = {"tokens": t, "vocab": v, "logit_bytes": cl}
+    loss = effective_loss(strategy, plan)
     if loss is Loss.CHUNKED and strategy.recipe is Recipe.UNSLOTH:
         # Unsloth's fused CE keeps the logits for an in-place backward and a T-sized logsumexp.
-        kept.append(part("logits/logits", logits, "T·V·logit_bytes, reused in place in backward",
-                         "unsloth fast_cross_entropy_loss", **ins))
+        kept.append(part("logits/logits", t * v * cl, "T·V·logit_bytes, reused in place in "
+                         "backward", "unsloth fast_cross_entropy_loss", **ins))
         return LossMoments(kept=tuple(kept), forward_only=(), backward_only=())
     if loss is Loss.CHUNKED:
-        # Chunked/fused CE (torchtune CEWithChunkedOutputLoss under torch.compile, Liger):
-        # the compute-dtype logits are kept and each chunk's fp32 softmax is recomputed in
-        # backward, so only one chunk of fp32 work is alive at a time.
-        chunk = -(-t // a_chunks) * v
-        kept.append(part("logits/logits", logits, "T·V·logit_bytes kept for the chunked backward",
-                         "torchtune CEWithChunkedOutputLoss; Liger fused CE", **ins))
-        fwd = [part("logits/chunk_fp32", 2 * chunk * 4, "one chunk's fp32 upcast + log-softmax "
-                    "2·⌈T/chunks⌉·V·4", **ins, chunks=a_chunks)]
-        bwd = [part("logits/chunk_grads", 2 * chunk * 4 + chunk * cl,
-                    "one chunk's fp32 gradients + its logits gradient", **ins, chunks=a_chunks)]
-        return LossMoments(kept=tuple(kept), forward_only=tuple(fwd), backward_only=tuple(bwd))
+        return _chunked(kept, t, v, cl, a_chunks, ins)
+    return _standard(kept, t, v, cl, ins)
+
+
+def _chunked(kept: list[Term], t: int, v: int, cl: int, chunks: int,
+             ins: dict[str, Any]) -> LossMoments:
+    """Chunked/fused CE (torchtune CEWithChunkedOutputLoss under torch.compile, Liger): the
+    compute-dtype logits are kept and each chunk's fp32 softmax is recomputed in backward,
+    so only one chunk of fp32 work is alive at a time."""
+    chunk = -(-t // chunks) * v
+    kept.append(part("logits/logits", t * v * cl, "T·V·logit_bytes kept for the chunked "
+                     "backward", "torchtune CEWithChunkedOutputLoss; Liger fused CE", **ins))
+    fwd = (part("logits/chunk_fp32", 2 * chunk * 4, "one chunk's fp32 upcast + log-softmax "
+                "2·⌈T/chunks⌉·V·4", **ins, chunks=chunks),)
+    bwd = (part("logits/chunk_grads", 2 * chunk * 4 + chunk * cl,
+                "one chunk's fp32 gradients + its logits gradient", **ins, chunks=chunks),)
+    return LossMoments(kept=tuple(kept), forward_only=fwd, backward_only=bwd)
+
+
+def _standard(kept: list[Term], t: int, v: int, cl: int, ins: dict[str, Any]) -> LossMoments:
+    """transformers ForCausalLMLoss: logits.float(), cross_entropy saving the fp32 log-softmax;
+    the output object is dropped before backward (``model(...).loss.backward()``)."""
+    fp32 = t * v * 4
     kept.append(part("logits/log_softmax", fp32, "fp32 log-softmax saved by cross_entropy T·V·4",
                      _SRC, **ins))
-    fwd = [part("logits/logits", logits, "T·V·logit_bytes, held by the model output", _SRC, **ins),
-           part("logits/upcast", upcast, "logits.float() copy T·V·4 when logits are not fp32",
-                _SRC, **ins)]
-    bwd = [part("logits/loss_grads", 2 * fp32,
+    fwd = (part("logits/logits", t * v * cl, "T·V·logit_bytes, held by the model output", _SRC,
+                **ins),
+           part("logits/upcast", fp32 if cl != 4 else 0,
+                "logits.float() copy T·V·4 when logits are not fp32", _SRC, **ins))
+    bwd = (part("logits/loss_grads", 2 * fp32,
                 "nll_loss and log_softmax gradients 2·T·V·4 (logits freed: output dropped)",
-                _SRC, **ins)]
-    return LossMoments(kept=tuple(kept), forward_only=tuple(fwd), backward_only=tuple(bwd))
+                _SRC, **ins),)
+    return LossMoments(kept=tuple(kept), forward_only=fwd, backward_only=bwd)

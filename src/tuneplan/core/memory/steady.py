@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuneplan.core.job import Checkpointing, Strategy
+from tuneplan.core.job import Checkpointing, Strategy, Task
+from tuneplan.core.memory.activations import linear_group
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.core.memory.optimizer import optimizer_bytes
 from tuneplan.core.memory.parts import part, total
 from tuneplan.core.memory.sharding import ShardPlan, shard
 from tuneplan.core.memory.weights import split_params, weight_terms
-from tuneplan.core.memory.activations import linear_group
 from tuneplan.core.methods import Method, Trainable, targeted_linears
 from tuneplan.core.models import Linear, ModelSpec
 from tuneplan.core.recipes import PrecisionPlan
@@ -68,20 +68,28 @@ def static_terms(model: ModelSpec, s: Strategy, plan: PrecisionPlan, trainable: 
     step = [part("optimizer/step_temporary", shard(ob.step_temp, sp.states_div),
                  f"AdamW '{a.adamw_impl}' step temporaries", "FIELD-NOTES: fused 0, foreach "
                  "one parameter copy, single the largest tensor's")]
-    layers = sum(layer.count for layer in model.layers)
-    copies = 0
-    if plan.autocast and s.method.trains_base:
-        blocks = 1 if s.checkpointing is not Checkpointing.NONE else layers
-        copies = split.block_linear // layers * blocks * plan.compute_bytes + (
-            model.vocab_size * model.hidden_size * plan.compute_bytes)
-    autocast = [part("weights/autocast_copies", copies,
-                     "bf16 copies of fp32 linear weights saved for backward (blocks alive · "
-                     "block linears + head) · 2", "torch.autocast weight cast cache")]
+    autocast = [_autocast_copies(model, s, plan)]
     return Static(resident=resident, grads=grads[0], grads_top=grads[1], grads_bottom=grads[2],
                   block_grads=_block_grads(model, s, plan, sp),
                   step=step, autocast_copies=autocast, outside=outside, host=host,
                   weights_bytes=wbytes, largest_linear=split.largest_linear,
                   total_params=split.total)
+
+
+def _autocast_copies(model: ModelSpec, s: Strategy, plan: PrecisionPlan) -> Term:
+    """Autocast's compute-dtype copies of fp32 trainable linear weights, saved for backward:
+    every block's without checkpointing, one recomputed block's with it, plus the head's."""
+    layers = sum(layer.count for layer in model.layers)
+    head = model.vocab_size * model.hidden_size * plan.compute_bytes
+    copies = 0
+    if plan.autocast and s.method.trains_base:
+        blocks = 1 if s.checkpointing is not Checkpointing.NONE else layers
+        copies = split_params(model).block_linear // layers * blocks * plan.compute_bytes + head
+    elif plan.autocast and plan.kbit_upcast and s.task is Task.CAUSAL_LM:
+        copies = head  # the fp32-upcast output head's bf16 cast, kept for its input gradient
+    return part("weights/autocast_copies", copies,
+                "bf16 copies of fp32 weights saved for backward (blocks alive · block linears "
+                "+ head, or the kbit-upcast head alone) · 2", "torch.autocast weight casts")
 
 
 def _sharded(t: Term, div: int) -> Term:

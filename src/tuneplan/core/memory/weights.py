@@ -26,12 +26,13 @@ class ParamSplit:
     total: int
     quantizable: int            # non-expert block linear weights (bnb replaces nn.Linear)
     quantizable_rows: int       # sum of out_features over them (int8 row scales)
+    quantizable_tensors: int    # how many such weight tensors (per-tensor code tables)
     block_linear: int           # all block linear weights (autocast copies)
     largest_linear: int         # biggest single (non-expert) linear weight
 
 
 def split_params(model: ModelSpec) -> ParamSplit:
-    quant = rows = linear = largest = 0
+    quant = rows = linear = largest = tensors = 0
     for layer in model.layers:
         for lin in layer.linears:
             linear += lin.weight_params * layer.count
@@ -39,21 +40,24 @@ def split_params(model: ModelSpec) -> ParamSplit:
                 continue
             quant += lin.weight_params * layer.count
             rows += lin.out_features * lin.copies * layer.count
+            tensors += lin.copies * layer.count
             largest = max(largest, lin.in_features * lin.out_features)
     total = model.embedding_params + model.final_norm_params + model.head_params + sum(
         layer.params * layer.count for layer in model.layers)
-    return ParamSplit(total=total, quantizable=quant, quantizable_rows=rows, block_linear=linear,
-                      largest_linear=largest)
+    return ParamSplit(total=total, quantizable=quant, quantizable_rows=rows,
+                      quantizable_tensors=tensors, block_linear=linear, largest_linear=largest)
 
 
 def quantized_bytes(n: int, rows: int, quant: Quant, double_quant: bool,
-                    a: MemoryAssumptions) -> tuple[int, int]:
-    """(packed weight bytes, constant bytes) for ``n`` weights in ``rows`` output rows."""
+                    a: MemoryAssumptions, tensors: int = 1) -> tuple[int, int]:
+    """(packed weight bytes, constant bytes) for ``n`` weights in ``rows`` output rows, held
+    in ``tensors`` weight tensors (each QuantState keeps a 16-entry fp32 code; a nested one
+    also a 256-entry fp32 code, an fp32 offset and a partly filled last 256-block)."""
     if quant is Quant.INT8:
         return n, rows * 4
     blocks = -(-n // a.nf4_blocksize)
-    nested = blocks + -(-blocks // a.nested_blocksize) * 4 + 256 * 4
-    consts = nested if double_quant else blocks * 4
+    nested = blocks + (blocks // a.nested_blocksize + tensors) * 4 + tensors * (1024 + 4)
+    consts = (nested if double_quant else blocks * 4) + tensors * 64
     return -(-n // 2), consts
 
 
@@ -62,47 +66,55 @@ def weight_terms(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan,
     """Terms for every stored weight byte on one (unsharded) replica."""
     split = split_params(model)
     quant = effective_quant(strategy)
-    terms: list[Term] = []
-    rest = split.total
     if quant is not None:
-        packed, consts = quantized_bytes(split.quantizable, split.quantizable_rows, quant,
-                                         strategy.double_quant, a)
-        src = "bitsandbytes Linear4bit/Linear8bitLt"
-        terms.append(part("weights/quantized", packed, f"{quant.value}: block linear weights "
-                          f"{'n' if quant is Quant.INT8 else 'n/2'} bytes", src,
-                          params=split.quantizable))
-        terms.append(part("weights/quant_constants", consts,
-                          "int8: 4 B per row" if quant is Quant.INT8 else
-                          ("nested: n/64 + n/64/256·4 + code table" if strategy.double_quant
-                           else "absmax fp32: n/64·4"), src, params=split.quantizable,
-                          double_quant=strategy.double_quant))
-        rest -= split.quantizable
-        width = 4 if plan.kbit_upcast else plan.frozen_weight_bytes
-        terms.append(part("weights/unquantized", rest * width,
-                          "embeddings, head, norms, biases, experts · bytes"
-                          + (" (fp32: prepare_model_for_kbit_training)"
-                             if plan.kbit_upcast else ""),
-                          "peft prepare_model_for_kbit_training" if plan.kbit_upcast else "",
-                          params=rest, bytes_per_param=width))
+        terms = _quantized_terms(split, strategy, plan, quant, a)
     elif strategy.method is Method.FULL:
-        terms.append(part("weights/trainable", split.total * plan.trainable_weight_bytes,
-                          "all parameters · bytes", params=split.total,
-                          bytes_per_param=plan.trainable_weight_bytes))
+        terms = [part("weights/trainable", split.total * plan.trainable_weight_bytes,
+                      "all parameters · bytes", params=split.total,
+                      bytes_per_param=plan.trainable_weight_bytes)]
     else:
         frozen = split.total - (trainable.base_params if strategy.method is Method.FREEZE else 0)
-        terms.append(part("weights/frozen", frozen * plan.frozen_weight_bytes,
-                          "frozen parameters · bytes", params=frozen,
-                          bytes_per_param=plan.frozen_weight_bytes))
+        terms = [part("weights/frozen", frozen * plan.frozen_weight_bytes,
+                      "frozen parameters · bytes", params=frozen,
+                      bytes_per_param=plan.frozen_weight_bytes)]
         if strategy.method is Method.FREEZE:
-            trainable_bytes = trainable.base_params * plan.trainable_weight_bytes
-            terms.append(part("weights/trainable", trainable_bytes,
+            terms.append(part("weights/trainable",
+                              trainable.base_params * plan.trainable_weight_bytes,
                               "trainable blocks · bytes", params=trainable.base_params))
-    if strategy.method is not Method.FULL and strategy.method is not Method.FREEZE:
-        if trainable.base_params:
-            terms.append(part("weights/modules_to_save", trainable.base_params *
-                              plan.trainable_weight_bytes, "PEFT modules_to_save copies · bytes",
-                              params=trainable.base_params))
-        terms.append(part("weights/adapters", trainable.adapter_params * plan.adapter_bytes,
-                          "adapter parameters · adapter bytes", "peft autocast_adapter_dtype",
-                          params=trainable.adapter_params, bytes_per_param=plan.adapter_bytes))
+    if strategy.method.trains_base:
+        return terms
+    if trainable.base_params:
+        terms.append(part("weights/modules_to_save", trainable.base_params *
+                          plan.trainable_weight_bytes, "PEFT modules_to_save copies · bytes",
+                          params=trainable.base_params))
+    terms.append(part("weights/adapters", trainable.adapter_params * plan.adapter_bytes,
+                      "adapter parameters · adapter bytes", "peft autocast_adapter_dtype",
+                      params=trainable.adapter_params, bytes_per_param=plan.adapter_bytes))
     return terms
+
+
+def _quantized_terms(split: ParamSplit, strategy: Strategy, plan: PrecisionPlan, quant: Quant,
+                     a: MemoryAssumptions) -> list[Term]:
+    """Packed block linears, their constants, and everything left unquantized."""
+    packed, consts = quantized_bytes(split.quantizable, split.quantizable_rows, quant,
+                                     strategy.double_quant, a, split.quantizable_tensors)
+    src = "bitsandbytes Linear4bit/Linear8bitLt"
+    rest = split.total - split.quantizable
+    width = 4 if plan.kbit_upcast else plan.frozen_weight_bytes
+    if quant is Quant.INT8:
+        const_formula = "int8: 4 B per row"
+    elif strategy.double_quant:
+        const_formula = "nested: n/64 + n/64/256·4 + code table"
+    else:
+        const_formula = "absmax fp32: n/64·4"
+    return [
+        part("weights/quantized", packed, f"{quant.value}: block linear weights "
+             f"{'n' if quant is Quant.INT8 else 'n/2'} bytes", src, params=split.quantizable),
+        part("weights/quant_constants", consts, const_formula, src, params=split.quantizable,
+             double_quant=strategy.double_quant),
+        part("weights/unquantized", rest * width,
+             "embeddings, head, norms, biases, experts · bytes"
+             + (" (fp32: prepare_model_for_kbit_training)" if plan.kbit_upcast else ""),
+             "peft prepare_model_for_kbit_training" if plan.kbit_upcast else "",
+             params=rest, bytes_per_param=width),
+    ]

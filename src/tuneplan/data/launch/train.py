@@ -22,7 +22,16 @@ from typing import Any
 
 EXIT_PREEMPTED = 143  # 128 + SIGTERM: "stopped by a signal, state saved, resume me"
 PREFIX = "checkpoint-"
-FAULT_ENV = "TUNEPLAN_FAULT_SIGTERM_AT_STEP"  # resume drills: SIGTERM itself inside this step
+#: Resume drills: ``N`` sends this process SIGTERM inside step N (between forward/backward
+#: passes), ``N:update`` while step N updates the weights (the save then waits for its end).
+FAULT_ENV = "TUNEPLAN_FAULT_SIGTERM_AT_STEP"
+
+
+def fault_due(step: int, phase: str) -> bool:
+    """Whether the resume drill asks for a SIGTERM in ``step`` (1-based) during ``phase``."""
+    want = os.environ.get(FAULT_ENV, "")
+    number, _, where = want.partition(":")
+    return number.isdigit() and int(number) == step and (where or "compute") == phase
 OPTIMIZERS = {"adamw": "adamw_torch", "adamw8bit": "adamw_bnb_8bit",
               "paged-adamw8bit": "paged_adamw_8bit", "paged-adamw32bit": "paged_adamw_32bit",
               "adafactor": "adafactor", "sgd": "sgd", "lion": "lion_32bit"}
@@ -145,13 +154,14 @@ def training_arguments(cfg: dict[str, Any], deepspeed: str | None = None) -> Any
 
 # ---------------------------------------------------------------- model and data
 def _quantization(cfg: dict[str, Any], dtype: Any) -> Any:
-    from transformers import BitsAndBytesConfig
+    import transformers
 
+    bnb: Any = transformers.BitsAndBytesConfig  # untyped library: called through Any
     if cfg["method"] == "lora8bit" or cfg["quant"] == "int8":
-        return BitsAndBytesConfig(load_in_8bit=True)
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=cfg["quant"],
-                              bnb_4bit_use_double_quant=cfg["double_quant"],
-                              bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=dtype)
+        return bnb(load_in_8bit=True)
+    return bnb(load_in_4bit=True, bnb_4bit_quant_type=cfg["quant"],
+               bnb_4bit_use_double_quant=cfg["double_quant"],
+               bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=dtype)
 
 
 def build_model(cfg: dict[str, Any]) -> Any:
@@ -170,7 +180,8 @@ def build_model(cfg: dict[str, Any]) -> Any:
     if cfg.get("model_config"):
         torch.manual_seed(cfg["seed"])  # a random model from a config dict (drills, tests)
         config = AutoConfig.for_model(**cfg["model_config"])
-        model = AutoModelForCausalLM.from_config(config, **kwargs)
+        auto: Any = AutoModelForCausalLM
+        model = auto.from_config(config, **kwargs)
     else:
         model = AutoModelForCausalLM.from_pretrained(cfg["model_name_or_path"], **kwargs)
     return add_adapters(model, cfg)
@@ -183,10 +194,12 @@ def add_adapters(model: Any, cfg: dict[str, Any]) -> Any:
     if method not in ("lora", "dora", "qlora", "lora8bit"):
         raise SystemExit(f"method {method!r}: this entry point trains full, lora, dora, qlora "
                          "and lora8bit; add the PEFT config for it in add_adapters()")
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    import peft
+    from peft import LoraConfig, get_peft_model
 
     if method in ("qlora", "lora8bit"):
-        model = prepare_model_for_kbit_training(
+        prepare: Any = peft.prepare_model_for_kbit_training
+        model = prepare(
             model, use_gradient_checkpointing=cfg["gradient_checkpointing"])
     targets = cfg["lora_targets"]
     lora = LoraConfig(
@@ -283,7 +296,7 @@ def make_guard(cfg: dict[str, Any], progress_path: Path) -> Any:
     import torch
     from transformers import TrainerCallback
 
-    class SpotGuard(TrainerCallback):  # type: ignore[misc]
+    class SpotGuard(TrainerCallback):
         def __init__(self) -> None:
             self.trainer: Any = None
             self.phase = "setup"          # setup -> compute -> update -> boundary -> ...
@@ -343,6 +356,8 @@ def make_guard(cfg: dict[str, Any], progress_path: Path) -> Any:
 
         def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             self.phase = "update"  # weights change now: a save must wait for the step's end
+            if fault_due(state.global_step + 1, "update"):
+                os.kill(os.getpid(), signal.SIGTERM)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             self.phase = "boundary"
@@ -364,15 +379,14 @@ def make_guard(cfg: dict[str, Any], progress_path: Path) -> Any:
 def make_trainer(model: Any, args: Any, dataset: Any, collate: Any, guard: Any) -> Any:
     from transformers import Trainer
 
-    class GuardedTrainer(Trainer):  # type: ignore[misc]
+    class GuardedTrainer(Trainer):
         """Trainer that records which samples each step trains on (the data position)."""
 
         def training_step(self, model: Any, inputs: dict[str, Any], *rest: Any) -> Any:
             guard.sample_ids.extend(int(i) for i in inputs.pop("sample_ids").tolist())
-            fault = os.environ.get(FAULT_ENV)
             last_micro = len(guard.sample_ids) >= args.per_device_train_batch_size * \
                 args.gradient_accumulation_steps
-            if fault and int(fault) == self.state.global_step + 1 and last_micro:
+            if last_micro and fault_due(self.state.global_step + 1, "compute"):
                 os.kill(os.getpid(), signal.SIGTERM)  # handled right here, inside the step
             return super().training_step(model, inputs, *rest)
 

@@ -1,0 +1,61 @@
+"""`tuneplan launch`: writes a bundle from a --plan file or the last saved plan; refuses a
+non-empty folder unless --force; an unknown plan id is exit 2 with one line."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.cli.conftest import CliResult
+
+Run = Callable[..., CliResult]
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "launch" / "plan_llama8b_qlora_aws.json"
+
+
+def test_launch_from_a_plan_file_writes_the_bundle(run_cli: Run, tmp_path: Path) -> None:
+    out = tmp_path / "bundle"
+    result = run_cli("launch", "d03e2a81c965", "--plan", str(FIXTURE), "--to", "skypilot",
+                     "--out", str(out), "--json")
+    assert result.code == 0, result.stderr
+    doc = result.json()
+    assert doc["plan_id"] == "d03e2a81c965" and doc["targets"] == ["skypilot"]
+    assert set(doc["files"]) == {"train.py", "train_config.json", "requirements.txt",
+                                 "accelerate_config.yaml", "sky.yaml", "RUN.md"}
+    assert sorted(p.name for p in out.iterdir()) == sorted(doc["files"])
+    cfg = json.loads((out / "train_config.json").read_text())
+    assert cfg["plan_id"] == "d03e2a81c965" and cfg["method"] == "qlora"
+    assert (out / "train.py").stat().st_mode & 0o111
+
+
+def test_non_empty_folder_is_refused_unless_forced(run_cli: Run, tmp_path: Path) -> None:
+    (tmp_path / "keep.txt").write_text("mine")
+    refused = run_cli("launch", "--plan", str(FIXTURE), "--out", str(tmp_path))
+    assert refused.code == 2
+    assert refused.stderr.count("\n") == 1 and "--force" in refused.stderr
+    forced = run_cli("launch", "--plan", str(FIXTURE), "--out", str(tmp_path), "--force")
+    assert forced.code == 0, forced.stderr
+    assert (tmp_path / "keep.txt").read_text() == "mine" and (tmp_path / "RUN.md").exists()
+
+
+def test_unknown_plan_id_is_exit_2_one_line(run_cli: Run, tmp_path: Path) -> None:
+    result = run_cli("launch", "000000000000", "--plan", str(FIXTURE), "--out",
+                     str(tmp_path / "x"))
+    assert result.code == 2 and result.stderr.count("\n") == 1
+    assert "000000000000" in result.stderr and not (tmp_path / "x").exists()
+    bad_target = run_cli("launch", "--plan", str(FIXTURE), "--to", "slurm", "--out",
+                         str(tmp_path / "y"))
+    assert bad_target.code == 2 and "slurm" in bad_target.stderr
+
+
+def test_launch_by_id_reads_the_last_saved_plan(run_cli: Run, tmp_path: Path) -> None:
+    from tuneplan.adapters.plans import save_last_plan
+
+    save_last_plan(json.loads(FIXTURE.read_text()))
+    result = run_cli("launch", "591488aa26ff", "--to", "dstack", "--out", str(tmp_path / "b"),
+                     "--json")
+    assert result.code == 0, result.stderr
+    assert result.json()["plan_id"] == "591488aa26ff"
+    assert (tmp_path / "b" / ".dstack.yml").exists()
+    missing = run_cli("launch", "ffffffffffff", "--out", str(tmp_path / "c"))
+    assert missing.code == 2 and "ffffffffffff" in missing.stderr

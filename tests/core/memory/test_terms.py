@@ -1,0 +1,96 @@
+"""Known answers for individual terms: quantized weight bytes, trainable parameters per method,
+recipe dtype rules, sharding and offload placement. Each number is worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuneplan.adapters.hub import resolve_model
+from tuneplan.core.job import Checkpointing, Offload, Optimizer, Precision, Sharding, Strategy
+from tuneplan.core.memory import estimate_memory
+from tuneplan.core.methods import Method, count_trainable
+from tuneplan.core.recipes import Recipe, precision_plan
+
+L8B = resolve_model("meta-llama/Llama-3.1-8B")
+LINEAR_8B = 6_979_321_856          # 32 blocks · (2·4096² + 2·4096·1024 + 3·4096·14336)
+OUT_PER_BLOCK = 4096 + 1024 + 1024 + 4096 + 14336 + 14336 + 4096
+
+
+def test_nf4_weights_and_constants() -> None:
+    est = estimate_memory(L8B, Strategy(method=Method.QLORA, double_quant=False))
+    assert est.breakdown.value("weights/quantized") == LINEAR_8B // 2
+    assert est.breakdown.value("weights/quant_constants") == LINEAR_8B // 64 * 4
+    nested = estimate_memory(L8B, Strategy(method=Method.QLORA))
+    blocks = LINEAR_8B // 64
+    assert nested.breakdown.value("weights/quant_constants") == blocks + (
+        -(-blocks // 256)) * 4 + 1024
+    # prepare_model_for_kbit_training: embeddings, head, norms in fp32
+    rest = 8_030_261_248 - LINEAR_8B
+    assert est.breakdown.value("weights/unquantized") == rest * 4
+
+
+@pytest.mark.parametrize(("method", "expected"), [
+    (Method.LORA, 16 * 32 * sum(i + o for i, o in [(4096, 4096), (4096, 1024), (4096, 1024),
+                                                    (4096, 4096), (4096, 14336), (4096, 14336),
+                                                    (14336, 4096)])),
+    (Method.DORA, 41_943_040 + 32 * OUT_PER_BLOCK),   # + one magnitude per output row
+    (Method.PREFIX, 20 * 32 * 2 * 1024),               # P · layers · 2 · kv_dim (GQA)
+    (Method.PROMPT, 20 * 4096),                        # P · hidden
+])
+def test_trainable_params(method: Method, expected: int) -> None:
+    assert count_trainable(L8B, Strategy(method=method)).total == expected
+
+
+def test_ia3_scales_outputs_and_feedforward_inputs() -> None:
+    s = Strategy(method=Method.IA3, lora_targets=("k_proj", "v_proj", "down_proj"))
+    assert count_trainable(L8B, s).total == 32 * (1024 + 1024 + 14336)
+
+
+def test_recipe_precision_rules() -> None:
+    hf = precision_plan(Strategy(method=Method.LORA))
+    assert (hf.frozen_weight_bytes, hf.adapter_bytes, hf.autocast) == (2, 4, True)
+    tt = precision_plan(Strategy(method=Method.LORA, recipe=Recipe.TORCHTUNE,
+                                 precision=Precision.BF16))
+    assert (tt.adapter_bytes, tt.state_bytes, tt.autocast) == (2, 2, False)
+    ds = precision_plan(Strategy(method=Method.FULL, gpus=8, sharding=Sharding.ZERO2))
+    assert (ds.trainable_weight_bytes, ds.master_bytes, ds.state_bytes) == (2, 4, 4)
+    full = precision_plan(Strategy(method=Method.FULL))
+    assert (full.trainable_weight_bytes, full.state_bytes) == (4, 4)
+
+
+def test_zero3_shards_weights_and_gathers_blocks() -> None:
+    one = estimate_memory(L8B, Strategy(method=Method.FULL, precision=Precision.BF16))
+    z3 = estimate_memory(L8B, Strategy(method=Method.FULL, precision=Precision.BF16, gpus=8,
+                                       sharding=Sharding.ZERO3))
+    assert z3.breakdown.value("weights/trainable") == -(-one.breakdown.value(
+        "weights/trainable") // 8)
+    assert z3.breakdown.value("sharding/gathered_blocks") > 0
+    assert z3.breakdown.value("overheads/nccl") > 0
+
+
+def test_offload_moves_optimizer_state_to_host() -> None:
+    s = Strategy(method=Method.FULL, gpus=4, sharding=Sharding.ZERO3, offload=Offload.OPTIMIZER)
+    est = estimate_memory(L8B, s)
+    assert est.breakdown.value("optimizer/states") == 0
+    assert est.host.value("optimizer/states") > 0
+
+
+def test_optimizer_in_backward_keeps_one_gradient() -> None:
+    s = Strategy(method=Method.FULL, recipe=Recipe.TORCHTUNE, precision=Precision.BF16,
+                 optimizer_in_backward=True)
+    est = estimate_memory(L8B, s)
+    assert "optimizer" not in est.phases
+    assert est.breakdown.value("gradients/trainable") == 0
+
+
+def test_eight_bit_adam_state() -> None:
+    s = Strategy(method=Method.FULL, precision=Precision.BF16, optimizer=Optimizer.ADAMW8BIT)
+    states = estimate_memory(L8B, s).breakdown.value("optimizer/states")
+    assert 2 * 8_030_261_248 < states < 2.1 * 8_030_261_248   # 2 B + absmax per element
+
+
+def test_offloaded_checkpoints_keep_two_blocks() -> None:
+    s = Strategy(method=Method.LORA, checkpointing=Checkpointing.OFFLOAD, batch_size=4,
+                 seq_len=4096)
+    est = estimate_memory(L8B, s)
+    assert est.host.value("host/offloaded_checkpoints") == 4 * 4096 * 4096 * 2 * 32

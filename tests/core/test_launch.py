@@ -1,0 +1,125 @@
+"""core.launch: reading a plan, checkpoint cadence and retention, YAML text, bundle contents."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tuneplan.core.launch import (
+    MIN_KEPT,
+    Target,
+    expand_targets,
+    launch_spec,
+    render_bundle,
+    train_config,
+)
+from tuneplan.core.launch_yaml import render_yaml
+from tuneplan.core.spot import young_daly_interval_s
+from tuneplan.errors import InvalidValueError
+from tuneplan.units import GB
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "launch"
+
+
+def _plan(doc: str, index: int = 0) -> dict[str, Any]:
+    data = json.loads((FIXTURES / doc).read_text())
+    return {"job": data["job"], **data["plans"][index]}
+
+
+def test_targets_expand_all_and_refuse_unknown_words() -> None:
+    assert expand_targets(["all"]) == (Target.ACCELERATE, Target.DEEPSPEED, Target.SKYPILOT,
+                                       Target.DSTACK)
+    assert expand_targets(["dstack,skypilot"]) == (Target.SKYPILOT, Target.DSTACK)
+    with pytest.raises(InvalidValueError, match="slurm"):
+        expand_targets(["slurm"])
+
+
+def test_save_steps_are_the_plans_young_daly_interval_over_step_time() -> None:
+    plan = _plan("plan_llama8b_qlora_aws.json")
+    spec = launch_spec(plan)
+    interval_s = plan["cost"]["spot"]["checkpoint_interval_minutes"] * 60
+    assert spec.checkpoint_interval_s == pytest.approx(interval_s)
+    assert spec.save_steps == round(interval_s / plan["throughput"]["step_seconds"])
+    assert spec.save_steps > 1
+    assert "spot cost model" in spec.interval_source
+
+
+def test_without_a_spot_interval_young_daly_is_computed_from_the_checkpoint_size() -> None:
+    plan = _plan("plan_llama8b_qlora_aws.json")
+    plan["cost"] = {**plan["cost"], "spot": None}
+    spec = launch_spec(plan)
+    # QLoRA: fp32 adapters (4 B) + AdamW state (8 B) per trainable parameter; 1 GB/s writes,
+    # MTBF 10 h (CostAssumptions' stated defaults).
+    ckpt = plan["memory"]["trainable_params"] * 12
+    assert spec.checkpoint_bytes == ckpt
+    assert spec.checkpoint_interval_s == pytest.approx(young_daly_interval_s(ckpt / 1e9, 36_000))
+
+
+def test_retention_follows_the_disk_budget() -> None:
+    plan = _plan("plan_llama70b_full_aws.json", 1)
+    assert launch_spec(plan).save_total_limit == MIN_KEPT  # disk unknown: what cost priced
+    spec = launch_spec(plan)
+    roomy = plan | {"offer": plan["offer"] | {
+        "disk_bytes": spec.total_params * 2 + 100 * GB + 4 * spec.checkpoint_bytes}}
+    assert launch_spec(roomy).save_total_limit == 4
+
+
+def test_every_missing_field_is_reported_at_once() -> None:
+    plan = _plan("plan_llama8b_qlora_aws.json")
+    del plan["throughput"]
+    plan["strategy"] = plan["strategy"] | {"method": "magic"}
+    with pytest.raises(InvalidValueError) as err:
+        launch_spec(plan)
+    assert "throughput.step_seconds is missing" in str(err.value)
+    assert "strategy.method='magic'" in str(err.value)
+
+
+@pytest.mark.parametrize("value", [
+    "no", "1e3", "yes: really", "#hash", "multi\nline\n  indented", "a\nb\n", "a\n\nb\n\n",
+    " lead\nx", "tail \nx", "${{ dstack.node_rank }}",
+    'quote " and \\ backslash', "", "  lead", "ünïcode", 143, 2.5, True, None, [], {},
+])
+def test_yaml_text_reads_back_as_the_same_value(value: Any) -> None:
+    doc = {"key": value, "list": [value, {"inner": value}], "nested": {"x": value}}
+    assert yaml.safe_load(render_yaml(doc, header="a\nb")) == doc
+
+
+def test_bundle_files_follow_targets_and_sharding() -> None:
+    single = _plan("plan_llama8b_qlora_aws.json")
+    files = render_bundle(single, ["skypilot"], train_script="# train")
+    assert set(files) == {"train.py", "train_config.json", "requirements.txt",
+                          "accelerate_config.yaml", "sky.yaml", "RUN.md"}
+    assert "bitsandbytes" in files["requirements.txt"]
+    assert "deepspeed" not in files["requirements.txt"]
+    zero3 = render_bundle(_plan("plan_llama70b_full_aws.json", 1), ["dstack"], train_script="")
+    assert "ds_config.json" in zero3  # ZeRO plans always carry their DeepSpeed JSON
+    assert "deepspeed" in zero3["requirements.txt"]
+    assert "bitsandbytes" not in zero3["requirements.txt"]  # full fine-tuning, plain AdamW
+    assert json.loads(zero3["ds_config.json"])["zero_optimization"]["stage"] == 3
+
+
+def test_train_config_carries_the_plan_choices() -> None:
+    plan = _plan("plan_llama8b_qlora_aws.json")
+    cfg = train_config(launch_spec(plan))
+    s = plan["strategy"]
+    assert (cfg["method"], cfg["lora_rank"], cfg["quant"]) == ("qlora", s["lora_rank"], "nf4")
+    assert (cfg["batch_size"], cfg["seq_len"]) == (s["batch_size"], s["seq_len"])
+    assert cfg["output_dir"] == f"/checkpoints/{plan['id']}"
+    assert cfg["save_total_limit"] >= 2
+
+
+def test_run_md_says_cadence_cost_and_how_to_launch() -> None:
+    plan = _plan("plan_llama70b_multinode_aws.json")
+    files = render_bundle(plan, ["all"], train_script="")
+    text = files["RUN.md"]
+    spec = launch_spec(plan)
+    assert f"Every **{spec.save_steps} steps**" in text
+    assert plan["cost"]["on_demand_usd"] in text
+    assert "sky jobs launch sky.yaml" in text and "dstack apply -f .dstack.yml" in text
+    assert all(w in text for w in plan["warnings"])
+    assert spec.planned_steps == math.ceil(2_000_000_000 / (1 * 8192 * 1 * 4))
