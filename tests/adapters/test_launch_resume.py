@@ -156,3 +156,38 @@ def test_lora_survives_two_interruptions_and_keeps_the_adapter(tmp_path: Path) -
     adapter = _final(folder, "adapter_model.safetensors")
     lora_b = [v for k, v in adapter.items() if "lora_B" in k]
     assert lora_b and all(v.abs().sum() > 0 for v in lora_b)  # trained, not re-initialised
+
+
+def test_jsonl_rows_are_packed_or_cut_at_seq_len(tmp_path: Path) -> None:
+    """The real-data path: a local tokenizer, texts joined with EOS and cut into seq_len rows
+    (packing), or each text cut at seq_len (no packing)."""
+    import importlib.util
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["[UNK]", "</s>", "a", "b", "c", "d", "e"]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=core, eos_token="</s>",
+                            unk_token="[UNK]").save_pretrained(str(tmp_path / "tok"))
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"text": "a b c"}\n{"text": "d e"}\n{"text": "a a a a a"}\n')
+    (tmp_path / "train.py").write_text(read_train_script())
+    spec = importlib.util.spec_from_file_location("bundle_train_data", tmp_path / "train.py")
+    assert spec and spec.loader
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    cfg = {"model_name_or_path": str(tmp_path / "tok"), "seq_len": 4, "packing": True,
+           "dataset": {"kind": "jsonl", "path": str(data), "text_field": "text"}}
+    packed, pad = train.build_dataset(cfg)
+    # a b c </s> | d e </s> a | a a a a  (the last 2 tokens do not fill a row: dropped)
+    assert [packed[i]["input_ids"] for i in range(len(packed))] == [
+        [2, 3, 4, 1], [5, 6, 1, 2], [2, 2, 2, 2]]
+    assert pad == 1  # no pad token: EOS pads
+    cut, _ = train.build_dataset(cfg | {"packing": False})
+    assert [cut[i]["input_ids"] for i in range(len(cut))] == [[2, 3, 4, 1], [5, 6, 1],
+                                                              [2, 2, 2, 2]]
+    batch = train.make_collator(pad)([cut[1], cut[0]])
+    assert batch["labels"][0].tolist() == [5, 6, 1, -100]  # padding is not trained on
+    assert batch["sample_ids"].tolist() == [1, 0]

@@ -99,7 +99,7 @@ def dstack_task(spec: LaunchSpec, *, engine: str = "accelerate") -> dict[str, An
         "type": "task", "name": f"tuneplan-{spec.plan_id}", "nodes": spec.nodes,
         "python": "3.11",
         "files": ["train.py", "train_config.json", "requirements.txt",
-                  "accelerate_config.yaml"]
+                  "accelerate_config.yaml", "data"]
                  + (["ds_config.json"] if spec.zero_stage is not None else []),
         "env": [f"TUNEPLAN_CHECKPOINT_DIR={CHECKPOINT_DIR}"],
         "commands": ["pip install -r requirements.txt",

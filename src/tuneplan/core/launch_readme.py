@@ -55,8 +55,9 @@ def _checkpoints(spec: LaunchSpec) -> list[str]:
 
 
 def _how(files: Sequence[str], targets: Sequence[Target]) -> list[str]:
-    out = ["Put your data in `data/train.jsonl` (one JSON object per line with a `text` field),"
-           " or change `dataset` in `train_config.json`."]
+    out = ["Put your data in `data/train.jsonl` (one JSON object per line with a `text` field;"
+           " SkyPilot uploads this folder, dstack the files its task lists), or change "
+           "`dataset` in `train_config.json`. Run the commands below from this folder."]
     if Target.SKYPILOT in targets:
         out += ["", "SkyPilot (managed job: restarts on preemption, resumes from the bucket):",
                 "", "    sky jobs launch sky.yaml"]

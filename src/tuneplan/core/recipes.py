@@ -42,8 +42,11 @@ class PrecisionPlan:
     why: str
 
 
-def _deepspeed_like(strategy: Strategy) -> bool:
-    return strategy.sharding.value.startswith("zero")
+def _sharded_mixed(strategy: Strategy) -> bool:
+    """DeepSpeed (any ZeRO stage, even on one GPU) or FSDP on several GPUs: the module computes
+    with half-precision parameters and the optimizer owns sharded fp32 copies."""
+    name = strategy.sharding.value
+    return name.startswith("zero") or (strategy.world_size > 1 and name != "ddp")
 
 
 def precision_plan(strategy: Strategy) -> PrecisionPlan:
@@ -63,9 +66,10 @@ def precision_plan(strategy: Strategy) -> PrecisionPlan:
     # Unsloth and LitGPT build adapters in the model dtype.
     adapter = 4 if recipe in (Recipe.HF, Recipe.PLAIN) else (4 if mixed else c)
     master = 0
-    if _deepspeed_like(strategy) and mixed:
+    if _sharded_mixed(strategy) and mixed:
         # DeepSpeed bf16/fp16 casts the whole module (adapters included) to half precision and
-        # keeps an fp32 master copy + fp32 states, sharded (engine: module.bfloat16()).
+        # keeps an fp32 master copy + fp32 states, sharded (engine: module.bfloat16()); FSDP
+        # MixedPrecision gathers bf16 parameters from fp32 shards: the same 2 + 4 (+ states).
         trainable, master, adapter = 2, 4, 2
     state = 4 if master else (trainable if full else adapter)
     kbit = recipe is Recipe.HF and method in (Method.QLORA, Method.LORA8BIT)

@@ -197,8 +197,10 @@ def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shap
     mlp_t, attn_t = act.backward_transients(model, s, w, shape)
     if recomputed:  # the recomputed first norm saves the checkpointed input tensor itself
         one = dict(one, norms=one["norms"] - act.input_shared_with_norm(model, w, shape))
-    # down_proj's input (and a MoE's down outputs) are freed once their backward ran
-    at_mlp = dict(one, linear_inputs_down=0, mlp_tail=0)
+    # down_proj's input (and a MoE's down outputs) are freed once their backward ran; IA3's
+    # input scaling of down_proj peaks while that input is still held (its grad is x·grad).
+    at_mlp = dict(one, mlp_tail=0, linear_inputs_down=(
+        one["linear_inputs_down"] if s.method is Method.IA3 else 0))
     # At attention backward the block's MLP side (second norm, MLP, their linear inputs and
     # adapters) is freed, and so is eager attention's compute-dtype softmax copy.
     at_attention = dict(one, mlp=0, mlp_tail=0, norms=one["norms"] // 2, linear_inputs_mlp=0,
