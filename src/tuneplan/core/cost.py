@@ -84,7 +84,9 @@ class Billing:
 def billed_seconds(duration_s: float, billing: Billing) -> int:
     """max(minimum, ceil(duration / granularity) x granularity) for one session."""
     step = max(1, billing.granularity_s)
-    rounded = math.ceil(max(0.0, duration_s) / step - 1e-9) * step
+    # Round to whole microseconds first, the same for every granularity, so float noise
+    # (3600.0000000001 s) is not billed as an extra step and finer billing stays cheaper.
+    rounded = math.ceil(round(max(0.0, duration_s), 6) / step) * step
     return max(billing.minimum_s, int(rounded))
 
 
