@@ -10,6 +10,7 @@ import pytest
 
 from tuneplan.adapters.bundled import load_gpu_specs, load_providers
 from tuneplan.adapters.hub import resolve_model
+from tuneplan.adapters.importers.snapshot import load_bundled_snapshot
 from tuneplan.core.catalog import Offer
 from tuneplan.core.fit import fit
 from tuneplan.core.job import Job, Objective, Optimizer, Precision, Strategy
@@ -51,10 +52,13 @@ MIXED = [
 
 
 def test_8b_qlora_picks_a_single_mid_range_card() -> None:
-    result = run("meta-llama/Llama-3.1-8B", "qlora", MIXED)
+    # Over the real bundled catalog and its prices (the scenario of issue 6), not a toy one:
+    # on toy prices an H100 and an L40S can come within the model's own uncertainty.
+    offers = [o for _, result, _ in load_bundled_snapshot() for o in result.offers]
+    result = run("meta-llama/Llama-3.1-8B", "qlora", offers)
     best = result.plans[0]
     assert best.offer.gpu_count == 1
-    assert best.gpu.name in {"RTX 4090", "L4", "L40S"}   # 24-48 GB cards, not an H100/A100
+    assert 24 * GiB <= best.capacity_bytes <= 48 * GiB   # a 24-48 GB card, not an H100/A100
     assert best.strategy.method is Method.QLORA
     assert best.candidate.device_total_bytes <= best.capacity_bytes * 0.95
 
@@ -183,7 +187,10 @@ def test_fit_finds_limits_and_changes_that_fit() -> None:
     report = fit(search, SPECS["A100 80GB SXM4"])
     assert not report.fits
     by_method = {m.method: m for m in report.methods}
-    assert by_method[Method.QLORA].largest_batch >= by_method[Method.LORA].largest_batch >= 1
+    # QLoRA saves weight memory but, after prepare_model_for_kbit_training, keeps norms in fp32
+    # (larger activations), so at the limit its micro-batch can be LoRA's or one less.
+    assert by_method[Method.QLORA].largest_batch >= by_method[Method.LORA].largest_batch - 1 >= 1
+    assert by_method[Method.QLORA].peak_bytes < by_method[Method.LORA].peak_bytes
     assert by_method[Method.FULL].largest_batch == 0
     changes = {s.change.split(" (")[0].split(":")[0]: s for s in report.suggestions}
     assert "QLoRA" in changes and any(c.startswith("ZeRO-3 over") for c in changes)

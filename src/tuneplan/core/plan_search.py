@@ -218,9 +218,9 @@ class StrategySearch:
                     out: SearchOutcome, *, offload: bool) -> list[Candidate]:
         """Fitting candidates over sharding x offload x checkpointing, pruned where a choice
         cannot win: heavier sharding once a lighter one reaches the largest micro-batch (more
-        traffic, no larger batch); ZeRO-3 unless FSDP is refused (same traffic, more memory); no
-        checkpointing unless checkpointing leaves room for 8 sequences; parameter offload
-        where optimizer offload fits."""
+        traffic, no larger batch); ZeRO-3 unless FSDP is refused (same traffic, more memory);
+        parameter offload where optimizer offload fits. Running without checkpointing is always
+        tried when checkpointing fits: a smaller micro-batch without recompute is often faster."""
         fitted: list[Candidate] = []
         top = 2**self.max_micro_batch_log2
         fsdp_refused = False
@@ -235,9 +235,8 @@ class StrategySearch:
             if not got:
                 continue
             fitted += got
-            if got[0].strategy.batch_size >= 8:
-                fitted += self._fit_family(replace(family, checkpointing=Checkpointing.NONE),
-                                           node, limit, generation, out)
+            fitted += self._fit_family(replace(family, checkpointing=Checkpointing.NONE),
+                                       node, limit, generation, out)
             if got[0].strategy.batch_size >= top:
                 break
         return fitted
