@@ -2,7 +2,8 @@
 
 Prints one row per case (case, metric, expected, predicted, error %), then the median absolute
 error and the share within ±15 % over the measurement rows that could be estimated, and the
-fit/OOM agreement. Reads ``/work/shared/data/calibration/cases.jsonl`` (or the path given).
+fit/OOM agreement. Reads ``benchmarks/calibration/cases.jsonl`` (vendored from
+shared/data/calibration on 2026-11-30), or the path given.
 Offline: models that are not bundled are reported as unavailable.
 Run: ``.venv/bin/python benchmarks/accuracy.py [cases.jsonl] [--all]``.
 """
@@ -21,7 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from tuneplan.errors import TuneplanError
 from tuneplan.memory_report import run_memory
 
-DEFAULT = Path("/work/shared/data/calibration/cases.jsonl")
+DEFAULT = Path(__file__).resolve().parent / "calibration" / "cases.jsonl"
 GiB = 2**30
 
 # Qwen-1 (model_type "qwen", remote code) is not bundled. Its blocks have the shapes of a

@@ -21,7 +21,7 @@ from tuneplan.core.compute import ComputeJob, LinearShape, ModelShape, estimate_
 from tuneplan.core.compute_assumptions import ThroughputAssumptions
 from tuneplan.errors import TuneplanError
 
-DEFAULT_CASES = Path("/work/shared/data/calibration/cases.jsonl")
+DEFAULT_CASES = Path(__file__).resolve().parent / "calibration" / "cases.jsonl"
 
 
 def _block(name: str, layers: int, linears: list[tuple[str, int, int]],

@@ -8,7 +8,8 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def _private_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def _private_dirs(
+        tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     home = tmp_path_factory.mktemp("tuneplan-home")
     monkeypatch.setenv("TUNEPLAN_HOME", str(home))
     monkeypatch.setenv("HF_HOME", str(home / "hf"))

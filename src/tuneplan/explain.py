@@ -73,7 +73,8 @@ class Breakdown:
 
     def subtotal(self, prefix: str) -> int | float:
         """Sum of the terms under a slash prefix (``activations`` sums ``activations/*``)."""
-        return sum(t.value for t in self.terms if t.path == prefix or t.path.startswith(prefix + "/"))
+        under = prefix + "/"
+        return sum(t.value for t in self.terms if t.path == prefix or t.path.startswith(under))
 
     def with_terms(self, extra: Iterable[Term]) -> Breakdown:
         return Breakdown(self.unit, self.terms + tuple(extra))

@@ -7,6 +7,7 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -20,7 +21,7 @@ RECORDED_CONFIG = (FIXTURES / "hub" / "config.json").read_bytes()
 class _FakeHub(http.server.BaseHTTPRequestHandler):
     """Answers like the hub's /{repo}/resolve/{rev}/config.json, with its error headers."""
 
-    requests: list[str] = []
+    requests: ClassVar[list[str]] = []
 
     def log_message(self, *args: object) -> None:
         _FakeHub.requests.append(f"{self.command} {self.path}")
@@ -96,7 +97,7 @@ def test_local_folder_and_json_path(tmp_path: Path) -> None:
 
 
 def test_folder_without_config_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(UnknownModelError, match="has no config.json"):
+    with pytest.raises(UnknownModelError, match=r"has no config\.json"):
         hub.resolve_model(str(tmp_path))
 
 
@@ -157,7 +158,8 @@ def test_unreachable_hub_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
         (b'{"model_type": "llama",', "not valid JSON"),
     ],
 )
-def test_malformed_files_are_model_config_errors(tmp_path: Path, content: bytes, message: str) -> None:
+def test_malformed_files_are_model_config_errors(
+        tmp_path: Path, content: bytes, message: str) -> None:
     path = tmp_path / "config.json"
     path.write_bytes(content)
     with pytest.raises(ModelConfigError, match=message):

@@ -153,8 +153,8 @@ def fetch_hub_config(repo_id: str, *, endpoint: str | None = None) -> dict[str, 
     """Download (or read from the local cache) ``config.json`` of a hub repository."""
     endpoint = endpoint or _hub_endpoint()
     try:
-        from huggingface_hub import hf_hub_download
         from huggingface_hub import errors as hub_errors
+        from huggingface_hub import hf_hub_download
     except ImportError as exc:  # pragma: no cover - a core dependency
         raise UnknownModelError(f"{repo_id}: huggingface_hub is not installed") from exc
     offline = hub_offline()
