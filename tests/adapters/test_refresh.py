@@ -242,3 +242,27 @@ def test_a_refresh_killed_mid_write_leaves_the_database_identical(
     reopened = CatalogStore.open(store.path, seed=False)
     assert {s.source: s.offers for s in reopened.status()}["runpod"] == 83
     reopened.close()
+
+
+def test_a_live_skypilot_catalog_retires_the_bundled_snapshot_of_its_cloud(tmp_path: Path) -> None:
+    # Without retiring, instance types dropped upstream would linger from the bundled snapshot.
+    store = CatalogStore.open(tmp_path / "catalog.sqlite")  # seeded from the bundled snapshot
+    seeded = {o.instance_type for o in store.offers() if o.source == "skypilot-snapshot/lambda"}
+    assert "gpu_1x_a10" in seeded
+    live_csv = ("InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,Region,"
+                "GpuInfo,SpotPrice\n"
+                "gpu_8x_h100_sxm5,H100,8,208,1800,23.92,us-east-1,,\n")
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=live_csv)
+
+    available = tuple(s for s in refresh_module.live_sources() if s.name == "skypilot/lambda")
+    client = httpx.Client(transport=httpx.MockTransport(handler))
+    (outcome,) = refresh(store, ["skypilot/lambda"], client=client, available=available)
+    assert outcome.status == "ok", outcome.message
+    lambda_offers = [o for o in store.offers() if o.provider == "Lambda"]
+    assert {o.instance_type for o in lambda_offers} == {"gpu_8x_h100_sxm5"}
+    assert "skypilot-snapshot/lambda" not in {s.source for s in store.status()}
+    history = [p for p in store.history("A10") if p.source == "skypilot-snapshot/lambda"]
+    assert history, "the retired snapshot stays as price history"
+    store.close()

@@ -24,6 +24,7 @@ from tuneplan.adapters.importers import (
     lambda_cloud,
     runpod,
     skypilot_live,
+    snapshot,
     vastai,
 )
 from tuneplan.adapters.importers.base import ImportResult, utc_now
@@ -50,6 +51,7 @@ class LiveSource:
     fetch: Fetcher
     needs_key: str | None = None
     opt_in: bool = False
+    supersedes: tuple[str, ...] = ()   # store sources this one replaces when it succeeds
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,7 +85,8 @@ def live_sources() -> tuple[LiveSource, ...]:
     )
     clouds = tuple(
         LiveSource(name=skypilot_live.source_name(cloud), group=skypilot_live.SOURCE,
-                   fetch=partial(skypilot_live.fetch, cloud=cloud))
+                   fetch=partial(skypilot_live.fetch, cloud=cloud),
+                   supersedes=_bundled_sources_of(cloud))
         for cloud in skypilot_live.CLOUDS)
     return own + clouds
 
@@ -144,6 +147,12 @@ def refresh(store: CatalogStore, sources: Iterable[str] | None = None,
             client.close()
 
 
+def _bundled_sources_of(cloud: str) -> tuple[str, ...]:
+    """The bundled snapshot sources a live SkyPilot catalog of ``cloud`` replaces."""
+    own = f"{snapshot.SOURCE_PREFIX}{cloud}"
+    return (own, f"{own}-v7") if cloud == "runpod" else (own,)
+
+
 def refresh_one(store: CatalogStore, source: LiveSource, client: httpx.Client) -> SourceOutcome:
     """Fetch, check and write one source; never raises (every failure becomes an outcome)."""
     started = time.monotonic()
@@ -159,7 +168,8 @@ def refresh_one(store: CatalogStore, source: LiveSource, client: httpx.Client) -
         return _outcome(source, "failed", f"{source.name}: {problem}; previous snapshot kept",
                         started, result)
     try:
-        written = store.replace_source(source.name, result.offers, _fetched_at(result, stamp))
+        written = store.replace_source(source.name, result.offers, _fetched_at(result, stamp),
+                                       retires=source.supersedes)
     except Exception as exc:  # replace_source rolled back: the previous snapshot is intact
         return _outcome(source, "failed", _reason(source, exc, writing=True), started, result)
     message = f"{source.name}: {written} offers written" + _warnings(result)

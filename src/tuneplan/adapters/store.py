@@ -175,12 +175,16 @@ class CatalogStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def replace_source(self, source: str, offers: Iterable[Offer], fetched_at: datetime) -> int:
+    def replace_source(self, source: str, offers: Iterable[Offer], fetched_at: datetime, *,
+                       retires: Sequence[str] = ()) -> int:
         """Write ``offers`` as the new current snapshot of ``source``, atomically.
 
         One transaction: either every offer is written and the snapshot becomes current, or
         (on any exception, even from the ``offers`` iterator, or a killed process) nothing
-        changes. The previous snapshot is kept as history. Returns the number written.
+        changes. The previous snapshot is kept as history. ``retires`` names sources that this
+        one supersedes (the bundled snapshot of the same SkyPilot cloud): in the same
+        transaction they stop being current, so offers dropped upstream do not linger; their
+        snapshots stay as price history. Returns the number written.
         Raises CatalogError on a database failure; other exceptions propagate after rollback.
         """
         if fetched_at.tzinfo is None:
@@ -190,6 +194,10 @@ class CatalogStore:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 written = self._write_snapshot(source, offers, stamp)
+                for old in retires:
+                    self._db.execute(
+                        "UPDATE snapshots SET is_current=0 WHERE source=? AND is_current=1",
+                        (old,))
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
