@@ -146,7 +146,8 @@ def test_an_exception_half_way_through_the_write_rolls_back(
             yield offer
 
     monkeypatch.setattr(store, "replace_source",
-                        lambda source, offers, at: original(source, exploding(offers), at))
+                        lambda source, offers, at, **kw: original(source, exploding(offers), at,
+                                                                  **kw))
     outcomes = refresh(store, ["runpod"], client=routes(), available=sources())
     assert outcomes[0].failed and "writing failed" in outcomes[0].message
     assert "disk vanished" in outcomes[0].message
@@ -213,7 +214,7 @@ _KILLED_SCRIPT = textwrap.dedent("""
                 time.sleep(60)
             yield offer
 
-    store.replace_source = lambda s, offers, at: original(s, stalling(offers), at)
+    store.replace_source = lambda s, offers, at, **kw: original(s, stalling(offers), at, **kw)
     refresh(store, ["runpod"], client=routes(), available=sources())
 """)
 
