@@ -44,12 +44,14 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
+_DEBUG = {"on": False}  # set by --debug for this invocation; TUNEPLAN_DEBUG=1 does the same
+
+
 @app.callback()
 def _root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
-    if debug:
-        os.environ["TUNEPLAN_DEBUG"] = "1"
+    _DEBUG["on"] = debug
 
 
 @app.command("models")
@@ -118,10 +120,11 @@ def main() -> None:
     Click's standalone mode handles usage errors itself (exit 2); tuneplan's own errors
     propagate out of it and are reported here.
     """
+    _DEBUG["on"] = False
     try:
         app()
     except TuneplanError as exc:
-        if os.environ.get("TUNEPLAN_DEBUG"):
+        if _DEBUG["on"] or os.environ.get("TUNEPLAN_DEBUG"):
             raise
         message = " ".join(str(exc).split())  # one line, whatever the message held
         sys.stderr.write(f"error: {message}\n")
