@@ -5,7 +5,9 @@ The curated public API lives here; ``tests/test_public_api.py`` keeps it in chec
 
 from __future__ import annotations
 
+from tuneplan.adapters.hub import resolve_model
 from tuneplan.adapters.plans import plan
+from tuneplan.adapters.store import load_catalog
 from tuneplan.core.compute import estimate_throughput
 from tuneplan.core.job import Job, Strategy
 from tuneplan.core.memory import MemoryAssumptions, MemoryEstimate, estimate_memory
@@ -31,6 +33,8 @@ __all__ = [
     "count_parameters",
     "estimate_memory",
     "estimate_throughput",
+    "load_catalog",
     "parse_model_config",
     "plan",
+    "resolve_model",
 ]
