@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -59,6 +60,19 @@ def map_targets(args: dict[str, Any], model_id: str) -> dict[str, Any]:
     return args | {"lora-targets": ",".join(names)}
 
 
+def map_unmapped(case: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
+    """Settings the case lists as "not in the CLI" that now have a flag: a GPTQ int4 base
+    (mapped to ``--quant nf4`` before the estimate knew GPTQ: no fp32 upcast, group-128
+    scales) and prompt/prefix tuning's number of virtual tokens (``--num-virtual-tokens``)."""
+    outside = " ".join(case.get("settings_not_in_cli", []))
+    if "GPTQ" in outside and args.get("quant") == "nf4":
+        args = args | {"quant": "gptq-int4", "double-quant": False}
+    tokens = re.search(r"(\d+) virtual tokens", outside)
+    if tokens and args.get("method") in ("prompt", "prefix") and "num-virtual-tokens" not in args:
+        args = args | {"num-virtual-tokens": int(tokens.group(1))}
+    return args
+
+
 def case_args(args: dict[str, Any]) -> list[str]:
     """The README's rule: true → --flag, false → --no-flag, else --flag value."""
     out: list[str] = []
@@ -86,7 +100,8 @@ def evaluate(case: dict[str, Any]) -> dict[str, Any]:
            "comparable": comparable(case)}
     model = case.get("model_fallback") or case["model"]
     try:
-        est, _, gpu = run_memory(model, case_args(map_targets(case["args"], model)),
+        est, _, gpu = run_memory(model, case_args(map_unmapped(case, map_targets(case["args"],
+                                                                             model))),
                                  model=stand_in(model))
     except TuneplanError as exc:
         return row | {"status": f"refused: {str(exc)[:70]}"}

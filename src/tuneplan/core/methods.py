@@ -66,7 +66,7 @@ class Quant(StrEnum):
 ESTIMATED_METHODS = frozenset({Method.FULL, Method.FREEZE, Method.LORA, Method.DORA,
                                Method.QLORA, Method.LORA8BIT, Method.PREFIX, Method.PROMPT,
                                Method.IA3})
-ESTIMATED_QUANTS = frozenset({Quant.NF4, Quant.FP4, Quant.INT8})
+ESTIMATED_QUANTS = frozenset({Quant.NF4, Quant.FP4, Quant.INT8, Quant.GPTQ_INT4})
 # PEFT's IA3 feed-forward modules scale their *input* (vector of in_features), see
 # peft/utils/constants.py TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING.
 IA3_FEEDFORWARD = frozenset({"down_proj", "w2", "fc2", "dense_4h_to_h", "fc_out", "c_proj"})
@@ -89,15 +89,53 @@ def _matches(linear: Linear, targets: Iterable[str]) -> bool:
     return any(t in (linear.name, _short(linear.name)) for t in targets)
 
 
+# Model types whose MoE weights transformers 5 converts from v4 checkpoints (its
+# ``_MODEL_TO_CONVERSION_PATTERN`` → "mixtral"/"qwen2_moe"); for these peft 0.21 re-targets a
+# LoRA "all-linear" config by the v4 names (``_convert_peft_config_moe``): the router ``gate`` and
+# the fused experts become ``target_parameters`` (``gate_up_proj`` at rank 2r, alpha 2α), and the
+# v4 expert names (gate_proj/up_proj/down_proj, w1/w2/w3) leave ``target_modules``, so dense MLPs
+# and shared experts so named get no adapter. Checked on tiny mixtral/qwen3_moe/deepseek_v3.
+PEFT_MOE_CONVERTED = frozenset({
+    "mixtral", "minimax", "minimax_m2", "qwen3_moe", "qwen3_next", "qwen3_omni_moe_text",
+    "deepseek_v2", "deepseek_v3", "deepseek_v32", "dots1", "ernie4_5_moe", "glm4_moe",
+    "glm4_moe_lite", "hunyuan_v1_moe", "flex_olmo", "olmoe", "exaone_moe", "cohere2_moe",
+    "longcat_flash", "afmoe", "solar_open", "mellum", "sarvam_mla"})
+_V4_EXPERT_NAMES = frozenset({"gate", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3"})
+# transformers 5 routers are custom modules (a ``weight`` parameter, no nn.Linear).
+_ROUTER_MODULES = frozenset({"gate", "router"})
+
+
 def targeted_linears(model: ModelSpec, strategy: Strategy, layer: LayerSpec) -> tuple[Linear, ...]:
     """Linears of one block that carry an adapter (LoRA family and IA3).
 
-    ``all-linear`` follows PEFT: every ``nn.Linear`` except the output head; routed experts are
-    fused 3-D parameters in transformers 5, not ``nn.Linear``, so they are only targeted by name.
+    ``all-linear`` follows PEFT 0.21 on transformers 5: every ``nn.Linear`` except the output
+    head; routed experts are fused 3-D parameters and routers custom modules, left out — except
+    on ``PEFT_MOE_CONVERTED`` model types, where PEFT wraps the router and the experts instead
+    of the v4-named MLP linears.
     """
+    if strategy.all_linear and model.model_type in PEFT_MOE_CONVERTED and model.num_experts:
+        return tuple(lin for lin in layer.linears if lin.role in (
+            LinearRole.EXPERT, LinearRole.ROUTER) or _short(lin.name) not in _V4_EXPERT_NAMES)
     if strategy.all_linear:
-        return tuple(lin for lin in layer.linears if lin.role is not LinearRole.EXPERT)
+        return tuple(lin for lin in layer.linears if lin.role is not LinearRole.EXPERT and not (
+            lin.role is LinearRole.ROUTER and _short(lin.name) in _ROUTER_MODULES))
     return tuple(lin for lin in layer.linears if _matches(lin, strategy.lora_targets))
+
+
+def expert_adapter_params(model: ModelSpec, strategy: Strategy) -> int:
+    """LoRA parameters on stacked experts (lora.ParamWrapper: r·E·(in+out) each, 2r on gate_up)."""
+    if not strategy.method.is_lora:
+        return 0
+    return sum(lora_rank_of(lin, strategy) * lin.copies * (lin.in_features + lin.out_features)
+               * layer.count for layer in model.layers
+               for lin in targeted_linears(model, strategy, layer)
+               if lin.role is LinearRole.EXPERT)
+
+
+def lora_rank_of(lin: Linear, strategy: Strategy) -> int:
+    """PEFT's rank for ``lin``: doubled on fused gate+up experts (``rank_pattern``)."""
+    fused = lin.role is LinearRole.EXPERT and _short(lin.name) == "gate_up_proj"
+    return strategy.lora_rank * (2 if fused else 1)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -186,6 +224,12 @@ def _adapter_matrices(model: ModelSpec, strategy: Strategy) -> list[tuple[int, i
             if method is Method.IA3:
                 size = lin.in_features if _short(lin.name) in IA3_FEEDFORWARD else lin.out_features
                 mats.append((1, size, n))
+                continue
+            if lin.role is LinearRole.EXPERT:
+                # lora.ParamWrapper: A (r·E, in), B (out, r·E) per stacked expert parameter.
+                wide = lora_rank_of(lin, strategy) * lin.copies
+                mats += [(wide, lin.in_features, layer.count),
+                         (lin.out_features, wide, layer.count)]
                 continue
             mats += [(r, lin.in_features, n), (lin.out_features, r, n)]
             if method is Method.DORA:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from tuneplan.core.methods import Method
+from tuneplan.core.methods import Method, Quant
 
 if TYPE_CHECKING:
     from tuneplan.core.job import Strategy
@@ -72,7 +72,9 @@ def precision_plan(strategy: Strategy) -> PrecisionPlan:
         # MixedPrecision gathers bf16 parameters from fp32 shards: the same 2 + 4 (+ states).
         trainable, master, adapter = 2, 4, 2
     state = 4 if master else (trainable if full else adapter)
-    kbit = recipe is Recipe.HF and method in (Method.QLORA, Method.LORA8BIT)
+    # prepare_model_for_kbit_training skips the fp32 upcast on GPTQ-quantized models.
+    kbit = recipe is Recipe.HF and method in (Method.QLORA, Method.LORA8BIT) and not (
+        method is Method.QLORA and strategy.quant is Quant.GPTQ_INT4)
     return PrecisionPlan(
         frozen_weight_bytes=4 if precision.value == "fp32" else 2, trainable_weight_bytes=trainable,
         adapter_bytes=adapter, compute_bytes=c, autocast=mixed and not master,

@@ -8,7 +8,7 @@ import pytest
 from tuneplan.adapters.hub import resolve_model
 from tuneplan.core.job import Checkpointing, Offload, Optimizer, Precision, Sharding, Strategy
 from tuneplan.core.memory import estimate_memory
-from tuneplan.core.methods import Method, count_trainable
+from tuneplan.core.methods import Method, Quant, count_trainable
 from tuneplan.core.recipes import Recipe, precision_plan
 
 L8B = resolve_model("meta-llama/Llama-3.1-8B")
@@ -95,3 +95,42 @@ def test_offloaded_checkpoints_keep_two_blocks() -> None:
                  seq_len=4096)
     est = estimate_memory(L8B, s)
     assert est.host.value("host/offloaded_checkpoints") == 4 * 4096 * 4096 * 2 * 32
+
+
+def test_gptq_int4_weights_are_not_upcast() -> None:
+    est = estimate_memory(L8B, Strategy(method=Method.QLORA, quant=Quant.GPTQ_INT4,
+                                        double_quant=False))
+    groups = LINEAR_8B // 128        # fp16 scale + packed 4-bit zero per 128 inputs, per output
+    inputs = 32 * (4 * 4096 + 2 * 4096 + 14336)   # int32 g_idx per input feature
+    assert est.breakdown.value("weights/quantized") == LINEAR_8B // 2
+    assert est.breakdown.value("weights/quant_constants") == groups * 2 + groups // 2 + inputs * 4
+    # prepare_model_for_kbit_training leaves GPTQ models in their dtype: no fp32 head copy
+    assert est.breakdown.value("weights/unquantized") == (8_030_261_248 - LINEAR_8B) * 2
+    assert not precision_plan(Strategy(method=Method.QLORA, quant=Quant.GPTQ_INT4)).kbit_upcast
+
+
+@pytest.mark.parametrize(("sharding", "gpus", "elements"), [
+    (Sharding.ZERO2, 2, 8_030_261_248 // 2),      # the whole gradient partition at once
+    (Sharding.ZERO3, 8, 1_000_000_000),           # one sub_group_size sub-group at a time
+])
+def test_deepspeed_steps_on_fp32_gradients(sharding: Sharding, gpus: int, elements: int) -> None:
+    s = Strategy(method=Method.FULL, precision=Precision.BF16_MIXED, gpus=gpus, sharding=sharding,
+                 checkpointing=Checkpointing.FULL)
+    est = estimate_memory(L8B, s)
+    assert est.peak_phase == "optimizer"
+    # flattened bf16 copy + its fp32 cast
+    assert est.breakdown.value("optimizer/fp32_grad_partition") == elements * (2 + 4)
+
+
+def test_moe_all_linear_follows_peft_conversion() -> None:
+    """peft 0.21 re-targets "all-linear" on converted MoE types: attention, the router (as
+    H→E) and the stacked experts at r·E (gate_up at 2r); gpt-oss keeps only nn.Linear."""
+    qwen = count_trainable(resolve_model("Qwen/Qwen3-30B-A3B"),
+                           Strategy(method=Method.LORA, lora_rank=16))
+    attention = 16 * ((2048 + 4096) * 2 + (2048 + 512) * 2)
+    router = 16 * (2048 + 128)
+    experts = 2 * 16 * 128 * (2048 + 2 * 768) + 16 * 128 * (768 + 2048)
+    assert qwen.total == 48 * (attention + router + experts) == 996_507_648
+    oss = count_trainable(resolve_model("openai/gpt-oss-20b"),
+                          Strategy(method=Method.LORA, lora_rank=16))
+    assert oss.total == 24 * 16 * ((2880 + 4096) * 2 + (2880 + 512) * 2)

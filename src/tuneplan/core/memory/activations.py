@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuneplan.core.job import Attention, Strategy
+from tuneplan.core.memory.experts import experts_adapted, param_wrapped, param_wrapper_saved
 from tuneplan.core.memory.parts import part
 from tuneplan.core.methods import IA3_FEEDFORWARD, Method, effective_quant, targeted_linears
 from tuneplan.core.models import LayerSpec, Linear, LinearRole, ModelSpec, NormKind
@@ -47,6 +48,7 @@ class Widths:
     norm_trains: bool
     mlp: int = 2               # MLP intermediates: bnb Linear4bit/8bit return the input dtype
     dropout_mask: int = 1
+    base: int = 2              # frozen base weights (PEFT's merged expert weights)
 
 
 def widths(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan,
@@ -65,7 +67,8 @@ def widths(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan,
     return Widths(compute=plan.compute_bytes, residual=residual, norm_out=norm_out,
                   adapter=plan.adapter_bytes, autocast=plan.autocast, norm_trains=full,
                   mlp=norm_out if quantized else plan.compute_bytes,
-                  dropout_mask=dropout_mask_bytes)
+                  dropout_mask=dropout_mask_bytes,
+                  base=4 if plan.kbit_upcast else plan.frozen_weight_bytes)
 
 
 def norm_saved(model: ModelSpec, tokens: int, w: Widths) -> int:
@@ -90,6 +93,13 @@ def linear_group(lin: Linear) -> str:
 def _linear_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Widths,
                    shape: Shape) -> dict[str, int]:
     """Bytes of linear inputs (and adapter intermediates) one block saves."""
+    return _saved_inputs(model, layer, strategy, w, shape)[0]
+
+
+def _saved_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Widths,
+                  shape: Shape) -> tuple[dict[str, int], set[str]]:
+    """Saved linear inputs by side, and the input groups saved as the very tensor the block
+    computed (not a cast copy): ``attn_in``, ``o_in``, ``mlp_in``, ``down_in``."""
     t = shape.tokens
     method = strategy.method
     targets = set(id(lin) for lin in targeted_linears(model, strategy, layer)) if (
@@ -101,6 +111,9 @@ def _linear_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Wi
     out = {"linear_inputs_attn": 0, "linear_inputs_mlp": 0, "linear_inputs_down": 0,
            "adapters_attn": 0, "adapters_mlp": 0}
     for lin in layer.linears:
+        if id(lin) in targets and param_wrapped(lin):
+            out["adapters_mlp"] += param_wrapper_saved(lin, w, strategy, shared)
+            continue
         if lin.role is LinearRole.EXPERT:
             continue
         group = linear_group(lin)
@@ -124,6 +137,24 @@ def _linear_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Wi
         side = "attn" if group in ("attn_in", "o_in") else (
             "down" if group == "down_in" else "mlp")
         out[f"linear_inputs_{side}"] += t * dim * width
+    return out, shared
+
+
+def forward_live(model: ModelSpec, strategy: Strategy, w: Widths, shape: Shape) -> dict[str, int]:
+    """Bytes a block's forward holds in variables without saving them, while its MLP runs:
+    the post-attention residual sum (unless its norm saved that very tensor), the norm's
+    output (the MLP's ``x``, unless a linear saved it) and, at the down projection, the
+    dense MLP's product (unless down_proj saved it). Keyed like ``forward_transient``."""
+    t, h = shape.tokens, model.hidden_size
+    residual = 0 if input_shared_with_norm(model, w, shape) else t * h * w.residual
+    out = {"mlp_in": 0, "down_in": 0}
+    for layer in model.layers:
+        shared = _saved_inputs(model, layer, strategy, w, shape)[1]
+        norm_out = 0 if "mlp_in" in shared else t * h * w.norm_out
+        product = 0 if layer.num_experts or "down_in" in shared else (
+            t * model.intermediate_size * w.mlp)
+        out["mlp_in"] = max(out["mlp_in"], residual + norm_out)
+        out["down_in"] = max(out["down_in"], residual + norm_out + product)
     return out
 
 
@@ -220,8 +251,9 @@ def block_saved(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Width
                 shape: Shape) -> dict[str, int]:
     """Everything one block keeps from forward to backward, by component (bytes)."""
     t = shape.tokens
-    mlp = mlp_saved(model, layer, w, shape, strategy.method.trains_base)
-    tail = moe_tail_saved(model, layer, w, shape, strategy.method.trains_base)
+    experts_train = strategy.method.trains_base or experts_adapted(model, layer, strategy)
+    mlp = mlp_saved(model, layer, w, shape, experts_train)
+    tail = moe_tail_saved(model, layer, w, shape, experts_train)
     parts = {"norms": 2 * norm_saved(model, t, w),
              "attention": attention_saved(model, strategy, w, shape),
              "mlp": mlp - tail, "mlp_tail": tail}

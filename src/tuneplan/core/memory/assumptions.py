@@ -38,6 +38,8 @@ class MemoryAssumptions:
     # quantization stores absmax as uint8 with a 256-block fp32 second level.
     nf4_blocksize: int = 64
     nested_blocksize: int = 256
+    # GPTQ int4 (auto-gptq / optimum): scales and zeros per group of input features.
+    gptq_group_size: int = 128
     # bnb 8-bit optimizers: blockwise state quantization, 256-element blocks (fp32 absmax);
     # tensors below 4096 elements keep 32-bit state (min_8bit_size).
     optim8bit_blocksize: int = 256
@@ -59,6 +61,9 @@ class MemoryAssumptions:
     nccl_bytes: int = 400 * MiB
     # DeepSpeed defaults (HF "auto"): reduce/allgather buckets hold this many elements.
     zero_bucket_elements: int = 500_000_000
+    # DeepSpeed ZeRO-3 ``sub_group_size`` (its default, and HF's example configs): the optimizer
+    # steps one sub-group of about this many elements at a time.
+    zero3_sub_group_elements: int = 1_000_000_000
     # ZeRO-3 / FSDP keep this many gathered blocks alive (current + prefetched).
     gathered_blocks: int = 2
     # Unsloth/torchtune offloaded checkpoints: blocks whose input stays on device in flight.

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from tuneplan.core.job import Checkpointing, Strategy, Task
 from tuneplan.core.memory import activations as act
+from tuneplan.core.memory import experts
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.core.memory.logits import loss_moments
 from tuneplan.core.memory.overheads import device_terms, reserve_term, workspace_term
@@ -101,27 +102,40 @@ def _moments(model: ModelSpec, s: Strategy, st: Static, sp: ShardPlan,
     loss = loss_moments(model, s, plan, w, shape, head_trains, a.loss_chunks)
     grads_fb = st.grads if s.grad_accum > 1 else []
     dq = _dequant_term(model, s, st)
-    inputs = [part("activations/inputs", 2 * shape.tokens * 8,
-                   "input ids + labels: 2·T·8 (int64)", tokens=shape.tokens)]
-    base = [*st.resident, *inputs]
+    base = [*st.resident, *_inputs(model, s, w, shape)]
     own = part("gradients/current_block", st.block_grads[blocks.when],
                f"the running block's gradients already made ({blocks.when} backward)")
+    cast = st.autocast_copies
     moments = {
-        "forward": [*base, *grads_fb, *blocks.kept, *st.autocast_copies, *loss.kept,
+        "forward": [*base, *grads_fb, *blocks.kept, *cast["forward"], *loss.kept,
                     *loss.forward_only, *dq],
-        "backward-start": [*base, *grads_fb, *blocks.kept, *st.autocast_copies, *loss.kept,
+        "backward-start": [*base, *grads_fb, *blocks.kept, *cast["backward-start"], *loss.kept,
                            *loss.backward_only, *dq],
-        "backward-top-block": [*base, *(grads_fb or [*st.grads_top, own]), *blocks.top, *dq],
+        "backward-top-block": [*base, *(grads_fb or [*st.grads_top, own]), *blocks.top,
+                               *cast["top"], *dq],
         "backward-bottom-block": [*base, *(grads_fb or [*st.grads_bottom, own]), *blocks.bottom,
-                                  *dq],
-        "forward-last-block": [*base, *grads_fb, *blocks.forward_last, *st.autocast_copies, *dq],
+                                  *cast["bottom"], *dq],
+        "forward-last-block": [*base, *grads_fb, *blocks.forward_last, *cast["forward"], *dq],
     }
     if blocks.recompute:
         moments["backward-recompute"] = [*base, *(grads_fb or st.grads_top), *blocks.recompute,
-                                         *dq]
+                                         *cast["bottom"], *dq]
     if not s.optimizer_in_backward:
         moments["optimizer"] = [*base, *st.grads, *st.step]
     return moments
+
+
+def _inputs(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape) -> list[Term]:
+    inputs = [part("activations/inputs", 2 * shape.tokens * 8,
+                   "input ids + labels: 2·T·8 (int64)", tokens=shape.tokens)]
+    if s.method is Method.PROMPT and s.checkpointing is not Checkpointing.NONE:
+        # enable_input_require_grads (PEFT + checkpointing) turns the frozen embedding's output
+        # into a leaf that requires grad; torch.cat's graph holds it until backward ends.
+        inputs.append(part("activations/embedding_output", s.batch_size * s.seq_len *
+                           model.hidden_size * w.residual, "embedding output before the "
+                           "virtual tokens are prepended B·S·H·bytes, held by the graph",
+                           "transformers enable_input_require_grads; peft prompt tuning"))
+    return inputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,14 +191,17 @@ def _forward_moment(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Sha
     """The block running forward (or being recomputed) at its MLP: what it has saved so far
     and the temporaries of its gate/up or down projection, whichever moment is larger."""
     temps = act.forward_transient(model, s, w, shape)
-    at_gate = dict(one, mlp=0, mlp_tail=0, linear_inputs_down=0, adapters_mlp=0)
-    at_down = dict(one, linear_inputs_down=0)
+    live = act.forward_live(model, s, w, shape)
+    at_gate = dict(one, mlp=0, mlp_tail=0, linear_inputs_down=0, adapters_mlp=0,
+                   held=live["mlp_in"])
+    at_down = dict(one, held=live["down_in"])
     if sum(at_gate.values()) + temps["mlp_in"] >= sum(at_down.values()) + temps["down_in"]:
         parts, temp, when = at_gate, temps["mlp_in"], "gate/up"
     else:
         parts, temp, when = at_down, temps["down_in"], "down"
     return ([part(f"activations/running_block/{k}", v, f"block at its {when} projection · "
-                  f"saved {k}") for k, v in parts.items()],
+                  + ("held unsaved: residual sum, norm output, MLP product" if k == "held"
+                     else f"saved {k}")) for k, v in parts.items()],
             part("activations/forward_transient", temp,
                  f"{when} projection temporaries: PEFT input cast + base output + scaled "
                  "update (T·out each), or its T·out output", "peft lora.Linear.forward"))
@@ -206,10 +223,15 @@ def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shap
     at_attention = dict(one, mlp=0, mlp_tail=0, norms=one["norms"] // 2, linear_inputs_mlp=0,
                         linear_inputs_down=0, adapters_mlp=0,
                         attention=one["attention"] - act.eager_cast_bytes(model, s, w, shape))
-    if attn_t.value + sum(at_attention.values()) > mlp_t.value + sum(at_mlp.values()):
-        parts, transient, when = at_attention, attn_t, "attention"
-    else:
-        parts, transient, when = at_mlp, mlp_t, "mlp"
+    candidates = [(at_mlp, mlp_t, "mlp"), (at_attention, attn_t, "attention")]
+    combine = experts.moe_combine_transient(model, w, shape)
+    if combine is not None:
+        candidates.append((one, combine, "mlp"))
+    for freed, merged, transient in experts.adapted_expert_moments(model, s, w, shape):
+        rest = dict(one, mlp_tail=0, mlp=one["mlp"] + one["mlp_tail"] - freed,
+                    adapters_mlp=one["adapters_mlp"] - merged)
+        candidates.append((rest, transient, "mlp"))
+    parts, transient, when = max(candidates, key=lambda c: c[1].value + sum(c[0].values()))
     return [part(f"activations/current_block/{k}", v, f"block in {when} backward · saved {k}")
             for k, v in parts.items()], transient, when
 

@@ -30,7 +30,7 @@ def _problems(model: ModelSpec, s: Strategy) -> list[str]:
         out.append(f"--lora-rank must be at least 1, got {s.lora_rank}")
     quant = effective_quant(s)
     if quant is not None and quant not in ESTIMATED_QUANTS:
-        out.append(f"--quant {quant.value} is not estimated yet; use nf4, fp4 or int8")
+        out.append(f"--quant {quant.value} is not estimated yet; use nf4, fp4, int8 or gptq-int4")
     limit = model.max_position_embeddings
     if limit and s.seq_len > limit and not s.allow_long_context:
         out.append(f"--seq-len {s.seq_len} exceeds {model.name}'s limit of {limit}; "

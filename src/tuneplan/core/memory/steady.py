@@ -9,14 +9,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuneplan.core.job import Checkpointing, Strategy, Task
+from tuneplan.core.job import Checkpointing, Sharding, Strategy, Task
 from tuneplan.core.memory.activations import linear_group
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.core.memory.optimizer import optimizer_bytes
 from tuneplan.core.memory.parts import part, total
 from tuneplan.core.memory.sharding import ShardPlan, shard
 from tuneplan.core.memory.weights import split_params, weight_terms
-from tuneplan.core.methods import Method, Trainable, targeted_linears
+from tuneplan.core.methods import (
+    Method,
+    Trainable,
+    expert_adapter_params,
+    lora_rank_of,
+    targeted_linears,
+)
 from tuneplan.core.models import Linear, ModelSpec
 from tuneplan.core.recipes import PrecisionPlan
 from tuneplan.explain import Term
@@ -30,7 +36,7 @@ class Static:
     grads_bottom: list[Term]     # gradients alive while the bottom block runs backward
     block_grads: dict[str, int]  # the running block's own gradients at its MLP / attention
     step: list[Term]             # optimizer-step temporary
-    autocast_copies: list[Term]  # compute-dtype weight copies kept from forward to backward
+    autocast_copies: dict[str, list[Term]]  # compute-dtype weight copies, by moment
     outside: list[Term]          # on the device but outside the allocator (paged state)
     host: list[Term]             # offloaded to host RAM, per rank
     weights_bytes: int
@@ -67,8 +73,9 @@ def static_terms(model: ModelSpec, s: Strategy, plan: PrecisionPlan, trainable: 
     grads = _grad_terms(model, s, trainable, ob.grads, ob.grad_largest, sp)
     step = [part("optimizer/step_temporary", shard(ob.step_temp, sp.states_div),
                  f"AdamW '{a.adamw_impl}' step temporaries", "FIELD-NOTES: fused 0, foreach "
-                 "one parameter copy, single the largest tensor's")]
-    autocast = [_autocast_copies(model, s, plan)]
+                 "one parameter copy, single the largest tensor's"),
+            *_zero_fp32_grads(s, plan, trainable, sp, a)]
+    autocast = _autocast_copies(model, s, plan, trainable)
     return Static(resident=resident, grads=grads[0], grads_top=grads[1], grads_bottom=grads[2],
                   block_grads=_block_grads(model, s, plan, sp),
                   step=step, autocast_copies=autocast, outside=outside, host=host,
@@ -76,20 +83,61 @@ def static_terms(model: ModelSpec, s: Strategy, plan: PrecisionPlan, trainable: 
                   total_params=split.total)
 
 
-def _autocast_copies(model: ModelSpec, s: Strategy, plan: PrecisionPlan) -> Term:
-    """Autocast's compute-dtype copies of fp32 trainable linear weights, saved for backward:
-    every block's without checkpointing, one recomputed block's with it, plus the head's."""
+def _autocast_copies(model: ModelSpec, s: Strategy, plan: PrecisionPlan,
+                     trainable: Trainable) -> dict[str, list[Term]]:
+    """Autocast's compute-dtype copies of fp32 weights, per moment of the step.
+
+    Casts of trainable (leaf) weights stay in autocast's cache until forward leaves autocast,
+    so all blocks' copies are alive in forward even with checkpointing; backward keeps the
+    ones its saved matmuls hold: every block's without checkpointing, the recomputed block's
+    with it. The output head's copy (trainable, or PEFT's fp32-upcast frozen head under
+    QLoRA) is saved by the head's matmul and freed by its backward, the first in backward.
+    LoRA A/B under autocast are cast like any trainable weight."""
     layers = sum(layer.count for layer in model.layers)
-    head = model.vocab_size * model.hidden_size * plan.compute_bytes
-    copies = 0
+    head = block = 0
+    what = "block linears"
     if plan.autocast and s.method.trains_base:
-        blocks = 1 if s.checkpointing is not Checkpointing.NONE else layers
-        copies = split_params(model).block_linear // layers * blocks * plan.compute_bytes + head
-    elif plan.autocast and plan.kbit_upcast and s.task is Task.CAUSAL_LM:
-        copies = head  # the fp32-upcast output head's bf16 cast, kept for its input gradient
-    return part("weights/autocast_copies", copies,
-                "bf16 copies of fp32 weights saved for backward (blocks alive · block linears "
-                "+ head, or the kbit-upcast head alone) · 2", "torch.autocast weight casts")
+        block = split_params(model).block_linear // layers * plan.compute_bytes
+        head = model.vocab_size * model.hidden_size * plan.compute_bytes
+    elif plan.autocast and s.method.is_lora and plan.adapter_bytes != plan.compute_bytes:
+        # not DoRA's m, nor the experts' factors (ParamWrapper casts them itself, counted with
+        # the merged expert weights in activations/*/adapters_mlp)
+        lora = sum(r * c * n for r, c, n in trainable.matrices if r > 1) - \
+            expert_adapter_params(model, s)
+        block, what = lora // layers * plan.compute_bytes, "LoRA A/B"
+    if plan.autocast and plan.kbit_upcast and s.task is Task.CAUSAL_LM:
+        head = model.vocab_size * model.hidden_size * plan.compute_bytes
+    ckpt = s.checkpointing is not Checkpointing.NONE
+    src = "torch.autocast weight casts (cached for leaf weights until autocast exits)"
+
+    def term(blocks: int, with_head: bool, when: str) -> list[Term]:
+        return [part("weights/autocast_copies", block * blocks + (head if with_head else 0),
+                     f"bf16 copies of fp32 weights {when}: {blocks} blocks' {what} · 2"
+                     + (" + the output head's V·H·2" if with_head and head else ""), src,
+                     blocks=blocks)]
+    return {"forward": term(layers, True, "in forward (autocast cache)"),
+            "backward-start": term(0 if ckpt else layers, True, "saved for backward"),
+            "top": term(1 if ckpt else layers, False, "saved by blocks not yet back-propagated"),
+            "bottom": term(1, False, "saved by the bottom block")}
+
+
+def _zero_fp32_grads(s: Strategy, plan: PrecisionPlan, trainable: Trainable, sp: ShardPlan,
+                     a: MemoryAssumptions) -> list[Term]:
+    """DeepSpeed ZeRO with fp32 master weights steps on fp32 gradients: it flattens the 16-bit
+    gradient partition (a copy) and casts it to fp32, ZeRO-1/2 for the whole partition at once,
+    ZeRO-3 one ``sub_group_size`` sub-group at a time: 2 + 4 bytes per element, on the GPU
+    unless the optimizer is offloaded."""
+    if not plan.master_bytes or sp.states_on_host or s.optimizer_in_backward or \
+            s.sharding not in (Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3):
+        return []
+    elements = shard(trainable.total, sp.states_div)
+    if s.sharding is Sharding.ZERO3:
+        elements = min(elements, a.zero3_sub_group_elements)
+    return [part("optimizer/fp32_grad_partition", elements * (2 + 4),
+                 "flattened 16-bit gradient partition + its fp32 cast, (2 + 4) B per element"
+                 + (" of one sub-group" if s.sharding is Sharding.ZERO3 else ""),
+                 "deepspeed stage_1_and_2 step / stage3 _prepare_fp32_grad_for_sub_group",
+                 elements=elements)]
 
 
 def _sharded(t: Term, div: int) -> Term:
@@ -173,7 +221,7 @@ def _linear_grad(lin: Linear, s: Strategy, plan: PrecisionPlan, targeted: bool) 
         return 0
     if s.method is Method.IA3:
         return lin.in_features * lin.copies * plan.adapter_bytes  # upper bound of the vector
-    per = s.lora_rank * (lin.in_features + lin.out_features) + (
+    per = lora_rank_of(lin, s) * (lin.in_features + lin.out_features) + (
         lin.out_features if s.method is Method.DORA else 0)
     return per * lin.copies * plan.adapter_bytes
 

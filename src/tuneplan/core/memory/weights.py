@@ -3,7 +3,8 @@ or without nested quantization), LLM.int8 with row scales, PEFT's fp32 upcasts, 
 
 Sources: bitsandbytes ``quantize_4bit`` (blocksize 64, fp32 absmax; ``compress_statistics``
 stores absmax as uint8 with a 256-block fp32 second level), ``Int8Params`` (int8 + fp32 SCB per
-row), PEFT ``prepare_model_for_kbit_training`` (every non-4/8-bit parameter cast to fp32).
+row), GPTQ int4 (group 128), PEFT ``prepare_model_for_kbit_training`` (every non-4/8-bit
+parameter cast to fp32, except on GPTQ models).
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ class ParamSplit:
     total: int
     quantizable: int            # non-expert block linear weights (bnb replaces nn.Linear)
     quantizable_rows: int       # sum of out_features over them (int8 row scales)
+    quantizable_cols: int       # sum of in_features over them (GPTQ g_idx)
     quantizable_tensors: int    # how many such weight tensors (per-tensor code tables)
     block_linear: int           # all block linear weights (autocast copies)
     largest_linear: int         # biggest single (non-expert) linear weight
 
 
 def split_params(model: ModelSpec) -> ParamSplit:
-    quant = rows = linear = largest = tensors = 0
+    quant = rows = cols = linear = largest = tensors = 0
     for layer in model.layers:
         for lin in layer.linears:
             linear += lin.weight_params * layer.count
@@ -40,21 +42,28 @@ def split_params(model: ModelSpec) -> ParamSplit:
                 continue
             quant += lin.weight_params * layer.count
             rows += lin.out_features * lin.copies * layer.count
+            cols += lin.in_features * lin.copies * layer.count
             tensors += lin.copies * layer.count
             largest = max(largest, lin.in_features * lin.out_features)
     total = model.embedding_params + model.final_norm_params + model.head_params + sum(
         layer.params * layer.count for layer in model.layers)
     return ParamSplit(total=total, quantizable=quant, quantizable_rows=rows,
-                      quantizable_tensors=tensors, block_linear=linear, largest_linear=largest)
+                      quantizable_cols=cols, quantizable_tensors=tensors, block_linear=linear,
+                      largest_linear=largest)
 
 
 def quantized_bytes(n: int, rows: int, quant: Quant, double_quant: bool,
-                    a: MemoryAssumptions, tensors: int = 1) -> tuple[int, int]:
+                    a: MemoryAssumptions, tensors: int = 1, cols: int = 0) -> tuple[int, int]:
     """(packed weight bytes, constant bytes) for ``n`` weights in ``rows`` output rows, held
     in ``tensors`` weight tensors (each QuantState keeps a 16-entry fp32 code; a nested one
     also a 256-entry fp32 code, an fp32 offset and a partly filled last 256-block)."""
     if quant is Quant.INT8:
         return n, rows * 4
+    if quant is Quant.GPTQ_INT4:
+        # auto-gptq QuantLinear: qweight int32 (8 weights each), per group of g inputs an fp16
+        # scale and a packed 4-bit zero per output, and an int32 g_idx per input feature.
+        groups = -(-n // a.gptq_group_size)
+        return -(-n // 2), groups * 2 + -(-groups // 2) + cols * 4
     blocks = -(-n // a.nf4_blocksize)
     nested = blocks + (blocks // a.nested_blocksize + tensors) * 4 + tensors * (1024 + 4)
     consts = (nested if double_quant else blocks * 4) + tensors * 64
@@ -97,12 +106,16 @@ def _quantized_terms(split: ParamSplit, strategy: Strategy, plan: PrecisionPlan,
                      a: MemoryAssumptions) -> list[Term]:
     """Packed block linears, their constants, and everything left unquantized."""
     packed, consts = quantized_bytes(split.quantizable, split.quantizable_rows, quant,
-                                     strategy.double_quant, a, split.quantizable_tensors)
-    src = "bitsandbytes Linear4bit/Linear8bitLt"
+                                     strategy.double_quant, a, split.quantizable_tensors,
+                                     split.quantizable_cols)
+    src = "auto-gptq QuantLinear" if quant is Quant.GPTQ_INT4 else \
+        "bitsandbytes Linear4bit/Linear8bitLt"
     rest = split.total - split.quantizable
     width = 4 if plan.kbit_upcast else plan.frozen_weight_bytes
     if quant is Quant.INT8:
         const_formula = "int8: 4 B per row"
+    elif quant is Quant.GPTQ_INT4:
+        const_formula = "gptq: n/g·2 (fp16 scales) + n/g/2 (4-bit zeros) + 4 B per input (g_idx)"
     elif strategy.double_quant:
         const_formula = "nested: n/64 + n/64/256·4 + code table"
     else:

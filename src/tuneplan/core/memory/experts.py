@@ -1,0 +1,83 @@
+"""Routed experts under PEFT LoRA (``lora.ParamWrapper`` on transformers 5's stacked expert
+parameters and routers) and the MoE combine step: saved merged weights and backward moments.
+
+Sources: peft 0.21 ``tuners/lora/layer.py`` ParamWrapper (weight parametrized as W + s·B·A,
+cached for the forward), transformers ``integrations/moe.py`` grouped_mm_experts_forward (fp32
+routing-weight product). Measured with ``adapters/probe`` on tiny Mixtral and Qwen3-30B-A3B.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tuneplan.core.memory.parts import part
+from tuneplan.core.methods import lora_rank_of, targeted_linears
+from tuneplan.core.models import LayerSpec, Linear, LinearRole, ModelSpec
+from tuneplan.explain import Term
+
+if TYPE_CHECKING:
+    from tuneplan.core.job import Strategy
+    from tuneplan.core.memory.activations import Shape, Widths
+
+
+def param_wrapped(lin: Linear) -> bool:
+    """PEFT wraps routers and stacked experts with ``lora.ParamWrapper`` (not lora.Linear)."""
+    return lin.role in (LinearRole.EXPERT, LinearRole.ROUTER) and lin.name.rsplit(".", 1)[-1] in (
+        "gate", "gate_up_proj", "down_proj")
+
+
+def param_wrapper_saved(lin: Linear, w: Widths, strategy: Strategy, shared: set[str]) -> int:
+    """lora.ParamWrapper parametrizes the weight as W + s·B·A, cached for the forward: the merged
+    weight (base dtype) is saved by the matmul, and so are A and B cast to the base dtype. A
+    wrapped router's F.linear(x, merged weight) also saves its input x, the norm output."""
+    if lin.role is LinearRole.ROUTER:
+        shared.add("mlp_in")
+    factors = lora_rank_of(lin, strategy) * lin.copies * (lin.in_features + lin.out_features)
+    return lin.weight_params * w.base + (factors * w.base if w.base != w.adapter else 0)
+
+
+def experts_adapted(model: ModelSpec, layer: LayerSpec, strategy: Strategy) -> bool:
+    """Whether LoRA wraps this block's routed experts (their merged weights then need grads)."""
+    return strategy.method.is_lora and any(
+        lin.role is LinearRole.EXPERT for lin in targeted_linears(model, strategy, layer))
+
+
+def moe_combine_transient(model: ModelSpec, w: Widths, shape: Shape) -> Term | None:
+    """MoE blocks start backward at the routing-weight combine, everything saved still alive:
+    the fp32 (routing weights are fp32) gradients of the per-pair outputs, their un-permuted
+    copy and the expanded sum gradient, 3·T·k·H·4, plus the T·H gradient arriving."""
+    if not model.num_experts:
+        return None
+    pairs = shape.tokens * model.num_experts_per_token
+    return part("activations/backward_transient", 3 * pairs * model.hidden_size * 4 +
+                shape.tokens * model.hidden_size * w.compute,
+                "MoE combine backward 3·T·k·H·4 (fp32) + T·H·bytes",
+                "transformers integrations/moe.py grouped_mm_experts_forward", tokens=shape.tokens)
+
+
+def adapted_expert_moments(model: ModelSpec, strategy: Strategy, w: Widths,
+                           shape: Shape) -> list[tuple[int, int, Term]]:
+    """LoRA-wrapped experts (lora.ParamWrapper): each grouped matmul's backward makes a gradient
+    of its whole merged E·in·out weight. (saved bytes freed by then, transient) at the down
+    backward (its output freed) and at the gate/up backward (down side, activation and gate/up
+    output freed); freed bytes are (MoE activations, merged weights)."""
+    mats = {lin.name.rsplit(".", 1)[-1]: lin.weight_params for layer in model.layers
+            if experts_adapted(model, layer, strategy) for lin in layer.linears
+            if lin.role is LinearRole.EXPERT}
+    if not mats:
+        return []
+    t, c, h = shape.tokens, w.compute, model.hidden_size
+    pairs = t * model.num_experts_per_token
+    inter = model.moe_intermediate_size or model.intermediate_size
+    down, gate_up = mats.get("down_proj", 0) * w.base, mats.get("gate_up_proj", 0) * w.base
+    src = "peft lora.ParamWrapper (merged weight) + transformers grouped_mm experts"
+    return [
+        (pairs * h * c, 0, part("activations/backward_transient",
+                             pairs * (inter + h) * c + t * h * c + down,
+                             "expert down backward: T·k·(I+H)·bytes + T·H·bytes + merged "
+                             "down gradient E·I·H·bytes", src, tokens=t)),
+        (pairs * (h + 4 * inter) * c, down, part(
+            "activations/backward_transient", pairs * (2 * inter + h) * c + t * h * c + gate_up,
+            "expert gate/up backward: T·k·(2I+H)·bytes + T·H·bytes + merged gate/up gradient "
+            "E·H·2I·bytes", src, tokens=t)),
+    ]
