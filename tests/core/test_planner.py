@@ -223,3 +223,11 @@ def test_pure_bf16_is_refused_on_a_card_without_bf16() -> None:
     bf16 = Strategy(method=Method.LORA, precision=Precision.BF16, recipe=Recipe.TORCHTUNE)
     result = run("Qwen/Qwen2.5-0.5B", "lora", [offer("T4", 1, "0.35")], strategy=bf16)
     assert not result.plans and result.rejected[0].reason.startswith("no BF16 on T4")
+
+
+def test_a_gpu_priced_without_its_host_is_rejected_with_its_reason() -> None:
+    attachable = replace(offer("L4", 1, "0.20", provider="GCP", name="gpu-only"), attachable=True)
+    result = run("Qwen/Qwen2.5-0.5B", "lora", [attachable, offer("L4", 1, "0.80")])
+    assert [p.offer.instance_type for p in result.plans] == ["1x-L4"]
+    (rejection,) = [r for r in result.rejected if r.offer.instance_type == "gpu-only"]
+    assert "without its host VM" in rejection.reason

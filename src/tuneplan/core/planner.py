@@ -181,6 +181,11 @@ def plan_offers(model: ModelSpec, job: Job, offers: Sequence[Offer],
         if not _wanted(job, offer):
             continue
         considered += 1
+        if offer.attachable:
+            rejected.append(Rejection(offer=offer, reason=(
+                "GPU priced without its host VM (GCP attachable GPU): not a rentable machine "
+                "on its own; add the host's price with `tuneplan catalog import`")))
+            continue
         found = _plan_offer(search, job, offer, gpus, providers, now,
                             (inter_node_bytes_per_s or {}).get(offer.provider), a, prices)
         if isinstance(found, str):
@@ -198,8 +203,6 @@ def plan_offers(model: ModelSpec, job: Job, offers: Sequence[Offer],
 
 def _wanted(job: Job, offer: Offer) -> bool:
     """The job's hard filters on an offer (not memory, time or money)."""
-    if offer.attachable:
-        return False  # a GPU priced without its host VM is not a rentable machine
     if job.providers and not any(provider_matches(p, offer.provider) for p in job.providers):
         return False
     if job.regions and not any(offer.region.lower().startswith(r.lower()) for r in job.regions):
