@@ -132,3 +132,14 @@ def test_a_spot_run_that_cannot_finish_is_refused() -> None:
     with pytest.raises(InfeasibleJobError):
         estimate_cost(_inputs(spot=True, interruptions_per_hour=60.0,
                               checkpoint_every_s=36_000.0))
+
+
+def test_spot_expected_cost_is_billed_like_its_percentiles() -> None:
+    # A ~33-minute job billed per hour: every run pays at least one whole hour of spot, so the
+    # expected cost cannot fall below P50 (it once did: price x expected hours, unrounded).
+    estimate = estimate_cost(_inputs(spot=True, spot_price_per_hour=Decimal("4"),
+                                     train_s=1_600.0))
+    spot = estimate.spot
+    assert spot is not None
+    assert spot.p50_cost <= spot.expected_cost <= spot.p90_cost + Decimal("4")
+    assert spot.p50_cost >= Decimal("4")

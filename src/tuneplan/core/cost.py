@@ -276,7 +276,9 @@ def _spot(job: CostInputs, a: CostAssumptions, restart_s: float, write_s: float,
     costs = [sum((charge(s, price, job.billing) for s in run.sessions_s), Decimal(0))
              for run in runs]
     hours = [run.wall_s / HOUR_S for run in runs]
-    expected = price * Decimal(str(wall)) / HOUR_S + extras
+    # The mean of the billed runs, not price x expected hours: every session is rounded up to
+    # the billing step, so a 33-minute job billed per hour costs a whole hour (and P50 agrees).
+    expected = sum(costs, Decimal(0)) / len(costs) + extras
     return SpotEstimate(
         expected_cost=_cents(expected),
         p50_cost=_cents(_decimal_percentile(costs, 0.5) + extras),
