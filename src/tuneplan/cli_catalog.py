@@ -27,10 +27,19 @@ from tuneplan.core.catalog import (
     offer_record,
 )
 from tuneplan.errors import InvalidValueError
+from tuneplan.units import (
+    DAY_S,
+    GB,
+    TERA,
+    format_bytes,
+    format_duration,
+    format_usd,
+    parse_size,
+    parse_usd,
+)
 
 if TYPE_CHECKING:
     from tuneplan.adapters.store import SourceStatus
-from tuneplan.units import DAY_S, format_bytes, format_duration, format_usd, parse_size, parse_usd
 
 catalog_app = typer.Typer(help="The offer catalog: status, import, history (and refresh).",
                           no_args_is_help=True)
@@ -65,16 +74,15 @@ def gpus_command(
         return
     table = Table(title=f"GPUs ({len(specs)}); dense peak rates, '-' = not published")
     for column in ("gpu", "memory", "device reports", "type", "bandwidth", "BF16 TFLOP/s",
-                   "FP8 TFLOP/s",
-                   "link", "PCIe", "TDP"):
+                   "FP8 TFLOP/s", "link", "PCIe", "TDP"):
         table.add_column(column, justify="left" if column in ("gpu", "type", "link") else "right")
     for s in specs:
         table.add_row(
             s.name, s.memory_label,
             format_bytes(s.device_memory_bytes) if s.device_memory_bytes else "?",
             s.memory_type or "?",
-            _rate(s.memory_bandwidth_bytes_per_s, 1e9, "GB/s"), _rate(s.bf16_flops_per_s, 1e12),
-            _rate(s.fp8_flops_per_s, 1e12), s.interconnect or "PCIe only",
+            _rate(s.memory_bandwidth_bytes_per_s, GB, "GB/s"), _rate(s.bf16_flops_per_s, TERA),
+            _rate(s.fp8_flops_per_s, TERA), s.interconnect or "PCIe only",
             str(s.pcie_gen or "?"), f"{s.tdp_w} W" if s.tdp_w else "?")
     _console().print(table)
 
@@ -196,6 +204,12 @@ def _print_offers(offers: list[Offer], statuses: list[SourceStatus], limit: int 
         console.print("(GPU only) = GCP GPU price without its host VM: add the VM's price.")
 
 
+def _stale_after_days() -> int:
+    from tuneplan.adapters.store import STALE_AFTER_S
+
+    return STALE_AFTER_S // DAY_S
+
+
 def _age_line(statuses: list[SourceStatus]) -> str:
     if not statuses:
         return "catalog is empty: run `tuneplan catalog refresh`"
@@ -204,7 +218,8 @@ def _age_line(statuses: list[SourceStatus]) -> str:
     line = (f"catalog: {len(statuses)} sources, oldest {oldest.source} fetched "
             f"{oldest.fetched_at:%Y-%m-%d %H:%M} UTC ({format_duration(oldest.age_s)} ago)")
     if stale:
-        line += f"; [yellow]{len(stale)} older than 7 days: run `tuneplan catalog refresh`[/]"
+        line += (f"; [yellow]{len(stale)} older than {_stale_after_days()} days: "
+                 "run `tuneplan catalog refresh`[/]")
     return line
 
 
@@ -217,7 +232,7 @@ def catalog_status_command(as_json: JsonFlag = False) -> None:
         statuses = store.status()
         path = store.path
     if as_json:
-        _emit({"path": str(path), "stale_after_days": 7,
+        _emit({"path": str(path), "stale_after_days": _stale_after_days(),
                "sources": [asdict(s) for s in statuses]})
         return
     table = Table(title=f"Catalog {path}")
@@ -230,7 +245,8 @@ def catalog_status_command(as_json: JsonFlag = False) -> None:
     _console().print(table)
     stale = [s.source for s in statuses if s.stale]
     if stale:
-        _console().print(f"[yellow]warning:[/] {len(stale)} sources older than 7 days "
+        _console().print(f"[yellow]warning:[/] {len(stale)} sources older than "
+                         f"{_stale_after_days()} days "
                          f"({', '.join(stale)}): run `tuneplan catalog refresh`", soft_wrap=True)
 
 

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from tuneplan.cli_catalog import JsonFlag, catalog_app
@@ -57,6 +56,9 @@ class _RefreshProgress:
     """A Rich progress bar over the sources; ``update`` is refresh's ``on_progress``."""
 
     def __init__(self, target: Console, total: int) -> None:
+        # Imported here: rich.progress costs start-up time for every other command.
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
         self._progress = Progress(TextColumn("{task.description}"), BarColumn(),
                                   MofNCompleteColumn(), console=target, transient=True)
         self._task = self._progress.add_task("refreshing", total=total)

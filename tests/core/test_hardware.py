@@ -11,7 +11,7 @@ from tuneplan.adapters.bundled import (
     resolve_gpu_spec,
 )
 from tuneplan.core.gpu_names import CANONICAL_GPUS
-from tuneplan.core.hardware import parse_gpu_specs
+from tuneplan.core.hardware import GpuSpec, parse_gpu_specs
 from tuneplan.errors import CatalogError, InvalidValueError
 from tuneplan.units import GB, TERA, GiB, MiB
 
@@ -24,7 +24,7 @@ def test_spec_names_are_exactly_the_canonical_gpus_in_order() -> None:
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
-def test_every_shipped_spec_meets_its_invariants(spec) -> None:  # type: ignore[no-untyped-def]
+def test_every_shipped_spec_meets_its_invariants(spec: GpuSpec) -> None:
     assert spec.memory_bytes > 0 and spec.memory_bytes % MiB == 0
     assert spec.memory_label.endswith(" GB")
     if spec.device_memory_bytes is not None:  # the device reports a little less than nominal

@@ -9,8 +9,10 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 
+from tuneplan.core.gpu_names import normalise_gpu_name
 from tuneplan.core.hardware import GpuSpec, parse_gpu_specs, spec_by_name
 from tuneplan.core.providers import Provider, parse_providers
+from tuneplan.errors import InvalidValueError, UnknownGpuError
 
 SNAPSHOT_DIR = "skypilot_snapshot"
 
@@ -48,9 +50,6 @@ def load_providers() -> tuple[Provider, ...]:
 def resolve_gpu_spec(name: str) -> GpuSpec:
     """The spec for a user's GPU name: canonical (``H100 SXM5``) or any alias (``h100``,
     ``A100-80GB``, ``4090``). Raises InvalidValueError (exit 2) naming the choices."""
-    from tuneplan.core.gpu_names import normalise_gpu_name
-    from tuneplan.errors import InvalidValueError, UnknownGpuError
-
     for candidate in (name, f"RTX {name}"):
         try:
             return load_gpu_spec(normalise_gpu_name(candidate))

@@ -35,6 +35,7 @@ __all__ = [
 #: Sanity cap: no GPU rents for more than this per GPU-hour (B300 on-demand is ~18 USD/GPU-h).
 #: A price above it is a unit error (cents, per-month, per-cluster) or hostile input.
 MAX_PRICE_PER_GPU_HOUR = Decimal(200)
+#: GPUs per offer: the bundled snapshot's largest instance has 16; more than 128 is garbage.
 _MAX_GPU_COUNT = 128
 
 
@@ -93,12 +94,6 @@ class Offer:
         if self.spot_price_per_hour is None:
             return None
         return self.spot_price_per_hour / self.gpu_count
-
-    @property
-    def best_price_per_hour(self) -> Decimal:
-        """The lower of on-demand and spot (at least one exists by invariant)."""
-        prices = [p for p in (self.price_per_hour, self.spot_price_per_hour) if p is not None]
-        return min(prices)
 
     @property
     def total_gpu_memory_bytes(self) -> int:
@@ -168,7 +163,6 @@ class OfferFilter:
     region: str | None = None
     spot: bool = False
     max_price_per_hour: Decimal | None = None
-    include_attachable: bool = True
 
     def price_of(self, offer: Offer) -> Decimal | None:
         """The instance price this query uses: spot when ``spot`` else on-demand."""
@@ -187,7 +181,6 @@ class OfferFilter:
             self.region is None or _region_matches(self.region, offer),
             self.max_price_per_hour is None or (price is not None
                                                 and price <= self.max_price_per_hour),
-            self.include_attachable or not offer.attachable,
         )
         return all(checks)
 

@@ -37,7 +37,7 @@ def _by_memory(small: str, limit_gib: int, large: str) -> _Variants:
     return ((limit_gib * GiB, small), (None, large))
 
 
-# Keys are written as ``_key`` produces them (lowercase, no spaces, dashes, underscores, dots).
+# Keys are written as ``gpu_name_key`` produces them (lowercase, no spaces, dashes, dots).
 # H100 vs NVL splits at 87 GiB: "80GB" may come as 80 GiB, "94GB" as 94·10^9 B = 87.5 GiB.
 # Default form factors where a source says nothing: SXM for A100/H100/H200/V100, because the
 # multi-GPU cloud nodes that name a bare "H100" are HGX boards; importers that see "PCIe"/"NVL"
@@ -105,8 +105,13 @@ GPU_ALIASES: dict[str, _Variants] = {
 }
 
 
-def _key(raw: str) -> str:
+def gpu_name_key(raw: str) -> str:
+    """The form ``GPU_ALIASES`` keys are written in: lowercase, no spaces, dashes, underscores
+    or dots, no leading "nvidia" (``NVIDIA H100-80GB`` -> ``h10080gb``)."""
     return re.sub(r"[\s_\-.]+", "", raw).lower().removeprefix("nvidia")
+
+
+_CANONICAL_BY_KEY = {gpu_name_key(name): name for name in CANONICAL_GPUS}
 
 
 def normalise_gpu_name(raw: str, memory_hint_bytes: int | None = None) -> str:
@@ -118,11 +123,11 @@ def normalise_gpu_name(raw: str, memory_hint_bytes: int | None = None) -> str:
     """
     if raw in _CANONICAL_SET:
         return raw
-    variants = GPU_ALIASES.get(_key(raw))
+    key = gpu_name_key(raw)
+    variants = GPU_ALIASES.get(key)
     if variants is None:
-        by_key = {_key(name): name for name in CANONICAL_GPUS}
-        if _key(raw) in by_key:
-            return by_key[_key(raw)]
+        if key in _CANONICAL_BY_KEY:
+            return _CANONICAL_BY_KEY[key]
         raise UnknownGpuError(f"unknown GPU name {raw!r}: add it to GPU_ALIASES", raw=raw)
     if memory_hint_bytes is None or memory_hint_bytes <= 0:
         return variants[0][1]

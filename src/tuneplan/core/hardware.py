@@ -1,7 +1,7 @@
 """GPU specifications: memory in exact bytes, bandwidth, dense FLOP/s per precision, links.
 
 Pure: ``parse_gpu_specs`` takes the text of ``gpu_specs.csv`` (the adapter
-``adapters.hardware_data.load_gpu_specs`` reads the bundled file). Blank cells stay None.
+``adapters.bundled.load_gpu_specs`` reads the bundled file). Blank cells stay None.
 
 Memory: ``memory_bytes`` = ``vram_gb`` x 2^30. GPU vendors' "GB" counts binary capacity (an
 A100 80GB reports exactly 81,920 MiB = 80 GiB); ``memory_label`` keeps the marketing text.
@@ -111,7 +111,8 @@ def _spec_from_row(row: dict[str, str], problems: list[str]) -> GpuSpec | None:
     link = (row.get("gpu_interconnect") or "").strip()
     pcie = _number(row, "pcie_gen", 1, problems)
     return GpuSpec(
-        name=name, vendor=row["vendor"].strip(), architecture=(row.get("architecture") or ""),
+        name=name, vendor=row["vendor"].strip(),
+        architecture=(row.get("architecture") or "").strip(),
         form_factor=(row.get("form_factor") or "").strip(),
         memory_label=f"{row['vram_gb'].strip()} GB", memory_bytes=memory_bytes,
         device_memory_bytes=None if reported is None else reported[0] * MiB,

@@ -13,9 +13,17 @@ import pytest
 from tests.conftest import FIXTURES
 from tuneplan.adapters.importers.aws import parse_aws_offer_file
 from tuneplan.adapters.importers.azure import parse_azure_prices
+from tuneplan.adapters.importers.base import ImportResult
 from tuneplan.adapters.importers.gpuhunt import parse_gpuhunt_csv
 from tuneplan.adapters.importers.runpod import parse_runpod_gpu_types
-from tuneplan.adapters.importers.validation import PayloadError, RowRejected, read_price
+from tuneplan.adapters.importers.validation import (
+    MAX_REJECT_REASONS,
+    PayloadError,
+    RowRejected,
+    merge_results,
+    read_price,
+    require_price,
+)
 from tuneplan.adapters.importers.vastai import parse_vastai_offers
 
 AT = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -37,6 +45,20 @@ def test_read_price_rejects_hostile_values(value: object) -> None:
                          Decimal("32.7726")), (110, Decimal(110)), (None, None), ("", None)])
 def test_read_price_keeps_decimal_text_exact(value: object, expected: Decimal | None) -> None:
     assert read_price(value, "price") == expected
+
+
+def test_require_price_rejects_an_absent_price() -> None:
+    assert require_price("1.5", "price") == Decimal("1.5")
+    with pytest.raises(RowRejected, match="price is missing"):
+        require_price("", "price")
+
+
+def test_merged_results_cap_reasons_but_count_every_reject() -> None:
+    part = ImportResult(offers=(), unknown_gpu_names=("X1",),
+                        rejected_rows=tuple(f"row {i}" for i in range(40)), rejected_count=45)
+    merged = merge_results([part, part])
+    assert merged.total_rejected == 90 and len(merged.rejected_rows) == MAX_REJECT_REASONS
+    assert merged.unknown_gpu_names == ("X1",)
 
 
 def _azure_item(**changes: Any) -> dict[str, Any]:

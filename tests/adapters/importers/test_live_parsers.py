@@ -92,6 +92,8 @@ def test_aws_offer_file_filters_the_zero_priced_capacity_block_twin() -> None:
     assert offer.price_per_gpu_hour == Decimal("4.096575")
     assert (offer.region, offer.vcpus, offer.ram_bytes) == ("us-east-1", 96, 1152 * GiB)
     assert offer.spot_price_per_hour is None  # spot is not in the Price List API
+    # The NIC rate is not the GPU link: it must not land in ``interconnect`` (NVLink ...).
+    assert offer.interconnect is None and offer.notes == "network: 400 Gigabit"
 
 
 def test_runpod_prices_are_per_gpu_times_pod_size_and_placeholders_are_ignored() -> None:

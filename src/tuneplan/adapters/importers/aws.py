@@ -23,10 +23,11 @@ from tuneplan.adapters.importers.validation import (
     OfferCollector,
     PayloadError,
     RowRejected,
+    merge_results,
     read_count,
     read_name,
     read_number,
-    read_price,
+    require_price,
     spec_memory_bytes,
 )
 from tuneplan.core.catalog import Offer
@@ -62,13 +63,7 @@ def fetch(client: httpx.Client, *, base_url: str = DEFAULT_URL,
     payloads = [fetch_json(client, "GET", base_url.rstrip("/") + OFFER_PATH.format(region=r))
                 for r in regions]
     stamp = fetched_at or utc_now()
-    results = [parse_aws_offer_file(payload, stamp) for payload in payloads]
-    return ImportResult(
-        offers=tuple(o for r in results for o in r.offers),
-        unknown_gpu_names=tuple(dict.fromkeys(n for r in results for n in r.unknown_gpu_names)),
-        rejected_rows=tuple(row for r in results for row in r.rejected_rows),
-        rejected_count=sum(r.total_rejected for r in results),
-    )
+    return merge_results(parse_aws_offer_file(payload, stamp) for payload in payloads)
 
 
 def parse_aws_offer_file(payload: Any, fetched_at: datetime) -> ImportResult:
@@ -100,6 +95,7 @@ def _offer(product: Any, terms: Any, fetched_at: datetime) -> Offer | None:
     instance = read_name(attrs.get("instanceType"), "instanceType")
     gpu = gpu_of_instance_type(instance)
     memory_gib = read_number(str(attrs.get("memory", "")).removesuffix(" GiB"), "memory")
+    network = str(attrs.get("networkPerformance") or "")[:60]
     return Offer(
         provider=PROVIDER, instance_type=instance, gpu=gpu,
         gpu_count=read_count(gpus, "gpu"), gpu_memory_bytes=spec_memory_bytes(gpu),
@@ -107,7 +103,9 @@ def _offer(product: Any, terms: Any, fetched_at: datetime) -> Offer | None:
         ram_bytes=None if memory_gib is None else int(memory_gib * GiB),
         region=read_name(attrs.get("regionCode"), "regionCode"),
         price_per_hour=_hourly_usd(terms), fetched_at=fetched_at, source=SOURCE,
-        interconnect=str(attrs.get("networkPerformance", ""))[:60] or None,
+        # networkPerformance is the NIC (EFA) rate between nodes, not the GPU link that
+        # ``interconnect`` names (NVLink ...), so it goes in the notes.
+        notes=f"network: {network}" if network else "",
     )
 
 
@@ -120,10 +118,7 @@ def _hourly_usd(terms: Any) -> Decimal:
     hourly = [d for d in dimensions if isinstance(d, dict) and d.get("unit") == "Hrs"]
     if len(hourly) != 1:
         raise RowRejected(f"expected one hourly price dimension, found {len(hourly)}")
-    price = read_price((hourly[0].get("pricePerUnit") or {}).get("USD"), "pricePerUnit.USD")
-    if price is None:
-        raise RowRejected("pricePerUnit.USD is missing")
-    return price
+    return require_price((hourly[0].get("pricePerUnit") or {}).get("USD"), "pricePerUnit.USD")
 
 
 def gpu_of_instance_type(instance_type: str) -> str:

@@ -25,7 +25,7 @@ from tuneplan.adapters.importers.validation import (
     PayloadError,
     RowRejected,
     read_name,
-    read_price,
+    require_price,
     spec_memory_bytes,
 )
 from tuneplan.core.catalog import Offer
@@ -141,9 +141,7 @@ def _price_of(item: Any) -> tuple[_Key, str, Decimal] | None:
         raise RowRejected(f"currency {str(item.get('currencyCode'))[:10]!r} is not USD")
     sku = read_name(item.get("armSkuName"), "armSkuName")
     region = read_name(item.get("armRegionName"), "armRegionName")
-    price = read_price(item.get("retailPrice"), "retailPrice")
-    if price is None:
-        raise RowRejected("retailPrice is missing")
+    price = require_price(item.get("retailPrice"), "retailPrice")
     return _Key(sku, region), "spot" if meter.rstrip().endswith("Spot") else "on_demand", price
 
 

@@ -27,10 +27,11 @@ from tuneplan.adapters.importers.validation import (
     OfferCollector,
     PayloadError,
     RowRejected,
+    merge_results,
     read_count,
     read_name,
     read_number,
-    read_price,
+    require_price,
     spec_memory_bytes,
 )
 from tuneplan.core.catalog import Offer, normalise_gpu_name, normalise_provider_name
@@ -42,6 +43,8 @@ VERSION_PATH = "/v2/version"
 CATALOG_PATH = "/v2/{version}/catalog.zip"
 COLUMNS = ("instance_name", "location", "price", "cpu", "memory", "gpu_count", "gpu_name",
            "gpu_memory", "spot", "disk_size", "gpu_vendor")
+# Rows that differ only in these are one offer (on-demand and spot rows merge; vendor is implied).
+_SHAPE_COLUMNS = (*(c for c in COLUMNS if c not in ("price", "spot", "gpu_vendor")), "flags")
 #: A catalog zip beyond this is not the published catalog (tens of MB); refuse to inflate it.
 MAX_UNCOMPRESSED_BYTES = 1_000_000_000
 
@@ -77,14 +80,8 @@ def parse_gpuhunt_zip(archive: bytes, fetched_at: datetime) -> ImportResult:
         raise PayloadError(f"gpuhunt catalog is not a readable zip of CSV files: {exc}") from exc
     if not texts:
         raise PayloadError("gpuhunt zip holds no CSV files")
-    results = [parse_gpuhunt_csv(text, provider, fetched_at)
-               for provider, text in sorted(texts.items())]
-    return ImportResult(
-        offers=tuple(o for r in results for o in r.offers),
-        unknown_gpu_names=tuple(dict.fromkeys(n for r in results for n in r.unknown_gpu_names)),
-        rejected_rows=tuple(row for r in results for row in r.rejected_rows)[:50],
-        rejected_count=sum(r.total_rejected for r in results),
-    )
+    return merge_results(parse_gpuhunt_csv(text, provider, fetched_at)
+                         for provider, text in sorted(texts.items()))
 
 
 def parse_gpuhunt_csv(text: str, provider: str, fetched_at: datetime) -> ImportResult:
@@ -119,11 +116,8 @@ def _merge(shapes: dict[tuple[str, ...], _Shape], row: dict[str, Any], where: st
     spot = {"true": True, "false": False}.get(str(row["spot"]).strip().lower())
     if spot is None:
         raise RowRejected(f"spot {str(row['spot'])[:20]!r} is not True/False")
-    price = read_price(row["price"], "price")
-    if price is None:
-        raise RowRejected("price is missing")
-    key = tuple(str(row.get(c, "")) for c in (*COLUMNS[:2], *COLUMNS[3:8], "disk_size",
-                                               "flags"))
+    price = require_price(row["price"], "price")
+    key = tuple(str(row.get(c, "")) for c in _SHAPE_COLUMNS)
     shape = shapes.setdefault(key, _Shape(row=row, where=where))
     shape.prices[spot] = min(price, shape.prices.get(spot, price))
 

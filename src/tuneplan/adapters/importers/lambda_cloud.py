@@ -25,7 +25,7 @@ from tuneplan.adapters.importers.validation import (
     RowRejected,
     read_name,
     read_number,
-    read_price,
+    require_price,
     spec_memory_bytes,
 )
 from tuneplan.core.catalog import Offer, normalise_gpu_name
@@ -76,9 +76,7 @@ def _offer(entry: Any, region: str, fetched_at: datetime) -> Offer | None:
         return None  # CPU-only types have no "Nx GPU (M GB)" description
     count, name, memory_gb, form = int(match[1]), match[2], float(match[3]), match[4]
     gpu = _gpu(name, form, int(memory_gb * GiB))
-    cents = read_price(kind.get("price_cents_per_hour"), "price_cents_per_hour")
-    if cents is None:
-        raise RowRejected("price_cents_per_hour is missing")
+    cents = require_price(kind.get("price_cents_per_hour"), "price_cents_per_hour")
     specs: dict[str, Any] = kind["specs"] if isinstance(kind.get("specs"), dict) else {}
     ram_gib = read_number(specs.get("memory_gib"), "memory_gib")
     disk_gib = read_number(specs.get("storage_gib"), "storage_gib")
@@ -102,6 +100,3 @@ def _gpu(name: str, form: str | None, hint_bytes: int) -> str:
         except UnknownGpuError:
             continue
     raise UnknownGpuError(f"unknown Lambda GPU {name!r}", raw=name)
-
-
-

@@ -29,7 +29,7 @@ from tuneplan.adapters.importers.validation import (
     read_price,
 )
 from tuneplan.core.catalog import Offer, normalise_gpu_name, normalise_provider_name
-from tuneplan.core.gpu_names import GPU_ALIASES
+from tuneplan.core.gpu_names import GPU_ALIASES, gpu_name_key
 from tuneplan.units import GiB, MiB
 
 _REQUIRED = ("InstanceType", "AcceleratorName", "AcceleratorCount", "Price", "Region")
@@ -69,23 +69,18 @@ def parse_skypilot_csv(text: str, cloud: str, fetched_at: datetime, source: str)
             rows.append((reader.line_num, row))
     collector = OfferCollector()
     for line, row in rows:
-        host = _gcp_host(row, hosts) if cloud == "gcp" else None
-        collector.add(f"line {line}", partial(_offer, row, host, cloud, fetched_at, source))
+        collector.add(f"line {line}", partial(_offer, row, hosts, cloud, fetched_at, source))
     return collector.result()
 
 
-def _gcp_host(row: dict[str, str], hosts: dict[tuple[str, str], dict[str, str]]
+def _gcp_host(row: dict[str, str], count: int, hosts: dict[tuple[str, str], dict[str, str]]
               ) -> dict[str, str] | None:
-    try:
-        count = int(Decimal(row.get("AcceleratorCount") or "0"))
-    except InvalidOperation:
-        return None
     machine = _GCP_HOSTS.get(((row.get("AcceleratorName") or "").strip(), count))
     return hosts.get((machine, row.get("AvailabilityZone") or "")) if machine else None
 
 
-def _offer(row: dict[str, str], host: dict[str, str] | None, cloud: str, fetched_at: datetime,
-           source: str) -> Offer | None:
+def _offer(row: dict[str, str], hosts: dict[tuple[str, str], dict[str, str]], cloud: str,
+           fetched_at: datetime, source: str) -> Offer | None:
     raw_name = (row.get("AcceleratorName") or "").strip()
     instance = (row.get("InstanceType") or "").strip()
     if not raw_name:
@@ -93,6 +88,7 @@ def _offer(row: dict[str, str], host: dict[str, str] | None, cloud: str, fetched
             raise RowRejected(f"{instance}: no accelerator and no price")
         raise RowRejected(f"{instance or 'row'}: no accelerator name")
     count, notes = _count(row, cloud, instance)
+    host = _gcp_host(row, count, hosts) if cloud == "gcp" else None
     gpu = _gpu(raw_name, instance, row.get("GpuInfo"), cloud, count)
     price, spot, price_notes = _prices(row, host, cloud)
     spec = load_gpu_spec(gpu)
@@ -136,13 +132,9 @@ def _gpu(raw: str, instance: str, gpu_info: str | None, cloud: str, count: int) 
     for word, suffix in (("pcie", " PCIe"), ("nvl", " NVL"), ("sxm", " SXM")):
         if word in hints or (suffix == " PCIe" and cloud.removesuffix("_v7") in _PCIE_BY_DEFAULT):
             candidate = f"{raw}{suffix}"
-            if _alias_key(candidate) in GPU_ALIASES and _alias_key(raw) not in _EXPLICIT:
+            if gpu_name_key(candidate) in GPU_ALIASES and gpu_name_key(raw) not in _EXPLICIT:
                 return normalise_gpu_name(candidate, memory)
     return normalise_gpu_name(raw, memory)
-
-
-def _alias_key(name: str) -> str:
-    return name.replace(" ", "").replace("-", "").replace("_", "").replace(".", "").lower()
 
 
 # Names that already say their form factor; an instance-name hint must not override them.
@@ -170,12 +162,16 @@ def _gpu_info(text: str | None, cloud: str, count: int) -> tuple[str, int | None
 
 def _prices(row: dict[str, str], host: dict[str, str] | None, cloud: str
             ) -> tuple[Decimal | None, Decimal | None, list[str]]:
+    if cloud == "mithril":
+        raise RowRejected("Mithril is an auction market: its 1.0/8.0 prices are placeholders")
     notes: list[str] = []
     price = read_price(row.get("Price"), "Price")
     spot_text = (row.get("SpotPrice") or "").strip()
-    spot = None if _is_zero(spot_text) else read_price(spot_text, "SpotPrice")
     if _is_zero(spot_text):
+        spot = None
         notes.append("source spot price 0.00 is a placeholder: dropped")
+    else:
+        spot = read_price(spot_text, "SpotPrice")
     if cloud == "runpod_v7" and spot is not None:
         spot = None
         notes.append("v7 SpotPrice dropped: it matches RunPod's community on-demand price")
@@ -187,8 +183,6 @@ def _prices(row: dict[str, str], host: dict[str, str] | None, cloud: str
         notes.append(f"GCP: host VM {host['InstanceType']} + GPU price")
     elif cloud == "gcp" and not (row.get("InstanceType") or "").strip():
         notes.append("GPU only: the price excludes the host VM (add an N1/G2/A3 machine type)")
-    if cloud == "mithril":
-        raise RowRejected("Mithril is an auction market: its 1.0/8.0 prices are placeholders")
     if price is not None and spot is not None and spot >= price:
         notes.append("spot price >= on-demand in the source")
     return price, spot, notes

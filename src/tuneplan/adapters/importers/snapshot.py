@@ -6,6 +6,7 @@ rows' own commit dates are unknown (see the snapshot README), so prices may be o
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from tuneplan.adapters.bundled import SNAPSHOT_DIR, list_snapshot_files, read_data_text
@@ -40,7 +41,6 @@ def _drop_superseded_runpod(results: list[tuple[str, ImportResult, datetime]]
     if newer is None or older is None:
         return results
     v8_types = {offer.instance_type for offer in newer.offers}
-    kept = tuple(o for o in older.offers if o.instance_type not in v8_types)
-    trimmed = ImportResult(offers=kept, unknown_gpu_names=older.unknown_gpu_names,
-                           rejected_rows=older.rejected_rows, rejected_count=older.rejected_count)
+    trimmed = replace(older, offers=tuple(o for o in older.offers
+                                          if o.instance_type not in v8_types))
     return [(s, trimmed if s == SOURCE_PREFIX + "runpod-v7" else r, t) for s, r, t in results]

@@ -13,7 +13,6 @@ import io
 from datetime import datetime
 from functools import partial
 
-from tuneplan.adapters.bundled import load_gpu_spec
 from tuneplan.adapters.importers.base import ImportResult
 from tuneplan.adapters.importers.validation import (
     OfferCollector,
@@ -22,6 +21,7 @@ from tuneplan.adapters.importers.validation import (
     read_name,
     read_number,
     read_price,
+    spec_memory_bytes,
 )
 from tuneplan.core.catalog import Offer, normalise_gpu_name, normalise_provider_name
 from tuneplan.errors import InvalidValueError
@@ -74,7 +74,7 @@ def _offer(row: dict[str, str | None], source: str, fetched_at: datetime) -> Off
         provider=normalise_provider_name(read_name(row.get("provider"), "provider")),
         instance_type=(row.get("instance_type") or "").strip(),
         gpu=gpu, gpu_count=read_count(row.get("gpu_count"), "gpu_count"),
-        gpu_memory_bytes=load_gpu_spec(gpu).memory_bytes,
+        gpu_memory_bytes=spec_memory_bytes(gpu),
         vcpus=read_number(row.get("vcpus"), "vcpus"), ram_bytes=_size(row, "ram"),
         disk_bytes=_size(row, "disk"), region=read_name(row.get("region"), "region"),
         zone=(row.get("zone") or "").strip() or None,

@@ -8,7 +8,7 @@ A payload whose overall shape is wrong raises ``PayloadError`` and the whole sou
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -51,6 +51,14 @@ def read_price(value: Any, label: str) -> Decimal | None:
         raise RowRejected(f"{label} is {str(value)[:40]}, not a finite number")
     if price <= 0:
         raise RowRejected(f"{label} must be > 0, got {str(value)[:40]}")
+    return price
+
+
+def require_price(value: Any, label: str) -> Decimal:
+    """``read_price`` for a price the row cannot do without: absent is RowRejected too."""
+    price = read_price(value, label)
+    if price is None:
+        raise RowRejected(f"{label} is missing")
     return price
 
 
@@ -130,6 +138,18 @@ class OfferCollector:
             rejected_rows=tuple(self.rejected),
             rejected_count=self.rejected_count,
         )
+
+
+def merge_results(results: Iterable[ImportResult]) -> ImportResult:
+    """One result from several payloads of one source (AWS regions, gpuhunt provider files):
+    offers in order, unknown names once each, reject reasons capped at MAX_REJECT_REASONS."""
+    parts = list(results)
+    return ImportResult(
+        offers=tuple(o for r in parts for o in r.offers),
+        unknown_gpu_names=tuple(dict.fromkeys(n for r in parts for n in r.unknown_gpu_names)),
+        rejected_rows=tuple(row for r in parts for row in r.rejected_rows)[:MAX_REJECT_REASONS],
+        rejected_count=sum(r.total_rejected for r in parts),
+    )
 
 
 def spec_memory_bytes(gpu: str) -> int:

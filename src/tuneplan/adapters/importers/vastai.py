@@ -24,6 +24,7 @@ from tuneplan.adapters.importers.validation import (
     read_name,
     read_number,
     read_price,
+    require_price,
     spec_memory_bytes,
 )
 from tuneplan.core.catalog import Offer, normalise_gpu_name
@@ -64,9 +65,7 @@ def _offer(item: Any, fetched_at: datetime) -> Offer:
     raw_gpu = read_name(item.get("gpu_name"), "gpu_name")
     gpu_ram_mib = read_number(item.get("gpu_ram"), "gpu_ram")
     gpu = normalise_gpu_name(raw_gpu, int(gpu_ram_mib * MiB) if gpu_ram_mib else None)
-    price = read_price(item.get("dph_total"), "dph_total")
-    if price is None:
-        raise RowRejected("dph_total is missing")
+    price = require_price(item.get("dph_total"), "dph_total")
     offer_id = read_name(item.get("id"), "id")
     disk_gb = read_number(item.get("disk_space"), "disk_space")
     return Offer(
