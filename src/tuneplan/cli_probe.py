@@ -8,6 +8,8 @@ stderr, so ``--json`` prints exactly one document on stdout.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -54,25 +56,20 @@ def probe_command(
     _print_probe(doc)
 
 
-def _progress() -> Any:
-    from contextlib import contextmanager
-
+@contextmanager
+def _progress() -> Iterator[Callable[[str, int, int], None]]:
+    """A transient progress bar on stderr; yields the ``report(what, done, total)`` callback."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    @contextmanager
-    def shown() -> Any:
-        console = Console(stderr=True)
-        columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=console, transient=True) as bar:
-            task = bar.add_task("probe", total=1)
+    columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("probe", total=1)
 
-            def report(what: str, done: int, total: int) -> None:
-                bar.update(task, description=what, completed=done, total=max(total, 1))
+        def report(what: str, done: int, total: int) -> None:
+            bar.update(task, description=what, completed=done, total=max(total, 1))
 
-            yield report
-
-    return shown()
+        yield report
 
 
 def _print_probe(doc: dict[str, Any]) -> None:

@@ -169,7 +169,7 @@ class Interconnect(StrEnum):
 
     @property
     def rank(self) -> int:
-        return ("any", "pcie", "nvlink", "nvswitch").index(self.value)
+        return list(Interconnect).index(self)  # declaration order: weakest first
 
 
 class Objective(StrEnum):

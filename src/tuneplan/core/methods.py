@@ -165,7 +165,7 @@ def count_trainable(model: ModelSpec, strategy: Strategy) -> Trainable:
     extra = _modules_to_save(model, strategy)
     if method is Method.FULL:
         mats = _base_matrices(model, model.layers)
-        return Trainable(base_params=_total_params(model), adapter_params=0,
+        return Trainable(base_params=count_params(model), adapter_params=0,
                          largest_tensor=max(r * c for r, c, _ in mats), matrices=mats)
     if method is Method.FREEZE:
         return _freeze(model, strategy, extra)
@@ -176,7 +176,9 @@ def count_trainable(model: ModelSpec, strategy: Strategy) -> Trainable:
                      largest_tensor=max(sizes), matrices=tuple(adapters))
 
 
-def _total_params(model: ModelSpec) -> int:
+def count_params(model: ModelSpec) -> int:
+    """Parameters the training step holds: embeddings, blocks, final norm, output head
+    (``ModelSpec.layers`` only: a vision tower is not counted)."""
     blocks = sum(layer.params * layer.count for layer in model.layers)
     return model.embedding_params + blocks + model.final_norm_params + model.head_params
 
@@ -216,10 +218,7 @@ def _adapter_matrices(model: ModelSpec, strategy: Strategy) -> list[tuple[int, i
     if method is Method.PROMPT:
         return [(strategy.num_virtual_tokens, model.hidden_size, 1)]
     for layer in model.layers:
-        targets = targeted_linears(model, strategy, layer)
-        if not targets:
-            continue
-        for lin in targets:
+        for lin in targeted_linears(model, strategy, layer):
             n = lin.copies * layer.count
             if method is Method.IA3:
                 size = lin.in_features if _short(lin.name) in IA3_FEEDFORWARD else lin.out_features

@@ -76,14 +76,9 @@ def precision_plan(strategy: Strategy) -> PrecisionPlan:
     kbit = recipe is Recipe.HF and method in (Method.QLORA, Method.LORA8BIT) and not (
         method is Method.QLORA and strategy.quant is Quant.GPTQ_INT4)
     return PrecisionPlan(
-        frozen_weight_bytes=4 if precision.value == "fp32" else 2, trainable_weight_bytes=trainable,
+        frozen_weight_bytes=c, trainable_weight_bytes=trainable,
         adapter_bytes=adapter, compute_bytes=c, autocast=mixed and not master,
         master_bytes=master, state_bytes=state, kbit_upcast=kbit,
         fused_loss_default=recipe in (Recipe.UNSLOTH, Recipe.LITGPT),
         why=f"{recipe.value}: {precision.value}" + (", fp32 master weights" if master else ""))
 
-
-def default_offload_checkpoints(recipe: Recipe) -> bool:
-    """Unsloth's ``use_gradient_checkpointing="unsloth"`` offloads checkpoints to host
-    (applied by ``tuneplan.jobflags.default_sharding`` when no checkpointing flag is given)."""
-    return recipe is Recipe.UNSLOTH

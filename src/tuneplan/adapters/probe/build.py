@@ -48,7 +48,7 @@ def make_config(config: Mapping[str, Any], task: str) -> Any:
     return hf
 
 
-def _is_moe(config: Mapping[str, Any]) -> bool:
+def is_moe(config: Mapping[str, Any]) -> bool:
     keys = ("num_local_experts", "num_experts", "n_routed_experts", "moe_intermediate_size")
     return any(config.get(k) for k in keys)
 
@@ -61,11 +61,11 @@ def check_supported(setup: StepSetup) -> None:
         raise UnsupportedError(f"attention {setup.attention!r} is not sdpa or eager")
     if not setup.fake:
         return
-    if _is_moe(setup.config) and setup.param_dtype != "bfloat16":
+    if is_moe(setup.config) and setup.param_dtype != "bfloat16":
         raise UnsupportedError(
             "MoE under fake tensors needs bfloat16 params (grouped_mm is bf16-only)"
         )
-    if _is_moe(setup.config) and setup.method == "qlora" and setup.kbit_prepare:
+    if is_moe(setup.config) and setup.method == "qlora" and setup.kbit_prepare:
         raise UnsupportedError(
             "MoE qlora under fake tensors: kbit preparation upcasts the unquantized 3-D"
             " experts to fp32, and grouped_mm is bf16-only (use kbit_prepare=False)"
@@ -93,14 +93,20 @@ def build_base(setup: StepSetup) -> nn.Module:
     except ValueError as exc:  # e.g. "Gemma2ForCausalLM does not support ... sdpa yet"
         raise UnsupportedError(f"transformers cannot build it: {exc}") from exc
     if setup.gradient_checkpointing:
-        kwargs = {"use_reentrant": False}
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 name
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-        if setup.method in PEFT_METHODS:
-            model.enable_input_require_grads()  # what Trainer does for PEFT models
+        enable_checkpointing(model, input_grads=setup.method in PEFT_METHODS)
     return cast(nn.Module, model)
+
+
+def enable_checkpointing(model: Any, *, input_grads: bool) -> None:
+    """Non-reentrant activation checkpointing as Trainer turns it on; ``input_grads``: also
+    make the embedding output require grad (what Trainer does for PEFT models)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if input_grads:
+        model.enable_input_require_grads()
 
 
 def peft_config(setup: StepSetup) -> Any:
@@ -217,18 +223,12 @@ def patched_packed_sequence_check() -> Iterator[None]:
 
 def make_inputs(setup: StepSetup, vocab_size: int) -> dict[str, torch.Tensor]:
     """Random token ids (never 0, the seq-cls pad id) and labels, as the step's batch."""
-    gen = torch.Generator().manual_seed(setup.seed)
+    # Fake inputs are made inside fake mode: no generator there, and values are never read.
+    gen = None if setup.fake else torch.Generator().manual_seed(setup.seed)
     shape = (setup.batch_size, setup.seq_len)
-    if setup.fake:  # called inside fake mode: no generator, values are never read
-        ids = torch.randint(1, vocab_size, shape)
-        labels = ids.clone() if setup.task == "causal-lm" else torch.randint(0, 2, shape[:1])
-    else:
-        ids = torch.randint(1, vocab_size, shape, generator=gen)
-        labels = (
-            ids.clone()
-            if setup.task == "causal-lm"
-            else torch.randint(0, 2, shape[:1], generator=gen)
-        )
+    ids = torch.randint(1, vocab_size, shape, generator=gen)
+    labels = ids.clone() if setup.task == "causal-lm" else torch.randint(
+        0, 2, shape[:1], generator=gen)
     return {"input_ids": ids, "labels": labels}
 
 

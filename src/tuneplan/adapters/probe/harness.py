@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from tuneplan.adapters.probe import build, qlora
-from tuneplan.adapters.probe.tracker import StorageTracker
+from tuneplan.adapters.probe.tracker import StorageTracker, TrackerResult
 from tuneplan.errors import ProbeError
 
 
@@ -70,10 +70,7 @@ class MeasuredStep:
 
 
 def _unique_params(model: nn.Module) -> list[nn.Parameter]:
-    seen: dict[int, nn.Parameter] = {}
-    for p in model.parameters():  # parameters() already skips tied duplicates
-        seen.setdefault(id(p), p)
-    return list(seen.values())
+    return list(model.parameters())  # parameters() already skips tied duplicates
 
 
 def _autocast(setup: StepSetup) -> contextlib.AbstractContextManager[Any]:
@@ -99,6 +96,7 @@ def run_steps(
 
     ``forward()`` returns the loss; only it may live into backward. Uses ``setup``'s
     optimizer, implementation, autocast and step count; the caller registers the model.
+    A failing step raises ProbeError with the first line of the library's message.
     """
     params = [p for p in _unique_params(model) if p.requires_grad]
     opt = build.make_optimizer(params, setup)
@@ -127,6 +125,10 @@ def run_steps(
                 # biases with ``bias.data = ...``) is a parameter, whenever it was allocated.
                 tracker.register_all(model.parameters(), "parameters")
                 peaks.append(tracker.take_window_peak())
+    except (RuntimeError, AssertionError, NotImplementedError, ValueError) as exc:
+        kind = "simulated" if setup.fake else "real"
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ProbeError(f"the {kind} {setup.method} step failed: {first}") from exc
     finally:
         for h in hooks:
             h.remove()
@@ -164,14 +166,9 @@ def _build(setup: StepSetup, notes: list[str]) -> tuple[nn.Module, Any]:
 def _step(model: nn.Module, setup: StepSetup, tracker: StorageTracker) -> list[int]:
     inputs = build.make_inputs(setup, int(build.make_config(setup.config, setup.task).vocab_size))
     register_model(tracker, model, inputs)
-    try:
-        # The output object is dropped inside forward: only the loss lives into backward,
-        # as with ``model(...).loss.backward()``.
-        return run_steps(model, lambda: model(**inputs).loss, setup, tracker)
-    except (RuntimeError, AssertionError, NotImplementedError, ValueError) as exc:
-        kind = "simulated" if setup.fake else "real"
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ProbeError(f"the {kind} {setup.method} step failed: {first}") from exc
+    # The output object is dropped inside forward: only the loss lives into backward,
+    # as with ``model(...).loss.backward()``.
+    return run_steps(model, lambda: model(**inputs).loss, setup, tracker)
 
 
 def measure_step(setup: StepSetup) -> MeasuredStep:
@@ -196,6 +193,14 @@ def _measure(setup: StepSetup, started: float, notes: list[str]) -> MeasuredStep
     if result.max_by_category.get("other", 0):
         notes.append("'other': tensors that existed before tracking and were not params/buffers")
     notes.append("output object dropped before backward (loss = model(...).loss)")
+    return measured_step(model, result, peaks, seconds=time.perf_counter() - started,
+                         step_seconds=step_seconds, notes=tuple(notes))
+
+
+def measured_step(model: nn.Module, result: TrackerResult, peaks: list[int], *,
+                  seconds: float, step_seconds: float, notes: tuple[str, ...] = ()
+                  ) -> MeasuredStep:
+    """What the tracker saw (``result``) over steps whose own peaks are ``peaks``."""
     return MeasuredStep(
         peak_bytes=result.peak_bytes,
         peak_by_category=result.peak_by_category,
@@ -203,8 +208,8 @@ def _measure(setup: StepSetup, started: float, notes: list[str]) -> MeasuredStep
         peak_phase=result.peak_phase,
         trainable_params=sum(p.numel() for p in _unique_params(model) if p.requires_grad),
         total_params=qlora.logical_numel(model),  # a 4-bit weight counts out×in, not bytes
-        seconds=time.perf_counter() - started,
-        notes=tuple(notes),
+        seconds=seconds,
+        notes=notes,
         step_seconds=step_seconds,
         peak_step=next((i + 1 for i, p in enumerate(peaks) if p >= result.peak_bytes), 0),
         per_step_peak_bytes=tuple(peaks),

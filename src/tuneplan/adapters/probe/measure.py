@@ -56,13 +56,7 @@ def load_pretrained(setup: StepSetup, source: str | Path) -> nn.Module:
         str(source), dtype=build.dtype_of(setup.param_dtype), attn_implementation=setup.attention)
     model.config.use_cache = False
     if setup.gradient_checkpointing:
-        kwargs = {"use_reentrant": False}
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 name
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-        if setup.method in build.PEFT_METHODS:
-            model.enable_input_require_grads()
+        build.enable_checkpointing(model, input_grads=setup.method in build.PEFT_METHODS)
     return build.apply_method(model, setup)
 
 
@@ -95,13 +89,12 @@ def measure_cpu(setup: StepSetup, *, weights: str | Path | None = None,
                 loss: torch.Tensor = model(**inputs).loss
                 return loss
 
-            try:
-                peaks = harness.run_steps(model, forward, setup, tracker)
-            except (RuntimeError, AssertionError, NotImplementedError, ValueError) as exc:
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                raise ProbeError(f"the probe step failed: {first}") from exc
+            peaks = harness.run_steps(model, forward, setup, tracker)
         ended = time.perf_counter()
-    return _measured(model, tracker, peaks, started, starts, ended), _timing(setup, starts, ended)
+    measured = harness.measured_step(
+        model, tracker.result(), peaks, seconds=ended - started,
+        step_seconds=ended - (starts[0] if starts else ended))
+    return measured, _timing(setup, starts, ended)
 
 
 def _timing(setup: StepSetup, starts: list[float], ended: float) -> Timing:
@@ -109,23 +102,6 @@ def _timing(setup: StepSetup, starts: list[float], ended: float) -> Timing:
     seconds = tuple(b - a for a, b in itertools.pairwise(bounds))
     return Timing(step_seconds=seconds, warmup=1 if len(seconds) > 1 else 0,
                   tokens_per_step=setup.batch_size * setup.seq_len)
-
-
-def _measured(model: nn.Module, tracker: StorageTracker, peaks: list[int], started: float,
-              starts: list[float], ended: float) -> MeasuredStep:
-    from tuneplan.adapters.probe import qlora
-
-    r = tracker.result()
-    params = harness._unique_params(model)
-    return MeasuredStep(
-        peak_bytes=r.peak_bytes, peak_by_category=r.peak_by_category,
-        max_by_category=r.max_by_category, peak_phase=r.peak_phase,
-        trainable_params=sum(p.numel() for p in params if p.requires_grad),
-        total_params=qlora.logical_numel(model), seconds=ended - started,
-        step_seconds=ended - (starts[0] if starts else ended),
-        peak_step=next((i + 1 for i, p in enumerate(peaks) if p >= r.peak_bytes), 0),
-        per_step_peak_bytes=tuple(peaks),
-        peak_by_phase={k: v for k, v in r.peak_by_phase.items() if k != "setup"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

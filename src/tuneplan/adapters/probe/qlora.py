@@ -80,8 +80,7 @@ def _prepare_and_wrap(model: Any, setup: StepSetup) -> Any:
             gradient_checkpointing_kwargs=kwargs,
         )
     elif setup.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-        model.enable_input_require_grads()
+        build.enable_checkpointing(model, input_grads=True)
     lora = replace(setup, method="lora")
     return peft.get_peft_model(model, build.peft_config(lora), autocast_adapter_dtype=True)
 

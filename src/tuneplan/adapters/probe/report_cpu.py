@@ -7,7 +7,7 @@ out. Parts fake tensors cannot run fall back to the analytic term and are named.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuneplan.adapters.probe import setup as ps
 from tuneplan.adapters.probe.measure import measure_cpu
@@ -15,9 +15,12 @@ from tuneplan.core.job import Strategy
 from tuneplan.core.memory import MemoryAssumptions, estimate_memory
 from tuneplan.core.models import ModelSpec
 
+if TYPE_CHECKING:
+    from tuneplan.adapters.probe.run import ProbeRequest, Report
 
-def probe_cpu(req: Any, spec: ModelSpec, strategy: Strategy, config: dict[str, Any],
-              weights: str | Path | None, device: str, say: Any) -> dict[str, Any]:
+
+def probe_cpu(req: ProbeRequest, spec: ModelSpec, strategy: Strategy, config: dict[str, Any],
+              weights: str | Path | None, device: str, say: Report) -> dict[str, Any]:
     """Measure on the CPU (``device`` "cpu") or simulate ("simulated"); the JSON document."""
     fake = device == "simulated"
     steps = min(req.steps, 2) if fake else req.steps  # step 2 already holds optimizer state

@@ -8,7 +8,7 @@ constants a later estimate reuses (context bytes, reserve fraction, matmul effic
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuneplan.adapters.calibration import calibration_for, generation_of
 from tuneplan.adapters.probe import setup as ps
@@ -23,6 +23,9 @@ from tuneplan.core.job import Strategy
 from tuneplan.core.memory import estimate_memory
 from tuneplan.core.models import ModelSpec
 from tuneplan.errors import TuneplanError
+
+if TYPE_CHECKING:
+    from tuneplan.adapters.probe.run import ProbeRequest, Report
 
 
 def gpu_spec_for(device_name: str, total_bytes: int) -> GpuSpec | None:
@@ -42,8 +45,8 @@ def gpu_spec_for(device_name: str, total_bytes: int) -> GpuSpec | None:
     return None
 
 
-def probe_cuda(req: Any, spec: ModelSpec, strategy: Strategy, config: dict[str, Any],
-               weights: str | Path | None, say: Any) -> dict[str, Any]:
+def probe_cuda(req: ProbeRequest, spec: ModelSpec, strategy: Strategy, config: dict[str, Any],
+               weights: str | Path | None, say: Report) -> dict[str, Any]:
     steps = max(req.steps, 2)  # one warm-up step, at least one timed step
     setup = ps.step_setup(config, strategy, steps=steps)
     say("building the model on cuda", 0, steps)

@@ -11,8 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tuneplan.adapters.probe.build import is_moe
 from tuneplan.adapters.probe.harness import MeasuredStep, StepSetup
-from tuneplan.core.job import Attention, Checkpointing, Optimizer, Precision, Strategy
+from tuneplan.core.job import Attention, Checkpointing, Loss, Optimizer, Precision, Strategy
 from tuneplan.core.memory import MemoryEstimate
 from tuneplan.core.methods import Method
 from tuneplan.core.recipes import Recipe
@@ -43,7 +44,7 @@ def _refuse_unrunnable(s: Strategy) -> None:
         (s.checkpointing is Checkpointing.OFFLOAD, "--offload-activations"),
         (s.optimizer_in_backward, "--optimizer-in-backward"),
         (s.compile, "--compile"),
-        (s.loss is not None and s.loss.value == "chunked", "--loss chunked"),
+        (s.loss is Loss.CHUNKED, "--loss chunked"),
         (s.num_labels != 2, "--num-labels other than 2"),
         (s.precision is Precision.FP16_MIXED, "fp16-mixed (use bf16-mixed)"),
     ]
@@ -98,8 +99,7 @@ def simulation_fallbacks(setup: StepSetup) -> tuple[StepSetup, tuple[Fallback, .
         found.append(Fallback(
             part="bitsandbytes 4-bit matmul", group=None, term="activations/dequant_buffer",
             reason="gemm_4bit's dequantized weight lives inside the CUDA kernel"))
-    moe = any(setup.config.get(k) for k in ("num_local_experts", "num_experts",
-                                             "n_routed_experts"))
+    moe = is_moe(setup.config)
     if moe and setup.param_dtype != "bfloat16":
         raise UnsupportedError("MoE in fp32 cannot be simulated (grouped_mm is bf16-only); "
                                "use the analytic estimate (tuneplan memory)")

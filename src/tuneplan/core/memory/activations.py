@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuneplan.core.job import Attention, Strategy
+from tuneplan.core.job import Attention, Checkpointing, Strategy
 from tuneplan.core.memory.experts import experts_adapted, param_wrapped, param_wrapper_saved
 from tuneplan.core.memory.parts import part
 from tuneplan.core.methods import IA3_FEEDFORWARD, Method, effective_quant, targeted_linears
@@ -51,24 +51,21 @@ class Widths:
     base: int = 2              # frozen base weights (PEFT's merged expert weights)
 
 
-def widths(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan,
-           dropout_mask_bytes: int = 1) -> Widths:
+def widths(strategy: Strategy, plan: PrecisionPlan, dropout_mask_bytes: int) -> Widths:
     """Activation widths: the residual stream has the embedding's dtype (autocast leaves it)."""
     full = strategy.method.trains_base
-    embed = plan.trainable_weight_bytes if full else (4 if plan.kbit_upcast else
-                                                       plan.frozen_weight_bytes)
-    norm_w = plan.trainable_weight_bytes if full else (4 if plan.kbit_upcast else
-                                                        plan.frozen_weight_bytes)
-    residual = embed if plan.autocast or plan.kbit_upcast or full else plan.compute_bytes
-    norm_out = max(residual, norm_w)
+    # Unquantized frozen weights (embedding, norms): fp32 after PEFT's k-bit upcast.
+    base = 4 if plan.kbit_upcast else plan.frozen_weight_bytes
+    stored = plan.trainable_weight_bytes if full else base   # embedding and norm weights
+    residual = stored if plan.autocast or plan.kbit_upcast or full else plan.compute_bytes
+    norm_out = max(residual, stored)
     # bitsandbytes Linear4bit.forward casts its input to the compute dtype and its output back
     # to the input's dtype, so after PEFT's fp32 norm upcast the MLP runs in fp32.
     quantized = effective_quant(strategy) is not None
     return Widths(compute=plan.compute_bytes, residual=residual, norm_out=norm_out,
                   adapter=plan.adapter_bytes, autocast=plan.autocast, norm_trains=full,
                   mlp=norm_out if quantized else plan.compute_bytes,
-                  dropout_mask=dropout_mask_bytes,
-                  base=4 if plan.kbit_upcast else plan.frozen_weight_bytes)
+                  dropout_mask=dropout_mask_bytes, base=base)
 
 
 def norm_saved(model: ModelSpec, tokens: int, w: Widths) -> int:
@@ -269,7 +266,7 @@ def first_norm_without_grad(model: ModelSpec, strategy: Strategy, w: Widths,
     first norm a tensor without grad: autograd records nothing there.
     """
     m = strategy.method
-    if m.trains_base or m.value == "prompt" or strategy.checkpointing.value != "none":
+    if m.trains_base or m is Method.PROMPT or strategy.checkpointing is not Checkpointing.NONE:
         return 0
     return norm_saved(model, shape.tokens, w)
 

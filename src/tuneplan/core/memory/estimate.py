@@ -20,11 +20,11 @@ from tuneplan.core.memory.logits import loss_moments
 from tuneplan.core.memory.overheads import device_terms, reserve_term, workspace_term
 from tuneplan.core.memory.parts import part, total
 from tuneplan.core.memory.refusals import check_strategy
-from tuneplan.core.memory.sharding import ShardPlan, shard_plan
+from tuneplan.core.memory.sharding import shard_plan
 from tuneplan.core.memory.steady import Static, host_terms, static_terms
 from tuneplan.core.methods import Method, count_trainable, effective_quant
 from tuneplan.core.models import ModelSpec
-from tuneplan.core.recipes import precision_plan
+from tuneplan.core.recipes import PrecisionPlan, precision_plan
 from tuneplan.explain import Breakdown, Term
 
 
@@ -72,7 +72,7 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
     plan = precision_plan(strategy)
     sp = shard_plan(strategy)
     static = static_terms(model, strategy, plan, trainable, sp, a)
-    moments = _moments(model, strategy, static, sp, a)
+    moments = _moments(model, strategy, plan, static, a)
     phase, peak_terms = max(moments.items(), key=lambda kv: total(kv[1]))
     peak_terms = [*peak_terms, workspace_term(generation, a)]
     allocated = total(peak_terms)
@@ -88,10 +88,9 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
         host=host, trainable_params=trainable.total, total_params=static.total_params)
 
 
-def _moments(model: ModelSpec, s: Strategy, st: Static, sp: ShardPlan,
+def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
              a: MemoryAssumptions) -> dict[str, list[Term]]:
-    plan = precision_plan(s)
-    w = act.widths(model, s, plan, a.dropout_mask_bytes)
+    w = act.widths(s, plan, a.dropout_mask_bytes)
     prompt = s.num_virtual_tokens if s.method is Method.PROMPT else 0
     prefix = s.num_virtual_tokens if s.method is Method.PREFIX else 0
     shape = act.Shape(batch=s.batch_size, seq_q=s.seq_len + prompt,
@@ -101,7 +100,7 @@ def _moments(model: ModelSpec, s: Strategy, st: Static, sp: ShardPlan,
         m in ("lm_head", "score", "embed_out") for m in s.trainable_modules)
     loss = loss_moments(model, s, plan, w, shape, head_trains, a.loss_chunks)
     grads_fb = st.grads if s.grad_accum > 1 else []
-    dq = _dequant_term(model, s, st)
+    dq = _dequant_term(s, st)
     base = [*st.resident, *_inputs(model, s, w, shape)]
     own = part("gradients/current_block", st.block_grads[blocks.when],
                f"the running block's gradients already made ({blocks.when} backward)")
@@ -236,7 +235,7 @@ def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shap
             for k, v in parts.items()], transient, when
 
 
-def _dequant_term(model: ModelSpec, s: Strategy, st: Static) -> list[Term]:
+def _dequant_term(s: Strategy, st: Static) -> list[Term]:
     if effective_quant(s) is None:
         return []
     size = st.largest_linear * s.precision.compute_bytes

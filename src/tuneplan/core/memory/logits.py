@@ -36,7 +36,7 @@ def effective_loss(strategy: Strategy, plan: PrecisionPlan) -> Loss:
 
 
 def loss_moments(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan, w: Widths,
-                 shape: Shape, head_trains: bool, a_chunks: int = 8) -> LossMoments:
+                 shape: Shape, head_trains: bool, chunks: int) -> LossMoments:
     """Loss-side tensors at the end of forward and the start of backward (bytes)."""
     t, v = shape.tokens, model.vocab_size
     kept = [part("activations/final_norm", norm_saved(model, t, w),
@@ -61,7 +61,7 @@ def loss_moments(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan, w: W
                          "backward", "unsloth fast_cross_entropy_loss", **ins))
         return LossMoments(kept=tuple(kept), forward_only=(), backward_only=())
     if loss is Loss.CHUNKED:
-        return _chunked(kept, t, v, cl, a_chunks, ins)
+        return _chunked(kept, t, v, cl, chunks, ins)
     return _standard(kept, t, v, cl, ins)
 
 

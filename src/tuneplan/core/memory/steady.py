@@ -69,7 +69,7 @@ def static_terms(model: ModelSpec, s: Strategy, plan: PrecisionPlan, trainable: 
         resident.append(master)
     else:
         resident += [states, master]
-    resident += _buffers(model, s, sp, ob.grads, wbytes, split.total, a)
+    resident += _buffers(model, sp, ob.grads, wbytes, split.total, a)
     grads = _grad_terms(model, s, trainable, ob.grads, ob.grad_largest, sp)
     step = [part("optimizer/step_temporary", shard(ob.step_temp, sp.states_div),
                  f"AdamW '{a.adamw_impl}' step temporaries", "FIELD-NOTES: fused 0, foreach "
@@ -147,7 +147,7 @@ def _sharded(t: Term, div: int) -> Term:
                 **dict(t.inputs))
 
 
-def _buffers(model: ModelSpec, s: Strategy, sp: ShardPlan, grads: int, wbytes: int,
+def _buffers(model: ModelSpec, sp: ShardPlan, grads: int, wbytes: int,
              params: int, a: MemoryAssumptions) -> list[Term]:
     out: list[Term] = []
     if sp.ddp_buckets:
@@ -232,8 +232,8 @@ def host_terms(model: ModelSpec, s: Strategy, st: Static, sp: ShardPlan) -> list
     out = [part(t.path, int(t.value) * ranks, f"{ranks} ranks · ({t.formula})", t.source)
            for t in st.host]
     if s.checkpointing is Checkpointing.OFFLOAD:
-        w = 2 if s.precision.compute_bytes == 2 else 4
-        size = s.tokens * model.hidden_size * w * sum(la.count for la in model.layers)
+        size = s.tokens * model.hidden_size * s.precision.compute_bytes * sum(
+            la.count for la in model.layers)
         out.append(part("host/offloaded_checkpoints", size * ranks,
                         "ranks · layers · T·H·bytes (pinned)"))
     loaders = 1 if sp.params_div > 1 else ranks

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from tuneplan.core.job import Strategy
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.core.memory.parts import part
-from tuneplan.core.methods import Method, Quant, Trainable, effective_quant
+from tuneplan.core.methods import Method, Quant, Trainable, count_params, effective_quant
 from tuneplan.core.models import LinearRole, ModelSpec
 from tuneplan.core.recipes import PrecisionPlan
 from tuneplan.explain import Term
@@ -45,9 +45,7 @@ def split_params(model: ModelSpec) -> ParamSplit:
             cols += lin.in_features * lin.copies * layer.count
             tensors += lin.copies * layer.count
             largest = max(largest, lin.in_features * lin.out_features)
-    total = model.embedding_params + model.final_norm_params + model.head_params + sum(
-        layer.params * layer.count for layer in model.layers)
-    return ParamSplit(total=total, quantizable=quant, quantizable_rows=rows,
+    return ParamSplit(total=count_params(model), quantizable=quant, quantizable_rows=rows,
                       quantizable_cols=cols, quantizable_tensors=tensors, block_linear=linear,
                       largest_linear=largest)
 
