@@ -27,7 +27,6 @@ from tuneplan.core.job import (
 from tuneplan.core.methods import Method, Quant
 from tuneplan.core.recipes import Recipe
 from tuneplan.errors import InvalidValueError, UnsupportedError
-from tuneplan.units import parse_count
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -66,7 +65,8 @@ JOB_FLAGS_HELP = (
     "--lora-rank/-alpha/-dropout/-targets, --trainable-modules, --trainable-layers, --quant, "
     "--double-quant/--no-double-quant, --batch-size, --grad-accum, --seq-len, --packing, "
     "--gradient-checkpointing/--no-gradient-checkpointing/--offload-activations, --attention, "
-    "--compile, --task, --loss, --gpus, --nodes, --sharding, --offload, --tokens, --epochs, "
+    "--compile, --task, --loss, --num-labels, --num-virtual-tokens, --gpu, --gpus, --nodes, "
+    "--sharding, --offload, --tokens, --dataset-rows, --avg-tokens, --epochs, "
     "--allow-long-context, --job FILE.")
 
 
@@ -118,7 +118,7 @@ def strategy_from_flags(flags: dict[str, Any]) -> Strategy:
             field, convert = _VALUE[name]
             kwargs[field] = _convert(name, convert, value)
         elif name in _BOOL:
-            kwargs[_BOOL[name]] = (not negated) if value is True else bool(value) ^ negated
+            kwargs[_BOOL[name]] = _switch(value, negated)
         elif name in ("gradient-checkpointing", "offload-activations"):
             _checkpointing(kwargs, name, negated, value)
         elif name not in _IGNORED_VALUE:
@@ -138,8 +138,13 @@ def _convert(name: str, convert: Callable[[str], Any], value: Any) -> Any:
         raise InvalidValueError(f"--{name}: {value!r} is not a valid value") from exc
 
 
+def _switch(value: Any, negated: bool) -> bool:
+    """A switch's state: ``--x`` / ``x: true`` is on, ``--no-x`` / ``no-x: true`` off."""
+    return bool(value) ^ negated
+
+
 def _checkpointing(kwargs: dict[str, Any], name: str, negated: bool, value: Any) -> None:
-    on = (not negated) if value is True else bool(value) ^ negated
+    on = _switch(value, negated)
     if name == "offload-activations":
         if on:
             kwargs["checkpointing"] = Checkpointing.OFFLOAD
@@ -158,8 +163,3 @@ def default_sharding(flags: dict[str, Any]) -> dict[str, Any]:
         return flags
     gpus = _int(str(flags.get("gpus", 1))) * _int(str(flags.get("nodes", 1)))
     return flags | {"sharding": "ddp" if gpus <= 1 else "zero3"}
-
-
-def count_flag(text: str) -> int:
-    """Counts such as ``--tokens 50M`` (used by commands that need them)."""
-    return parse_count(text)

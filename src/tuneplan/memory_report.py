@@ -7,13 +7,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from tuneplan.core.hardware import GpuSpec
 from tuneplan.core.memory import MemoryEstimate, estimate_memory
+from tuneplan.core.models import ModelSpec
+from tuneplan.core.plan_search import gpu_generation
 from tuneplan.units import format_bytes
 
 
-def run_memory(model_name: str, args: Sequence[str],
-               model: Any = None) -> tuple[MemoryEstimate, Any, Any]:
+def run_memory(model_name: str, args: Sequence[str], model: ModelSpec | None = None
+               ) -> tuple[MemoryEstimate, ModelSpec, GpuSpec | None]:
     """(estimate, model spec, gpu spec or None) for ``MODEL`` (or a given spec) and job flags."""
+    from tuneplan.adapters.calibration import calibration_for
     from tuneplan.adapters.hub import resolve_model
     from tuneplan.jobflags import default_sharding, parse_job_args, strategy_from_flags
 
@@ -25,15 +29,14 @@ def run_memory(model_name: str, args: Sequence[str],
         from tuneplan.adapters.bundled import resolve_gpu_spec
 
         gpu = resolve_gpu_spec(str(flags["gpu"]))
-    generation = gpu.architecture.split()[0].lower() if gpu else None
-    from tuneplan.adapters.calibration import calibration_for
-
+    generation = gpu_generation(gpu) if gpu else None
     # A saved CUDA probe on this GPU replaces the hardware-only constants (issue 9).
     assumptions = calibration_for(gpu).memory
     return estimate_memory(model, strategy, assumptions, generation=generation), model, gpu
 
 
-def memory_document(est: MemoryEstimate, model: Any, gpu: Any) -> dict[str, Any]:
+def memory_document(est: MemoryEstimate, model: ModelSpec, gpu: GpuSpec | None
+                    ) -> dict[str, Any]:
     """The JSON document of CLI.md for ``tuneplan memory --json``."""
     fits = None
     if gpu is not None:
@@ -64,7 +67,7 @@ def memory_document(est: MemoryEstimate, model: Any, gpu: Any) -> dict[str, Any]
     }
 
 
-def explain_lines(est: MemoryEstimate, gpu: Any) -> list[str]:
+def explain_lines(est: MemoryEstimate, gpu: GpuSpec | None) -> list[str]:
     """Every term in words: value, formula, inputs and source."""
     lines = [f"{est.model}: peak per GPU during {est.peak_phase}",
              f"  allocated {format_bytes(est.allocated_peak_bytes)}, reserved "

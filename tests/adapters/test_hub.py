@@ -81,6 +81,7 @@ def test_bundled_name_and_alias_resolve_to_the_same_spec() -> None:
     by_alias = hub.resolve_model("LLAMA-3.1-8b")
     assert by_id == by_alias
     assert by_id.hidden_size == 4096 and by_id.num_kv_heads == 8
+    assert by_id.name == hub.load_model_config("LLAMA-3.1-8b")[1] == "meta-llama/Llama-3.1-8B"
 
 
 def test_every_bundled_model_resolves() -> None:

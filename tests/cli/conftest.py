@@ -21,6 +21,11 @@ class CliResult:
     def json(self) -> Any:
         return json.loads(self.stdout)
 
+    def ok_json(self) -> Any:
+        """The JSON document of a run that must have succeeded (else fail showing stderr)."""
+        assert self.code == 0, self.stderr
+        return self.json()
+
 
 @pytest.fixture
 def run_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch

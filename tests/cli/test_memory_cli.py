@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
 
-from typer.testing import CliRunner
+import pytest
 
-from tuneplan.cli import app
+from tests.cli.conftest import CliResult
 
-runner = CliRunner()
+Run = Callable[..., CliResult]
 
 
-def test_qlora_json_terms_sum_to_peaks() -> None:
-    result = runner.invoke(app, ["memory", "meta-llama/Llama-3.1-8B", "--method", "qlora",
-                                 "--batch-size", "2", "--seq-len", "2048", "--json"])
-    assert result.exit_code == 0, result.output
-    doc = json.loads(result.stdout)
+def test_qlora_json_terms_sum_to_peaks(run_cli: Run) -> None:
+    doc = run_cli("memory", "meta-llama/Llama-3.1-8B", "--method", "qlora",
+                  "--batch-size", "2", "--seq-len", "2048", "--json").ok_json()
     per_gpu = doc["per_gpu"]
     terms = {t["name"]: t["bytes"] for t in per_gpu["terms"]}
     outside = ("overheads/allocator_reserve", "overheads/cuda_context", "overheads/nccl")
@@ -29,49 +29,60 @@ def test_qlora_json_terms_sum_to_peaks() -> None:
     assert terms["weights/quantized"] == 6_979_321_856 // 2
 
 
-def test_gpu_flag_adds_fit() -> None:
-    result = runner.invoke(app, ["memory", "llama-3.1-8b", "--method", "full", "--gpu", "H100",
-                                 "--json"])
-    assert result.exit_code == 0, result.output
-    doc = json.loads(result.stdout)
+def test_gpu_flag_adds_fit(run_cli: Run) -> None:
+    doc = run_cli("memory", "llama-3.1-8b", "--method", "full", "--gpu", "H100",
+                  "--json").ok_json()
     assert list(doc["fits"].values()) == [False]   # 16 B/param > 80 GB
 
 
-def test_explain_prints_formulas() -> None:
-    result = runner.invoke(app, ["explain", "llama-3.1-8b", "--method", "lora"])
-    assert result.exit_code == 0, result.output
+def test_gpu_without_architecture_uses_default_generation(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A GPU row with an empty architecture column used to crash with IndexError.
+    from tuneplan.adapters import bundled
+    from tuneplan.memory_report import run_memory
+
+    real = bundled.resolve_gpu_spec
+    monkeypatch.setattr(bundled, "resolve_gpu_spec",
+                        lambda name: dataclasses.replace(real(name), architecture=""))
+    est, _, gpu = run_memory("llama-3.1-8b", ["--gpu", "H100"])
+    assert gpu is not None and gpu.architecture == ""
+    context = est.breakdown.get("overheads/cuda_context")
+    assert context is not None and context.inputs["generation"] == "default"
+
+
+def test_explain_prints_formulas(run_cli: Run) -> None:
+    result = run_cli("explain", "llama-3.1-8b", "--method", "lora")
+    assert result.code == 0, result.stderr
     assert "log-softmax" in result.stdout and "source:" in result.stdout
 
 
-def test_refusals_exit_2() -> None:
-    from tuneplan.cli import main  # noqa: F401  (main maps errors; the runner sees exceptions)
-    from tuneplan.errors import UnsupportedError
+@pytest.mark.parametrize("args", [
+    ["--method", "lora", "--lora-rank", "0"],
+    ["--seq-len", "1000000"],
+    ["--method", "vera"],
+    ["--compile"],
+])
+def test_refusals_exit_2_with_one_line(run_cli: Run, args: list[str]) -> None:
+    result = run_cli("memory", "llama-3.1-8b", *args, "--json")
+    assert (result.code, result.stdout) == (2, "")
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
 
-    for args in (["--method", "lora", "--lora-rank", "0"], ["--seq-len", "1000000"],
-                 ["--method", "vera"], ["--compile"]):
-        result = runner.invoke(app, ["memory", "llama-3.1-8b", *args, "--json"])
-        assert isinstance(result.exception, UnsupportedError), args
 
-
-def test_job_file_with_flag_override(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_job_file_with_flag_override(run_cli: Run, tmp_path: Path) -> None:
     job = tmp_path / "job.yaml"
     job.write_text("method: lora\nlora_rank: 8\nbatch_size: 4\nseq_len: 1024\n")
-    result = runner.invoke(app, ["memory", "llama-3.1-8b", "--job", str(job), "--lora-rank",
-                                 "32", "--json"])
-    assert result.exit_code == 0, result.output
-    strategy = json.loads(result.stdout)["strategy"]
+    strategy = run_cli("memory", "llama-3.1-8b", "--job", str(job), "--lora-rank", "32",
+                       "--json").ok_json()["strategy"]
     assert (strategy["lora_rank"], strategy["batch_size"], strategy["seq_len"]) == (32, 4, 1024)
 
 
-def test_unknown_flag_is_bad_input() -> None:
-    from tuneplan.errors import InvalidValueError
-
-    result = runner.invoke(app, ["memory", "llama-3.1-8b", "--no-such-flag", "--json"])
-    assert isinstance(result.exception, InvalidValueError)
+def test_unknown_flag_is_bad_input(run_cli: Run) -> None:
+    result = run_cli("memory", "llama-3.1-8b", "--no-such-flag", "--json")
+    assert result.code == 2 and "--no-such-flag" in result.stderr
 
 
-def test_several_gpus_default_to_zero3_and_unsloth_offloads() -> None:
-    result = runner.invoke(app, ["memory", "llama-3.1-8b", "--gpus", "4", "--json"])
-    assert json.loads(result.stdout)["strategy"]["sharding"] == "zero3"
-    result = runner.invoke(app, ["memory", "llama-3.1-8b", "--recipe", "unsloth", "--json"])
-    assert json.loads(result.stdout)["strategy"]["checkpointing"] == "offload"
+def test_several_gpus_default_to_zero3_and_unsloth_offloads(run_cli: Run) -> None:
+    doc = run_cli("memory", "llama-3.1-8b", "--gpus", "4", "--json").ok_json()
+    assert doc["strategy"]["sharding"] == "zero3"
+    doc = run_cli("memory", "llama-3.1-8b", "--recipe", "unsloth", "--json").ok_json()
+    assert doc["strategy"]["checkpointing"] == "offload"

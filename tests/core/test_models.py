@@ -230,6 +230,17 @@ def test_moe_and_nested_problems() -> None:
     assert any(p.startswith("vision_config: must be an object") for p in problems)
 
 
+def test_gemma3_absent_nested_configs_take_their_defaults() -> None:
+    gemma3 = _config("google__gemma-3-4b-pt.json")
+    del gemma3["vision_config"]
+    defaults = parse_model_config(gemma3, name="g").defaults_applied
+    assert "vision_config={} (SiglipVisionConfig defaults)" in defaults
+    assert "vision_config.hidden_size=768 (siglip_vision_model default)" in defaults
+    assert not any(d.startswith("text_config={}") for d in defaults)   # present: no default
+    assert "text_config={} (Gemma3TextConfig defaults)" in parse_model_config(
+        {"model_type": "gemma3"}, name="g").defaults_applied
+
+
 def test_deeply_nested_value_is_described_not_recursed() -> None:
     nested: Any = 1
     for _ in range(100_000):

@@ -79,23 +79,32 @@ def load_bundled_config(model: BundledModel) -> dict[str, Any]:
 
 
 def resolve_model(name: str) -> ModelSpec:
-    """Resolve ``name`` to a ModelSpec.
+    """Resolve ``name`` to a ModelSpec (the config as ``load_model_config`` finds it).
+
+    Raises UnknownModelError (with the closest bundled names) or ModelConfigError (malformed,
+    hostile or unsupported config).
+    """
+    config, label = load_model_config(name)
+    return parse_model_config(config, name=label)
+
+
+def load_model_config(name: str) -> tuple[dict[str, Any], str]:
+    """The config.json dict for ``name`` and the name the spec should carry.
 
     Order: bundled name/alias; a local folder holding ``config.json``; a path to a JSON file;
-    a hub id fetched with ``huggingface_hub``. Raises UnknownModelError (with the closest
-    bundled names) or ModelConfigError (malformed, hostile or unsupported config).
+    a hub id fetched with ``huggingface_hub``. Raises UnknownModelError or ModelConfigError.
     """
     name = name.strip()
     if not name:
         raise UnknownModelError("no model given: name a bundled model (see `tuneplan models`)")
     bundled = find_bundled(name)
     if bundled is not None:
-        return parse_model_config(load_bundled_config(bundled), name=bundled.hf_id)
+        return load_bundled_config(bundled), bundled.hf_id
     path = Path(name).expanduser()
-    if path.is_dir() or path.suffix == ".json" or path.exists():
-        return parse_model_config(load_config_path(path), name=str(path))
+    if path.suffix == ".json" or path.exists():   # a folder, a config file, or a missing .json
+        return load_config_path(path), str(path)
     if _HUB_ID.match(name):
-        return parse_model_config(fetch_hub_config(name), name=name)
+        return fetch_hub_config(name), name
     raise UnknownModelError(f"unknown model {name!r}{_suggestions(name)}")
 
 
@@ -149,9 +158,9 @@ def _hub_endpoint() -> str | None:
     return os.environ.get("HF_ENDPOINT") or None
 
 
-def fetch_hub_config(repo_id: str, *, endpoint: str | None = None) -> dict[str, Any]:
+def fetch_hub_config(repo_id: str) -> dict[str, Any]:
     """Download (or read from the local cache) ``config.json`` of a hub repository."""
-    endpoint = endpoint or _hub_endpoint()
+    endpoint = _hub_endpoint()
     try:
         from huggingface_hub import errors as hub_errors
         from huggingface_hub import hf_hub_download

@@ -55,14 +55,16 @@ class ConfigReader:
         self.defaults: list[str] = [] if defaults is None else defaults
         self.bad: set[str] = set()
 
-    def child(self, key: str, *, family: str) -> ConfigReader | None:
-        """A reader for a nested object, or None (with a problem) when it is not one."""
+    def child(self, key: str, *, family: str, why: str) -> ConfigReader:
+        """A reader for a nested object. When it is absent (default recorded with ``why``) or
+        not an object (a problem), the reader is empty, so the nested family's defaults apply."""
         value = self.config.get(key)
         if value is None:
-            return None
-        if not isinstance(value, Mapping):
+            self.default(key, {}, why)
+            value = {}
+        elif not isinstance(value, Mapping):
             self.problem(key, f"must be an object, got {describe(value)}")
-            return None
+            value = {}
         return ConfigReader(value, family=family, where=f"{self.where}{key}.",
                             problems=self.problems, defaults=self.defaults)
 

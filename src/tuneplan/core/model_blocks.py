@@ -52,7 +52,7 @@ class DimKeys:
     fallback: Mapping[str, int] | None = None  # defaults for otherwise required keys
 
 
-def read_dims(r: ConfigReader, keys: DimKeys, *, inter_default: int | None = None) -> Dims:
+def read_dims(r: ConfigReader, keys: DimKeys) -> Dims:
     """Read and cross-check hidden size, layers, heads, KV heads, head_dim, MLP width, vocab."""
     fb = keys.fallback or {}
     hidden = r.get_int(*keys.hidden, default=fb.get("hidden"))
@@ -63,7 +63,7 @@ def read_dims(r: ConfigReader, keys: DimKeys, *, inter_default: int | None = Non
     kv_heads = (r.get_int(*keys.kv_heads, default=kv_default, why=kv_why, hi=MAX_HEADS)
                 if keys.kv_heads else heads)
     head_dim = _read_head_dim(r, keys, hidden, heads)
-    inter = (r.get_int(*keys.inter, default=inter_default if inter_default else fb.get("inter"))
+    inter = (r.get_int(*keys.inter, default=fb.get("inter"))
              if keys.inter else 0)   # 0: the caller derives it (gpt2 n_inner, bloom 4 x hidden)
     vocab = r.get_int(*keys.vocab, default=fb.get("vocab"), hi=MAX_VOCAB) if keys.vocab else 0
     max_pos = r.opt_int(*keys.max_pos, hi=MAX_POSITIONS) if keys.max_pos else None

@@ -91,11 +91,11 @@ def _attention(r: ConfigReader, t: Traits, d: Dims) -> tuple[Linear, ...]:
             lin("o_proj", d.heads * d.head_dim, d.hidden, bias=o_bias))
 
 
-def _dense_mlp(t: Traits, d: Dims, inter: int, mlp_bias: bool) -> tuple[Linear, ...]:
+def _dense_mlp(t: Traits, d: Dims, mlp_bias: bool) -> tuple[Linear, ...]:
     if t.fused:
-        return (lin("gate_up_proj", d.hidden, 2 * inter, LinearRole.MLP),
-                lin("down_proj", inter, d.hidden, LinearRole.MLP))
-    return gated_mlp(d.hidden, inter, bias=mlp_bias)
+        return (lin("gate_up_proj", d.hidden, 2 * d.inter, LinearRole.MLP),
+                lin("down_proj", d.inter, d.hidden, LinearRole.MLP))
+    return gated_mlp(d.hidden, d.inter, bias=mlp_bias)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +134,7 @@ def _read_moe(r: ConfigReader, t: Traits, d: Dims) -> _Moe | None:
     return moe
 
 
-def _moe_linears(r: ConfigReader, t: Traits, d: Dims, m: _Moe) -> tuple[Linear, ...]:
+def _moe_linears(t: Traits, d: Dims, m: _Moe) -> tuple[Linear, ...]:
     bias = t.moe == "gpt_oss"
     router = lin("router" if bias else "gate", d.hidden, m.experts, ROUTER, bias=bias)
     linears = (router, *fused_experts(d.hidden, m.inter, m.experts, bias=bias))
@@ -156,14 +156,10 @@ def parse_llama_like(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
     moe = _read_moe(r, t, d)
     norms = t.norms_per_layer * d.hidden + (2 * d.head_dim if t.qk_norm else 0)
     extra = {"attention_sinks": d.heads} if t.moe == "gpt_oss" else {}
-    blocks: list[LayerSpec] = []
-    for i in range(d.layers):
-        if moe is not None and moe.is_moe(i):
-            linears = attn + _moe_linears(r, t, d, moe)
-            blocks.append(block(linears, norms, extra=extra, experts=moe.experts,
-                                top_k=moe.top_k))
-        else:
-            blocks.append(block(attn + _dense_mlp(t, d, d.inter, mlp_bias), norms, extra=extra))
+    dense = block(attn + _dense_mlp(t, d, mlp_bias), norms, extra=extra)
+    sparse = dense if moe is None else block(attn + _moe_linears(t, d, moe), norms, extra=extra,
+                                             experts=moe.experts, top_k=moe.top_k)
+    blocks = [sparse if moe is not None and moe.is_moe(i) else dense for i in range(d.layers)]
     act = r.get_str(*t.act_keys, default=t.act_default)
     return finish(r, name=name, model_type=model_type, d=d, layers=group_blocks(blocks),
                   tie=r.get_bool("tie_word_embeddings", default=t.tie_default),
@@ -177,16 +173,15 @@ def finish(r: ConfigReader, *, name: str, model_type: str, d: Dims,
            **more: Any) -> ModelSpec:
     """Assemble the ModelSpec from parsed parts (common fields read here)."""
     sliding = r.opt_int("sliding_window", hi=10**12)
-    is_moe = moe is not None and moe.experts > 0
+    if moe is None or moe.experts == 0:
+        moe = _Moe(experts=0, top_k=0, inter=0)
     return ModelSpec(
         name=name, model_type=model_type, hidden_size=d.hidden, num_layers=d.layers,
         num_heads=d.heads, num_kv_heads=d.kv_heads, head_dim=d.head_dim,
         intermediate_size=d.inter, vocab_size=d.vocab, max_position_embeddings=d.max_pos,
         tie_word_embeddings=tie, norm_kind=norm_kind, mlp_kind=mlp_kind, hidden_act=act,
         layers=layers, embedding_params=embedding_params, final_norm_params=final_norm_params,
-        num_experts=moe.experts if is_moe and moe else 0,
-        num_experts_per_token=moe.top_k if is_moe and moe else 0,
-        moe_intermediate_size=moe.inter if is_moe and moe else 0,
+        num_experts=moe.experts, num_experts_per_token=moe.top_k, moe_intermediate_size=moe.inter,
         sliding_window=sliding, torch_dtype=read_dtype(r), defaults_applied=tuple(r.defaults),
         **more)
 

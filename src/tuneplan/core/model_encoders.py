@@ -99,20 +99,11 @@ def parse_bert(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
 def parse_gemma3(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
     """Gemma 3 multimodal: the ``text_config`` language model plus the SigLIP vision tower and
     the multimodal projector (Gemma3ForConditionalGeneration)."""
-    text = r.child("text_config", family="gemma3_text")
-    if text is None:
-        if "text_config" not in r.bad:
-            r.default("text_config", {}, "Gemma3TextConfig defaults")
-        text = ConfigReader({}, family="gemma3_text", where="text_config.",
-                            problems=r.problems, defaults=r.defaults)
+    text = r.child("text_config", family="gemma3_text", why="Gemma3TextConfig defaults")
     tie = r.get_bool("tie_word_embeddings", default=True)
     spec = parse_llama_like(text, "gemma3_text", name)
-    vision = r.child("vision_config", family="siglip_vision_model")
-    if vision is None:
-        if "vision_config" not in r.bad:
-            r.default("vision_config", {}, "SiglipVisionConfig defaults")
-        vision = ConfigReader({}, family="siglip_vision_model", where="vision_config.",
-                              problems=r.problems, defaults=r.defaults)
+    vision = r.child("vision_config", family="siglip_vision_model",
+                     why="SiglipVisionConfig defaults")
     layers, extra = _siglip(vision, spec.hidden_size)
     return dataclasses.replace(
         spec, model_type=model_type, tie_word_embeddings=tie, vision_layers=layers,

@@ -13,6 +13,7 @@ from tuneplan.core.config_reader import MAX_POSITIONS, ConfigReader
 from tuneplan.core.model_blocks import (
     MLP,
     DimKeys,
+    Dims,
     block,
     gated_mlp,
     lin,
@@ -20,10 +21,20 @@ from tuneplan.core.model_blocks import (
     read_dims,
 )
 from tuneplan.core.model_decoders import finish
-from tuneplan.core.model_spec import MlpKind, ModelSpec, NormKind
+from tuneplan.core.model_spec import Linear, MlpKind, ModelSpec, NormKind
 
 LN = NormKind.LAYERNORM
 _MHA = DimKeys(kv_heads=(), head_dim=())   # classic multi-head attention, head_dim = h // heads
+
+
+def _fused_qkv_block(d: Dims, qkv_out: int, *, attn_bias: bool, mlp_bias: bool
+                     ) -> tuple[Linear, ...]:
+    """The GPT-NeoX / BLOOM / Falcon block: fused ``query_key_value``, ``dense``, and a plain
+    MLP ``dense_h_to_4h`` / ``dense_4h_to_h``."""
+    return (lin("query_key_value", d.hidden, qkv_out, bias=attn_bias),
+            lin("dense", d.hidden, d.hidden, bias=attn_bias),
+            lin("dense_h_to_4h", d.hidden, d.inter, MLP, bias=mlp_bias),
+            lin("dense_4h_to_h", d.inter, d.hidden, MLP, bias=mlp_bias))
 
 
 def parse_gpt2(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
@@ -53,10 +64,7 @@ def parse_gpt_neox(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
     """GPT-NeoX / Pythia / StableLM-alpha: fused query_key_value, two LayerNorms per block."""
     d = read_dims(r, _MHA)
     bias = r.get_bool("attention_bias", default=True)
-    linears = (lin("query_key_value", d.hidden, 3 * d.hidden, bias=bias),
-               lin("dense", d.hidden, d.hidden, bias=bias),
-               lin("dense_h_to_4h", d.hidden, d.inter, MLP, bias=True),
-               lin("dense_4h_to_h", d.inter, d.hidden, MLP, bias=True))
+    linears = _fused_qkv_block(d, 3 * d.hidden, attn_bias=bias, mlp_bias=True)
     return finish(r, name=name, model_type=model_type, d=d,
                   layers=(block(linears, 4 * d.hidden, count=d.layers),),
                   tie=r.get_bool("tie_word_embeddings", default=False), norm_kind=LN,
@@ -95,10 +103,7 @@ def parse_bloom(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
                              "num_hidden_layers"), heads=("n_head", "num_attention_heads"),
                              kv_heads=(), head_dim=(), inter=(), max_pos=()))
     d = dataclasses.replace(d, inter=4 * d.hidden)
-    linears = (lin("query_key_value", d.hidden, 3 * d.hidden, bias=True),
-               lin("dense", d.hidden, d.hidden, bias=True),
-               lin("dense_h_to_4h", d.hidden, d.inter, MLP, bias=True),
-               lin("dense_4h_to_h", d.inter, d.hidden, MLP, bias=True))
+    linears = _fused_qkv_block(d, 3 * d.hidden, attn_bias=True, mlp_bias=True)
     return finish(r, name=name, model_type=model_type, d=d,
                   layers=(block(linears, 4 * d.hidden, count=d.layers),),
                   tie=r.get_bool("tie_word_embeddings", default=True), norm_kind=LN,
@@ -123,10 +128,7 @@ def parse_falcon(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
     n_ln = (2 if new_arch else 1) if n_ln is None else n_ln
     norms = 2 if not parallel or n_ln == 2 else 1
     qkv_out = (d.heads + 2 * d.kv_heads) * d.head_dim
-    linears = (lin("query_key_value", d.hidden, qkv_out, bias=bias),
-               lin("dense", d.hidden, d.hidden, bias=bias),
-               lin("dense_h_to_4h", d.hidden, d.inter, MLP, bias=bias),
-               lin("dense_4h_to_h", d.inter, d.hidden, MLP, bias=bias))
+    linears = _fused_qkv_block(d, qkv_out, attn_bias=bias, mlp_bias=bias)
     return finish(r, name=name, model_type=model_type, d=d,
                   layers=(block(linears, norms * 2 * d.hidden, count=d.layers),),
                   tie=r.get_bool("tie_word_embeddings", default=True), norm_kind=LN,

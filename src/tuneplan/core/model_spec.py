@@ -71,7 +71,7 @@ class LayerSpec:
     position bias, MLA norms...). ``experts_per_token`` is 0 for dense blocks.
     """
 
-    kind: str                                   # "decoder", "encoder", "decoder-cross"
+    kind: str                          # "decoder", "encoder", "decoder-cross" or "vision"
     count: int
     linears: tuple[Linear, ...]
     norm_params: int
