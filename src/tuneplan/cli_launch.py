@@ -31,13 +31,13 @@ def launch_command(
     tasks, RUN.md) for a plan."""
     from tuneplan.adapters.launch_files import load_plan, read_train_script, write_bundle
     from tuneplan.cli import emit_json
-    from tuneplan.core.launch import expand_targets, launch_spec, render_bundle
+    from tuneplan.core.launch import bundle_files, expand_targets, launch_spec
 
     plan = load_plan(plan_id, plan_file)
     targets = expand_targets([to])
     spec = launch_spec(plan)
     folder = out if out is not None else Path(f"launch-{spec.plan_id}")
-    files = render_bundle(plan, [t.value for t in targets], train_script=read_train_script())
+    files = bundle_files(spec, targets, train_script=read_train_script())
     written = write_bundle(files, folder, force=force)
     if as_json:
         emit_json({"plan_id": spec.plan_id, "out": str(folder),

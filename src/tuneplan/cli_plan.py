@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from tuneplan.errors import InfeasibleJobError, InvalidValueError
 from tuneplan.jobflags import JOB_FLAGS_HELP
+
+if TYPE_CHECKING:
+    from tuneplan.core.job import Job
 
 _CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
 ModelArg = Annotated[str, typer.Argument(help="Bundled name, HF id, folder or config.json.")]
@@ -57,7 +60,7 @@ def _words(value: Any) -> tuple[str, ...]:
     return tuple(x.strip() for x in str(value).split(",") if x.strip())
 
 
-def job_from_args(model: str, args: Sequence[str]) -> tuple[Any, dict[str, Any]]:
+def job_from_args(model: str, args: Sequence[str]) -> tuple[Job, dict[str, Any]]:
     """(Job, planner-only settings such as ``top``) from the command's extra arguments."""
     from tuneplan.core.job import Interconnect, Job, Objective
     from tuneplan.jobflags import parse_job_args, strategy_from_flags
@@ -94,14 +97,16 @@ def plan_command(ctx: typer.Context, model: ModelArg, as_json: JsonOpt = False) 
     """Ranked plans over the whole catalog: memory fit, time, cost, why and warnings."""
     from rich.console import Console
 
+    from tuneplan.adapters.hub import resolve_model
     from tuneplan.adapters.plans import catalog_info, plan, save_last_plan
     from tuneplan.plan_report import plan_document, render_plans
 
     job, extra = job_from_args(model, ctx.args)
     now = datetime.now(UTC)
-    result = plan(job, now=now)
+    spec = resolve_model(job.model)
+    result = plan(job, now=now, model=spec)
     if not result.plans:
-        raise InfeasibleJobError(_infeasible_message(job, result))
+        raise InfeasibleJobError(_infeasible_message(job, result, spec))
     info = catalog_info(now)
     document = plan_document(result, info, extra["top"])
     save_last_plan(document)
@@ -113,10 +118,9 @@ def plan_command(ctx: typer.Context, model: ModelArg, as_json: JsonOpt = False) 
     render_plans(result, info, extra["top"], now, Console(width=200))
 
 
-def _infeasible_message(job: Any, result: Any) -> str:
+def _infeasible_message(job: Any, result: Any, model: Any) -> str:
     """Why nothing fits, and the fit solver's cheapest changes on the largest card tried."""
     from tuneplan.adapters.bundled import load_gpu_spec
-    from tuneplan.adapters.hub import resolve_model
     from tuneplan.core.fit import describe_suggestions, fit
     from tuneplan.core.plan_search import StrategySearch
 
@@ -125,7 +129,7 @@ def _infeasible_message(job: Any, result: Any) -> str:
                 "loosen --provider/--region/--gpu/--max-gpus")
     worst = max(result.rejected, key=lambda r: r.offer.gpu_memory_bytes)
     gpu = load_gpu_spec(worst.offer.gpu)
-    search = StrategySearch(model=resolve_model(job.model), base=job.strategy,
+    search = StrategySearch(model=model, base=job.strategy,
                             tokens=job.tokens_per_epoch, epochs=job.epochs)
     report = fit(search, gpu)  # changes may break --max-gpus: that is a change too
     hint = describe_suggestions(report) or "no single change makes it fit"

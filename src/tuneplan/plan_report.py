@@ -16,7 +16,7 @@ from tuneplan.adapters.plans import CatalogInfo
 from tuneplan.core.catalog import offer_record
 from tuneplan.core.fit import FitReport
 from tuneplan.core.planner import Plan, PlanResult
-from tuneplan.units import GiB, format_duration
+from tuneplan.units import HOUR_S, GiB, format_duration
 
 
 def _spot_part(p: Plan) -> dict[str, Any] | None:
@@ -111,7 +111,7 @@ def _billing(p: Plan) -> str:
     if p.on_demand is None:
         return "?"
     step = p.on_demand.billing["granularity_s"]
-    return {1: "per second", 60: "per minute", 3600: "per hour"}.get(step, f"per {step} s")
+    return {1: "per second", 60: "per minute", HOUR_S: "per hour"}.get(step, f"per {step} s")
 
 
 def render_plans(result: PlanResult, catalog: CatalogInfo, top: int, now: datetime,
@@ -145,7 +145,7 @@ def render_plans(result: PlanResult, catalog: CatalogInfo, top: int, now: dateti
 def _print_front(result: PlanResult, console: Console) -> None:
     by_id = {p.id: p for p in result.plans}
     points = [by_id[i] for i in result.pareto_ids if i in by_id]
-    text = ", ".join(f"{_usd(p.best_cost)} in {format_duration(p.hours * 3600)} "
+    text = ", ".join(f"{_usd(p.best_cost)} in {format_duration(p.hours * HOUR_S)} "
                      f"({p.strategy.world_size}x {p.gpu.name}, {p.offer.provider})"
                      for p in points[:8])
     console.print(f"Pareto front (cost vs time): {text}")

@@ -120,10 +120,7 @@ def test_ds_config_agrees_with_the_trainer_arguments(plan: dict[str, Any], tmp_p
     from transformers import TrainingArguments
     from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
 
-    files = _write(plan, tmp_path)
-    train = _load_train_module(tmp_path)
-    cfg = json.loads(files["train_config.json"]) | {"output_dir": str(tmp_path / "out"),
-                                                    "deepspeed": None}
+    files, train, cfg = _bundle_train(plan, tmp_path)
     args = train.training_arguments(cfg)
     s = plan["strategy"]
     for world, clean in ((s["gpus"] * s["nodes"], True), (s["gpus"] * s["nodes"] + 1, False)):
@@ -131,6 +128,16 @@ def test_ds_config_agrees_with_the_trainer_arguments(plan: dict[str, Any], tmp_p
         bridge = HfTrainerDeepSpeedConfig(json.loads(files["ds_config.json"]))
         bridge.trainer_config_process(args)
         assert (bridge.mismatches == []) is clean, bridge.mismatches
+
+
+def _bundle_train(plan: dict[str, Any], folder: Path
+                  ) -> tuple[dict[str, str], Any, dict[str, Any]]:
+    """(bundle files written to ``folder``, its train.py as a module, its train config with
+    a local output dir and no DeepSpeed)."""
+    files = _write(plan, folder)
+    cfg = json.loads(files["train_config.json"]) | {"output_dir": str(folder / "out"),
+                                                    "deepspeed": None}
+    return files, _load_train_module(folder), cfg
 
 
 def _load_train_module(folder: Path) -> Any:
@@ -146,10 +153,7 @@ def _load_train_module(folder: Path) -> Any:
 @pytest.mark.parametrize("plan", [p for _, p in PLANS], ids=IDS)
 def test_training_arguments_accept_the_settings(plan: dict[str, Any], tmp_path: Path) -> None:
     pytest.importorskip("transformers")
-    files = _write(plan, tmp_path)
-    train = _load_train_module(tmp_path)
-    cfg = json.loads(files["train_config.json"]) | {"output_dir": str(tmp_path / "out"),
-                                                    "deepspeed": None}
+    _, train, cfg = _bundle_train(plan, tmp_path)
     args = train.training_arguments(cfg)
     s = plan["strategy"]
     assert args.per_device_train_batch_size == s["batch_size"]

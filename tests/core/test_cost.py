@@ -143,3 +143,22 @@ def test_spot_expected_cost_is_billed_like_its_percentiles() -> None:
     assert spot is not None
     assert spot.p50_cost <= spot.expected_cost <= spot.p90_cost + Decimal("4")
     assert spot.p50_cost >= Decimal("4")
+
+
+@pytest.mark.parametrize(("method", "precision", "optimizer", "expected"), [
+    # LoRA: fp32 adapters (4 B) + AdamW moments (8 B) per trainable parameter
+    ("lora", "bf16-mixed", "adamw", (100 * 12, 100 * 4)),
+    # full, mixed: bf16 weights (2 B x all) + moments (8 B) + fp32 masters (4 B)
+    ("full", "bf16-mixed", "adamw", (1_000 * 2 + 1_000 * 12, 1_000 * 2)),
+    # freeze saves the whole model like full (the `cost` command once saved adapters only)
+    ("freeze", "bf16-mixed", "adamw8bit", (1_000 * 2 + 100 * 6, 1_000 * 2)),
+    # pure bf16: no fp32 masters
+    ("full", "bf16", "adamw", (1_000 * 2 + 1_000 * 8, 1_000 * 2)),
+])
+def test_checkpoint_bytes_one_formula_for_cost_plan_and_launch(
+        method: str, precision: str, optimizer: str, expected: tuple[int, int]) -> None:
+    from tuneplan.core.cost import checkpoint_bytes
+
+    trainable = 1_000 if method == "full" else 100
+    assert checkpoint_bytes(method=method, precision=precision, optimizer=optimizer,
+                            total_params=1_000, trainable_params=trainable) == expected

@@ -42,3 +42,19 @@ def test_scatter_joins_the_front_fastest_first_and_goes_log_on_wide_spans() -> N
     assert by_id["b"].y < by_id["a"].y  # dearer is higher on the page (smaller y)
     assert not by_id["d"].pareto and by_id["a"].rank == 1
     assert [label for _, label in sc.x_ticks][:3] == ["0.5h", "1h", "2h"]
+
+
+def test_plan_rows_show_the_planners_per_gpu_memory_not_the_neutral_estimate() -> None:
+    """Plans past the first few keep a generation-neutral estimate: the row must show the
+    figure the planner fitted and the CLI prints (``candidate.device_total_bytes``)."""
+    from dataclasses import replace
+
+    from tests.core.test_planner import offer, run
+    from tuneplan.units import format_bytes
+    from tuneplan.web.planning import plan_row
+
+    plan = run("Qwen/Qwen2.5-0.5B", "lora", [offer("L4", 1, "0.80")]).plans[0]
+    shifted = replace(plan, candidate=replace(
+        plan.candidate, device_total_bytes=plan.candidate.memory.device_total_bytes + GiB))
+    text = plan_row(shifted, 1, pareto=True).memory_text
+    assert text.startswith(format_bytes(shifted.candidate.device_total_bytes))

@@ -71,6 +71,13 @@ class ModelShape:
     def stored_block_params(self) -> int:
         return sum(lin.in_features * lin.out_features * lin.stored for lin in self.linears)
 
+    def adapted_linears(self, targets: tuple[str, ...]) -> list[LinearShape]:
+        """The linears LoRA-like adapters wrap: those named in ``targets``, or with
+        ``all-linear`` every one but MoE routers and experts."""
+        every = "all-linear" in targets
+        return [lin for lin in self.linears
+                if (every and lin.role not in ("router", "expert")) or lin.name in targets]
+
 
 def model_shape_from_spec(spec: ModelSpec) -> ModelShape:
     """ModelShape of a ModelSpec: routed experts are active ``experts_per_token`` times."""
@@ -154,11 +161,8 @@ def adapter_params_per_token(model: ModelShape, job: ComputeJob) -> int:
     """r x (in + out) summed over the adapted linears a token passes (0 for non-LoRA)."""
     if job.method not in LOW_RANK_METHODS:
         return 0
-    every = "all-linear" in job.lora_targets
-    chosen = [lin for lin in model.linears
-              if (every and lin.role not in ("router", "expert")) or lin.name in job.lora_targets]
     return sum(job.lora_rank * (lin.in_features + lin.out_features) * lin.active
-               for lin in chosen)
+               for lin in model.adapted_linears(job.lora_targets))
 
 
 def flops_per_token(model: ModelShape, job: ComputeJob, a: ThroughputAssumptions,

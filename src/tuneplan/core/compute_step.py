@@ -122,11 +122,8 @@ def _host_seconds(model: ModelShape, job: ComputeJob,
     passes = 4 if job.recompute else 3
     adapted = 0
     if job.method in LOW_RANK_METHODS:
-        every = "all-linear" in job.lora_targets
-        per_block = [lin for lin in model.linears
-                     if (every and lin.role not in ("router", "expert"))
-                     or lin.name in job.lora_targets]
-        adapted = round(sum(lin.active for lin in per_block) / model.num_layers)
+        adapted = round(sum(lin.active for lin in model.adapted_linears(job.lora_targets))
+                        / model.num_layers)
     hooks = a.zero3_hook_s_per_layer_pass if job.sharding in SHARDED_PARAMS else 0.0
     per_pass = a.host_overhead_s_per_layer_pass + adapted * a.host_overhead_s_per_adapter_pass
     factor = a.compiled_host_overhead_factor if job.compile else 1.0
@@ -136,10 +133,8 @@ def _host_seconds(model: ModelShape, job: ComputeJob,
 
 
 def _adapted_weight_params(model: ModelShape, job: ComputeJob) -> int:
-    every = "all-linear" in job.lora_targets
-    return sum(lin.in_features * lin.out_features * lin.stored for lin in model.linears
-               if (every and lin.role not in ("router", "expert"))
-               or lin.name in job.lora_targets)
+    return sum(lin.in_features * lin.out_features * lin.stored
+               for lin in model.adapted_linears(job.lora_targets))
 
 
 def _optimizer_term(model: ModelShape, job: ComputeJob, gpu: GpuSpec,

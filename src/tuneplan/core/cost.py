@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
+from tuneplan.core.compute_step import STATE_BYTES
 from tuneplan.core.spot import (
     SpotModel,
     check_feasible,
@@ -108,12 +109,18 @@ def startup_seconds(*, model_bytes: int, dataset_bytes: int, a: CostAssumptions)
     ))
 
 
-def checkpoint_bytes(*, total_params: int, trainable_params: int, full: bool,
-                     weight_bytes: int, optimizer_bytes_per_param: float) -> tuple[int, int]:
-    """(with optimizer state, without): a PEFT checkpoint holds only the trainable weights."""
-    saved = total_params if full else trainable_params
-    without = saved * weight_bytes
-    return without + math.ceil(trainable_params * optimizer_bytes_per_param), without
+def checkpoint_bytes(*, method: str, precision: str, optimizer: str, total_params: int,
+                     trainable_params: int) -> tuple[int, int]:
+    """(with optimizer state, without) bytes of one resumable checkpoint.
+
+    Full fine-tuning and freeze save every weight in bf16 (2 B each); PEFT methods save only
+    their fp32 trainable weights (4 B each). The optimizer state adds ``STATE_BYTES`` per
+    trainable parameter, plus fp32 master weights (4 B) under mixed precision when full.
+    """
+    full = method in ("full", "freeze")
+    without = total_params * 2 if full else trainable_params * 4
+    state = STATE_BYTES.get(optimizer, 8) + (4 if full and precision.endswith("-mixed") else 0)
+    return without + trainable_params * state, without
 
 
 def storage_cost(*, stored_bytes: int, hours: float, price_usd_per_gb_month: Decimal,
@@ -188,7 +195,8 @@ class CostEstimate:
                 "warnings": list(self.warnings), "assumptions": self.assumptions.describe()}
 
 
-def _cents(value: Decimal) -> Decimal:
+def cents(value: Decimal) -> Decimal:
+    """Money rounded up to whole cents (what is shown and summed in a plan)."""
     return value.quantize(Decimal("0.01"), rounding=ROUND_CEILING)
 
 
@@ -220,11 +228,11 @@ def estimate_cost(job: CostInputs, a: CostAssumptions | None = None) -> CostEsti
         base = spot.expected_cost - storage - egress if spot else Decimal(0)
     total = base + storage + egress
     if spot and compute is not None and spot.expected_cost > total:
-        warnings.append(f"spot's expected cost {_cents(spot.expected_cost)} USD exceeds "
-                        f"on-demand {_cents(total)} USD: interruptions cost more than they save")
+        warnings.append(f"spot's expected cost {cents(spot.expected_cost)} USD exceeds "
+                        f"on-demand {cents(total)} USD: interruptions cost more than they save")
     return CostEstimate(
-        hours=wall_s / HOUR_S, cost=_cents(total), compute_cost=_cents(base),
-        storage_cost=_cents(storage), egress_cost=_cents(egress),
+        hours=wall_s / HOUR_S, cost=cents(total), compute_cost=cents(base),
+        storage_cost=cents(storage), egress_cost=cents(egress),
         billing={"granularity_s": job.billing.granularity_s, "minimum_s": job.billing.minimum_s,
                  "billed_seconds": billed_seconds(wall_s, job.billing),
                  "price_per_hour": hourly, "source": job.billing.source},
@@ -280,15 +288,11 @@ def _spot(job: CostInputs, a: CostAssumptions, restart_s: float, write_s: float,
     # the billing step, so a 33-minute job billed per hour costs a whole hour (and P50 agrees).
     expected = sum(costs, Decimal(0)) / len(costs) + extras
     return SpotEstimate(
-        expected_cost=_cents(expected),
-        p50_cost=_cents(_decimal_percentile(costs, 0.5) + extras),
-        p90_cost=_cents(_decimal_percentile(costs, 0.9) + extras),
+        expected_cost=cents(expected),
+        p50_cost=cents(percentile(costs, 0.5) + extras),
+        p90_cost=cents(percentile(costs, 0.9) + extras),
         expected_hours=wall / HOUR_S, p50_hours=percentile(hours, 0.5),
         p90_hours=percentile(hours, 0.9), simulated_mean_hours=statistics.fmean(hours),
         checkpoint_interval_minutes=None if math.isinf(interval) else interval / 60,
         interruptions_expected=failures, interruptions_per_hour=rate_h, saves_on_notice=saves)
 
-
-def _decimal_percentile(values: list[Decimal], share: float) -> Decimal:
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(share * len(ordered)) - 1)]

@@ -15,8 +15,7 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
-from tuneplan.core.compute_step import STATE_BYTES
-from tuneplan.core.cost import CostAssumptions
+from tuneplan.core.cost import CostAssumptions, checkpoint_bytes
 from tuneplan.core.job import Checkpointing, Offload, Optimizer, Precision, Sharding
 from tuneplan.core.methods import Method, Quant
 from tuneplan.core.spot import young_daly_interval_s
@@ -152,17 +151,6 @@ class _Reader:
             return None
 
 
-def _checkpoint_bytes(method: Method, precision: Precision, optimizer: Optimizer,
-                      total: int, trainable: int) -> int:
-    """Bytes of one resumable checkpoint: weights that train (bf16 for full fine-tuning, fp32
-    adapters) + optimizer state (``STATE_BYTES`` per trainable parameter) + fp32 masters
-    under mixed precision for full fine-tuning."""
-    full = method in (Method.FULL, Method.FREEZE)
-    weights = total * 2 if full else trainable * 4
-    state = STATE_BYTES.get(optimizer.value, 8) + (4 if full and precision.is_mixed else 0)
-    return weights + trainable * state
-
-
 def _interval(r: _Reader, ckpt_bytes: int) -> tuple[float, str]:
     """(seconds between checkpoints, where the figure comes from)."""
     minutes = r.get("cost.spot.checkpoint_interval_minutes", float, None)
@@ -219,8 +207,9 @@ def launch_spec(plan: Mapping[str, Any]) -> LaunchSpec:
     if r.problems:
         raise InvalidValueError("plan cannot be launched: " + "; ".join(r.problems))
     total, step_s = fields["total_params"], fields["step_s"]
-    ckpt = _checkpoint_bytes(fields["method"], fields["precision"], fields["optimizer"], total,
-                             fields["trainable_params"])
+    ckpt, _ = checkpoint_bytes(
+        method=fields["method"], precision=fields["precision"], optimizer=fields["optimizer"],
+        total_params=total, trainable_params=fields["trainable_params"])
     interval_s, source = _interval(r, ckpt)
     disk = r.get("offer.disk_bytes", int, None)
     weights = total * 2
@@ -262,11 +251,15 @@ def render_bundle(plan: Mapping[str, Any], targets: Iterable[str], *,
                   train_script: str) -> dict[str, str]:
     """{relative path: text} of the bundle for ``plan`` (an entry of ``tuneplan plan --json``
     with its ``job``). ``train_script`` is the text of the training entry point."""
+    return bundle_files(launch_spec(plan), expand_targets(targets), train_script=train_script)
+
+
+def bundle_files(spec: LaunchSpec, chosen: tuple[Target, ...], *,
+                 train_script: str) -> dict[str, str]:
+    """``render_bundle`` for a spec already read and targets already expanded."""
     from tuneplan.core import launch_clouds, launch_engines
     from tuneplan.core.launch_readme import render_run_md
 
-    spec = launch_spec(plan)
-    chosen = expand_targets(targets)
     with_ds = spec.zero_stage is not None or Target.DEEPSPEED in chosen
     files: dict[str, str] = {
         "train.py": train_script,

@@ -3,6 +3,7 @@ cadence with its reason, and how to launch each way. Text only."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from tuneplan.core.launch import LaunchSpec, Target
@@ -37,7 +38,7 @@ def _expectations(spec: LaunchSpec) -> list[str]:
 
 def _checkpoints(spec: LaunchSpec) -> list[str]:
     interval = format_duration(spec.checkpoint_interval_s) \
-        if spec.checkpoint_interval_s != float("inf") else "1h (no interruption expected)"
+        if math.isfinite(spec.checkpoint_interval_s) else "1h (no interruption expected)"
     return [
         f"- Every **{spec.save_steps} steps** (interval {interval} from {spec.interval_source},"
         f" / {spec.step_s:.2f} s per step). One checkpoint is about "

@@ -9,18 +9,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from decimal import ROUND_CEILING, Decimal
+from decimal import Decimal
 
 from tuneplan.core.catalog import Offer
-from tuneplan.core.compute_step import STATE_BYTES
-from tuneplan.core.cost import Billing, CostAssumptions, CostEstimate, CostInputs, estimate_cost
+from tuneplan.core.cost import (
+    Billing,
+    CostAssumptions,
+    CostEstimate,
+    CostInputs,
+    cents,
+    checkpoint_bytes,
+    estimate_cost,
+)
 from tuneplan.core.hardware import GpuSpec
 from tuneplan.core.job import Job, Precision, Sharding
-from tuneplan.core.methods import Method
 from tuneplan.core.plan_search import Candidate
 from tuneplan.core.providers import Provider
 from tuneplan.errors import TuneplanError
-from tuneplan.units import GiB
+from tuneplan.units import HOUR_S, GiB
 
 #: Canonical GPUs that a source's bare name can reach only through a memory-size guess.
 AMBIGUOUS_GPUS = frozenset({"V100 SXM2 16GB", "V100 SXM2 32GB", "V100 PCIe 16GB",
@@ -45,12 +51,9 @@ def cost_inputs(c: Candidate, offer: Offer, provider: Provider | None, job: Job,
                 a: CostAssumptions, *, spot: bool) -> CostInputs:
     """CostInputs of a fitted candidate on ``offer`` (``nodes`` instances billed alike)."""
     s, mem = c.strategy, c.memory
-    full = s.method in (Method.FULL, Method.FREEZE)
-    state = STATE_BYTES.get(str(s.optimizer), 8) + (4 if full and s.precision.is_mixed else 0)
-    saved = mem.total_params if full else mem.trainable_params
-    weight = 2 if full else 4
-    without = saved * weight
-    with_opt = without + int(mem.trainable_params * state)
+    with_opt, without = checkpoint_bytes(
+        method=s.method, precision=s.precision, optimizer=s.optimizer,
+        total_params=mem.total_params, trainable_params=mem.trainable_params)
     tokens = job.tokens_per_epoch or 0
     nodes = Decimal(s.nodes)
     billing = Billing(
@@ -61,7 +64,7 @@ def cost_inputs(c: Candidate, offer: Offer, provider: Provider | None, job: Job,
         source=(f"{provider.name}: {provider.billing_granularity_raw}" if provider
                 else "provider terms unknown"))
     return CostInputs(
-        train_s=(c.throughput.hours or 0.0) * 3600,
+        train_s=(c.throughput.hours or 0.0) * HOUR_S,
         price_per_hour=None if offer.price_per_hour is None else offer.price_per_hour * nodes,
         spot_price_per_hour=(None if offer.spot_price_per_hour is None
                              else offer.spot_price_per_hour * nodes),
@@ -98,7 +101,7 @@ def unit_cost(c: Candidate, provider: Provider | None, job: Job,
             spot_hours = spot.spot.expected_hours if spot.spot else None
         except TuneplanError:
             spot_hours = None
-    return UnitCost(billed_hours=est.billing["billed_seconds"] / 3600, wall_hours=est.hours,
+    return UnitCost(billed_hours=est.billing["billed_seconds"] / HOUR_S, wall_hours=est.hours,
                     extras_usd=est.storage_cost + est.egress_cost, spot_expected_hours=spot_hours)
 
 
@@ -106,10 +109,6 @@ _ONE_DOLLAR = Offer(provider="?", instance_type="unit", gpu="H100 SXM5", gpu_cou
                     gpu_memory_bytes=1, vcpus=None, ram_bytes=None, region="?",
                     price_per_hour=Decimal(1), spot_price_per_hour=Decimal(1),
                     fetched_at=datetime(2000, 1, 1, tzinfo=UTC), source="unit price")
-
-
-def cents(value: Decimal) -> Decimal:
-    return value.quantize(Decimal("0.01"), rounding=ROUND_CEILING)
 
 
 def scaled_costs(unit: UnitCost, offer: Offer, nodes: int) -> tuple[Decimal | None, Decimal | None]:

@@ -101,6 +101,12 @@ class SearchOutcome:
     refusals: list[str] = field(default_factory=list)
 
 
+#: Share of a card's memory a plan may fill (whole-device peak): 5 % stays free for allocator
+#: fragmentation and transient spikes the estimate does not see. The planner's
+#: ``PlanAssumptions.memory_margin`` and ``tuneplan fit`` both start from this one value.
+DEFAULT_MEMORY_MARGIN = 0.95
+
+
 @dataclass(slots=True)
 class StrategySearch:
     """Cached search over strategies for one model and job (shared across all offers)."""
@@ -110,7 +116,7 @@ class StrategySearch:
     tokens: int | None
     epochs: float
     avg_tokens: int | None = None
-    margin: float = 0.95
+    margin: float = DEFAULT_MEMORY_MARGIN
     max_micro_batch_log2: int = 6
     memory_assumptions: MemoryAssumptions = field(default_factory=MemoryAssumptions)
     throughput_assumptions: ThroughputAssumptions = field(default_factory=ThroughputAssumptions)

@@ -33,7 +33,13 @@ from tuneplan.core.plan_costing import (
     storage_note,
     unit_cost,
 )
-from tuneplan.core.plan_search import Candidate, Node, SearchOutcome, StrategySearch
+from tuneplan.core.plan_search import (
+    DEFAULT_MEMORY_MARGIN,
+    Candidate,
+    Node,
+    SearchOutcome,
+    StrategySearch,
+)
 from tuneplan.core.providers import Provider
 from tuneplan.units import HOUR_S, GiB
 
@@ -52,7 +58,7 @@ TRADE_OFFS = {
 class PlanAssumptions:
     """Constants of the planner, printed with its result; each says why."""
 
-    memory_margin: float = 0.95          # keep 5 % of the card free: fragmentation, spikes
+    memory_margin: float = DEFAULT_MEMORY_MARGIN  # see plan_search.DEFAULT_MEMORY_MARGIN
     # Micro-batches are powers of two up to this many tokens (and at least 1): beyond ~32k
     # tokens per micro-batch a GPU's matmuls are saturated and host overhead is amortised.
     max_micro_batch_tokens: int = 32_768

@@ -13,11 +13,15 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from decimal import Decimal
+from typing import TypeVar
 
 from tuneplan.errors import InfeasibleJobError
 
 #: Beyond this many expected interruptions a spot run is not a plan (and would not simulate).
 MAX_EXPECTED_INTERRUPTIONS = 10_000
+
+_Number = TypeVar("_Number", float, Decimal)
 
 
 def young_daly_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
@@ -133,8 +137,8 @@ def simulate(model: SpotModel, *, runs: int, seed: int) -> list[SpotRun]:
     return [simulate_run(model, rng) for _ in range(runs)]
 
 
-def percentile(values: list[float], share: float) -> float:
-    """Nearest-rank percentile (``share`` in 0..1) of a non-empty list."""
+def percentile(values: list[_Number], share: float) -> _Number:
+    """Nearest-rank percentile (``share`` in 0..1) of a non-empty list (hours or USD)."""
     ordered = sorted(values)
     index = max(0, math.ceil(share * len(ordered)) - 1)
     return ordered[index]

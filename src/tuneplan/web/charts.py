@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tuneplan.units import GiB, format_bytes
 
@@ -17,6 +17,7 @@ PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F
 WIDTH = 760
 LOG_SPAN = 20
 SMALL_SHARE = 0.01  # terms under 1 % of the total are drawn as one "other" segment
+PLOT = (70.0, 20.0, 670.0, 300.0)  # scatter plot area in px: left, top, width, height
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,7 +97,7 @@ class Scatter:
     y_ticks: tuple[tuple[float, str], ...]
     log_x: bool = False
     log_y: bool = False
-    plot: tuple[float, float, float, float] = field(default=(70.0, 20.0, 670.0, 300.0))
+    plot: tuple[float, float, float, float] = PLOT
     width: int = WIDTH
     height: int = 360
 
@@ -105,7 +106,7 @@ def scatter(items: Sequence[tuple[str, str, float, float, int]], front_ids: Coll
             ) -> Scatter:
     """``items`` = (plan id, label, hours, cost USD, rank); ``front_ids`` are the
     planner's Pareto front (joined by a line, fastest first)."""
-    x0, y0, w, h = 70.0, 20.0, 670.0, 300.0
+    x0, y0, w, h = PLOT
     px, x_ticks = _axis([it[2] for it in items], x0, x0 + w, "h")
     py, y_ticks = _axis([it[3] for it in items], y0 + h, y0, "$")
 

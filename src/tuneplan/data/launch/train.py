@@ -32,6 +32,8 @@ def fault_due(step: int, phase: str) -> bool:
     want = os.environ.get(FAULT_ENV, "")
     number, _, where = want.partition(":")
     return number.isdigit() and int(number) == step and (where or "compute") == phase
+
+
 OPTIMIZERS = {"adamw": "adamw_torch", "adamw8bit": "adamw_bnb_8bit",
               "paged-adamw8bit": "paged_adamw_8bit", "paged-adamw32bit": "paged_adamw_32bit",
               "adafactor": "adafactor", "sgd": "sgd", "lion": "lion_32bit"}
