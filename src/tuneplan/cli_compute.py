@@ -22,7 +22,7 @@ from tuneplan.core.compute import (
     estimate_throughput,
     model_shape_from_spec,
 )
-from tuneplan.core.compute_step import STATE_BYTES, trainable_params
+from tuneplan.core.compute_step import trainable_params
 from tuneplan.core.cost import Billing, CostAssumptions, CostInputs, checkpoint_bytes, estimate_cost
 from tuneplan.errors import InvalidValueError
 from tuneplan.jobflags import JOB_FLAGS_HELP
@@ -119,10 +119,9 @@ def _offer_and_provider(offer_id: str) -> tuple[Any, Any]:
     from tuneplan.core.providers import provider_matches
 
     with CatalogStore.open() as store:
-        found = [offer for offer in store.offers() if offer.id == offer_id]
-    if not found:
+        offer = store.offer(offer_id)
+    if offer is None:
         raise InvalidValueError(f"no offer with id {offer_id!r}: see `tuneplan offers --json`")
-    offer = found[0]
     provider = next((p for p in load_providers() if provider_matches(p.name, offer.provider)),
                     None)
     return offer, provider
@@ -132,12 +131,9 @@ def _cost_inputs(shape: Any, result: Throughput, job: Any, offer: Any, provider:
                  options: dict[str, Any], a: CostAssumptions) -> CostInputs:
     if result.hours is None:
         raise InvalidValueError("cost needs the training length: add --tokens (e.g. 50M)")
-    full = job.method == "full"
-    trainable = trainable_params(shape, job)
-    state = STATE_BYTES.get(job.optimizer, 8) + (4 if full and "mixed" in job.precision else 0)
     with_opt, without = checkpoint_bytes(
-        total_params=shape.total_params, trainable_params=trainable, full=full,
-        weight_bytes=2 if full else 4, optimizer_bytes_per_param=state)
+        method=job.method, precision=job.precision, optimizer=job.optimizer,
+        total_params=shape.total_params, trainable_params=trainable_params(shape, job))
     dataset = (parse_size(options["dataset_size"]) if options["dataset_size"]
                else round(options["tokens"] * a.dataset_bytes_per_token))
     every = options["checkpoint_every"]

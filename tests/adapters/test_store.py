@@ -177,3 +177,11 @@ def test_load_catalog_reads_the_seeded_user_catalog() -> None:
     assert {o.gpu for o in found} == {"B300 (HGX)"}
     per_gpu = [o.price_per_gpu_hour for o in found if o.price_per_gpu_hour is not None]
     assert per_gpu == sorted(per_gpu) and len(per_gpu) >= 5
+
+
+def test_one_offer_by_id_is_the_same_as_in_the_full_listing(tmp_path: Path) -> None:
+    with CatalogStore.open(tmp_path / "catalog.sqlite") as store:
+        listed = store.offers()
+        wanted = listed[len(listed) // 2]
+        assert store.offer(wanted.id) == wanted
+        assert store.offer("no-such-offer") is None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -222,20 +222,18 @@ class CatalogStore:
                          (written, snapshot_id))
         return written
 
-    def offers(self, query: OfferFilter | None = None, *, sort: OfferSort | None = None,
-               current_only: bool = True) -> list[Offer]:
+    def offers(self, query: OfferFilter | None = None, *, sort: OfferSort | None = None
+               ) -> list[Offer]:
         """Current offers passing ``query`` (all when None), sorted by ``sort`` if given.
 
         When two current sources list the same offer id, the newest ``fetched_at`` wins.
         Raises CatalogError when the file or a row is corrupt.
         """
         query = query or OfferFilter()
-        where: list[str] = ["s.is_current=1"] if current_only else []
+        where: list[str] = ["s.is_current=1"]
         args: list[object] = []
-        if query.gpu is not None:  # resolve the family match once, then let SQLite filter
-            names = [name for name in CANONICAL_GPUS if gpu_matches(query.gpu, name)]
-            where.append(f"o.gpu IN ({','.join('?' * len(names))})" if names else "0")
-            args.extend(names)
+        if query.gpu is not None:
+            where.append(_gpu_clause(query.gpu, args))
         if query.gpu_count is not None:
             where.append("o.gpu_count=?")
             args.append(query.gpu_count)
@@ -245,25 +243,23 @@ class CatalogStore:
         if query.spot:
             where.append("o.spot_price_per_hour IS NOT NULL")
         sql = (f"SELECT {','.join('o.' + c for c in _COLUMNS)} FROM offers o "
-               f"JOIN snapshots s ON s.id=o.snapshot_id")
-        if where:
-            sql += " WHERE " + " AND ".join(where)
+               f"JOIN snapshots s ON s.id=o.snapshot_id WHERE {' AND '.join(where)}")
         newest: dict[str, Offer] = {}
-        for offer in filter_offers(self._read(sql, args), query):
+        for offer in filter_offers((_offer(row, self.path) for row in self._safe(sql, args)),
+                                   query):
             kept = newest.get(offer.id)
             if kept is None or offer.fetched_at > kept.fetched_at:
                 newest[offer.id] = offer
         found = list(newest.values())
         return sort_offers(found, sort, spot=query.spot) if sort else found
 
-    def _read(self, sql: str, args: Sequence[object]) -> Iterator[Offer]:
-        try:
-            rows = self._db.execute(sql, args).fetchall()
-        except sqlite3.Error as exc:
-            raise CatalogError(f"catalog {self.path} is unreadable ({exc}); delete it to "
-                               "rebuild it from the bundled snapshot") from exc
-        for row in rows:
-            yield _offer(row, self.path)
+    def offer(self, offer_id: str) -> Offer | None:
+        """The current offer with this ``id`` (newest ``fetched_at`` across sources), or None."""
+        sql = (f"SELECT {','.join('o.' + c for c in _COLUMNS)} FROM offers o "
+               "JOIN snapshots s ON s.id=o.snapshot_id WHERE s.is_current=1 AND o.offer_id=? "
+               "ORDER BY o.fetched_at DESC LIMIT 1")
+        rows = self._safe(sql, [offer_id])
+        return _offer(rows[0], self.path) if rows else None
 
     def status(self, now: datetime | None = None) -> list[SourceStatus]:
         """Per source: current snapshot time, offer count, snapshots kept, age, stale flag
@@ -286,21 +282,31 @@ class CatalogStore:
     def history(self, gpu: str) -> list[PricePoint]:
         """Cheapest per-GPU-hour prices of every GPU matching ``gpu`` (family match, as
         ``--gpu``) in every snapshot, current or not, oldest first."""
+        args: list[object] = []
         rows = self._safe(
             "SELECT o.gpu, s.source, s.fetched_at, o.gpu_count, o.price_per_hour, "
-            "o.spot_price_per_hour, s.id FROM offers o JOIN snapshots s ON s.id=o.snapshot_id")
+            "o.spot_price_per_hour, s.id FROM offers o JOIN snapshots s ON s.id=o.snapshot_id "
+            f"WHERE {_gpu_clause(gpu, args)}", args)
         points: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
         for row in rows:
-            if gpu_matches(gpu, row[0]):
-                points.setdefault((row[0], row[6]), []).append(row)
+            points.setdefault((row[0], row[6]), []).append(row)
         result = [_price_point(rows, self.path) for rows in points.values()]
         return sorted(result, key=lambda p: (p.fetched_at, p.gpu, p.source))
 
-    def _safe(self, sql: str) -> list[tuple[Any, ...]]:
+    def _safe(self, sql: str, args: Sequence[object] = ()) -> list[tuple[Any, ...]]:
         try:
-            return list(self._db.execute(sql).fetchall())
+            return list(self._db.execute(sql, args).fetchall())
         except sqlite3.Error as exc:
-            raise CatalogError(f"catalog {self.path} is unreadable ({exc})") from exc
+            raise CatalogError(f"catalog {self.path} is unreadable ({exc}); delete it to "
+                               "rebuild it from the bundled snapshot") from exc
+
+
+def _gpu_clause(query: str, args: list[object]) -> str:
+    """SQL condition on ``o.gpu`` for a ``--gpu`` query: the family match (``gpu_matches``) is
+    resolved once against the canonical names, then SQLite filters; appends the names to args."""
+    names = [name for name in CANONICAL_GPUS if gpu_matches(query, name)]
+    args.extend(names)
+    return f"o.gpu IN ({','.join('?' * len(names))})" if names else "0"
 
 
 def _price_point(rows: list[tuple[Any, ...]], path: Path) -> PricePoint:
