@@ -6,10 +6,8 @@ becomes one line on stderr with exit code 2 (bad input) or 1; tracebacks only wi
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from decimal import Decimal
 from typing import Annotated, Any
 
 import typer
@@ -17,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tuneplan.errors import TuneplanError
+from tuneplan.jsondoc import dumps
 
 app = typer.Typer(
     name="tuneplan",
@@ -31,17 +30,7 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document 
 
 def emit_json(document: Any) -> None:
     """Print one JSON document on stdout (Decimals as strings keep money exact)."""
-    sys.stdout.write(json.dumps(document, indent=2, default=_json_default) + "\n")
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        return str(value)
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    if isinstance(value, (set, frozenset, tuple)):
-        return list(value)
-    raise TypeError(f"cannot serialise {type(value).__name__}")
+    sys.stdout.write(dumps(document, indent=2, ascii_only=True) + "\n")
 
 
 _DEBUG = {"on": False}  # set by --debug for this invocation; TUNEPLAN_DEBUG=1 does the same

@@ -20,6 +20,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from tuneplan.errors import BadInputError, CatalogError, TuneplanError
+from tuneplan.jsondoc import dumps
 from tuneplan.web.inputs import MAX_BODY_BYTES, FieldError
 
 HERE = Path(__file__).parent
@@ -35,9 +36,7 @@ class TuneplanJSON(JSONResponse):
     """JSON exactly as the CLI prints it: Decimals as strings (money stays exact), times ISO."""
 
     def render(self, content: Any) -> bytes:
-        from tuneplan.cli import _json_default
-
-        return json.dumps(content, default=_json_default, ensure_ascii=False).encode("utf-8")
+        return dumps(content).encode("utf-8")
 
 
 class BodyLimit:

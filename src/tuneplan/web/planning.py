@@ -15,17 +15,17 @@ from typing import Any
 from tuneplan.core.job import Job
 from tuneplan.core.models import ModelSpec
 from tuneplan.core.planner import Plan, PlanResult
-from tuneplan.units import format_bytes, format_duration
+from tuneplan.units import HOUR_S, format_bytes, format_duration
 from tuneplan.web.charts import MemoryChart, Scatter, memory_chart, scatter
 from tuneplan.web.inputs import PlanInput
 
 
-def build_job(form: PlanInput, model: ModelSpec) -> tuple[Job, int]:
-    """(Job, top) for a validated form, through the CLI's own flag parsing."""
+def build_job(form: PlanInput, model: ModelSpec) -> Job:
+    """The Job of a validated form, through the CLI's own flag parsing (``top`` stays on
+    the form)."""
     from tuneplan.cli_plan import job_from_args
 
-    job, extra = job_from_args(model.name, form.args())
-    return job, int(extra["top"])
+    return job_from_args(model.name, form.args())[0]
 
 
 def run_plan(form: PlanInput, model: ModelSpec, store_path: Path | None) -> PlanResult:
@@ -33,8 +33,8 @@ def run_plan(form: PlanInput, model: ModelSpec, store_path: Path | None) -> Plan
     from tuneplan.adapters.plans import plan
     from tuneplan.adapters.store import load_catalog
 
-    job, _ = build_job(form, model)
-    return plan(job, model=model, offers=load_catalog(path=store_path), now=datetime.now(UTC))
+    return plan(build_job(form, model), model=model, offers=load_catalog(path=store_path),
+                now=datetime.now(UTC))
 
 
 def plan_document(result: PlanResult, top: int, store_path: Path | None) -> dict[str, Any]:
@@ -94,9 +94,9 @@ def plan_row(plan: Plan, rank: int, pareto: bool) -> PlanRow:
               f"{offer.zone or offer.region}",
         method=f"{method}, micro-batch {s.batch_size}, {s.sharding.value}, "
                f"checkpointing {s.checkpointing.value}",
-        hours_text=format_duration(plan.hours * 3600), cost_text=_usd(plan.best_cost),
+        hours_text=format_duration(plan.hours * HOUR_S), cost_text=_usd(plan.best_cost),
         on_demand_text=_usd(plan.cost_usd), spot_text=spot,
-        memory_text=f"{format_bytes(plan.candidate.memory.device_total_bytes)} of "
+        memory_text=f"{format_bytes(plan.candidate.device_total_bytes)} of "
                     f"{format_bytes(plan.capacity_bytes)}",
         pareto=pareto, why=plan.why, warnings=plan.warnings, plan=plan)
 
@@ -143,6 +143,16 @@ def plan_detail_view(plan: Plan, rank: int, result: PlanResult, form: PlanInput)
         plan.offer
     terms = tuple((t.path, format_bytes(int(t.value)), t.formula, t.source)
                   for t in est.breakdown if t.value)
+    on_demand = _usd(plan.cost_usd)
+    if plan.on_demand is not None:
+        od = plan.on_demand
+        on_demand = (f"{_usd(od.cost)} (compute {_usd(od.compute_cost)}, storage "
+                     f"{_usd(od.storage_cost)}, egress {_usd(od.egress_cost)})")
+    spot = "–" if plan.spot_usd is None else f"{_usd(plan.spot_usd)} expected"
+    if plan.spot is not None and plan.spot.spot is not None:
+        sp = plan.spot.spot
+        spot = (f"{_usd(sp.expected_cost)} expected, P50 {_usd(sp.p50_cost)}, P90 "
+                f"{_usd(sp.p90_cost)}; {sp.interruptions_expected:.1f} interruptions expected")
     facts = [
         ("model", result.model), ("offer", f"{offer.provider} {offer.instance_type} "
                                            f"({offer.id}) in {offer.zone or offer.region}"),
@@ -151,26 +161,16 @@ def plan_detail_view(plan: Plan, rank: int, result: PlanResult, form: PlanInput)
                   "/h spot"),
         ("method", f"{s.method.value}, {s.precision.value}, optimizer {s.optimizer.value}"),
         ("batch", f"micro-batch {s.batch_size} × grad-accum {s.grad_accum} × seq {s.seq_len}"),
-        ("memory per GPU", f"{format_bytes(est.device_total_bytes)} of "
+        ("memory per GPU", f"{format_bytes(plan.candidate.device_total_bytes)} of "
                            f"{format_bytes(plan.capacity_bytes)} (peak during {est.peak_phase})"),
         ("throughput", f"{tp.tokens_per_second:,.0f} tokens/s, MFU {tp.mfu:.0%}, step "
                        f"{tp.step_seconds:.2f} s"),
-        ("time", format_duration(plan.hours * 3600)),
-        ("on-demand cost", _usd(plan.cost_usd)),
-        ("spot cost", "–" if plan.spot_usd is None else f"{_usd(plan.spot_usd)} expected"),
+        ("time", format_duration(plan.hours * HOUR_S)),
+        ("on-demand cost", on_demand),
+        ("spot cost", spot),
         ("storage", plan.storage),
         ("catalog", f"{offer.source}, fetched {offer.fetched_at:%Y-%m-%d %H:%M} UTC"),
     ]
-    if plan.on_demand is not None:
-        od = plan.on_demand
-        facts[9] = ("on-demand cost", f"{_usd(od.cost)} (compute {_usd(od.compute_cost)}, "
-                                      f"storage {_usd(od.storage_cost)}, egress "
-                                      f"{_usd(od.egress_cost)})")
-    if plan.spot is not None and plan.spot.spot is not None:
-        sp = plan.spot.spot
-        facts[10] = ("spot cost", f"{_usd(sp.expected_cost)} expected, P50 {_usd(sp.p50_cost)}, "
-                                  f"P90 {_usd(sp.p90_cost)}; {sp.interruptions_expected:.1f} "
-                                  "interruptions expected")
     return PlanDetail(row=plan_row(plan, rank, plan.id in result.pareto_ids),
                       memory=plan_memory_chart(plan), terms=terms, facts=tuple(facts), job=form)
 
@@ -184,14 +184,13 @@ def launch_zip(plan: Plan, result: PlanResult, targets: str) -> tuple[str, bytes
     import zipfile
 
     from tuneplan.adapters.launch_files import read_train_script
-    from tuneplan.cli import _json_default
-    from tuneplan.core.launch import expand_targets, render_bundle
+    from tuneplan.core.launch import render_bundle
+    from tuneplan.jsondoc import dumps
     from tuneplan.plan_report import plan_entry
 
     entry = {"job": result.job.as_dict(), **plan_entry(plan, result)}
-    entry = json.loads(json.dumps(entry, default=_json_default))  # as the CLI reads it back
-    chosen = [t.value for t in expand_targets([targets])]
-    files = render_bundle(entry, chosen, train_script=read_train_script())
+    entry = json.loads(dumps(entry))  # as the CLI reads it back
+    files = render_bundle(entry, [targets], train_script=read_train_script())
     buffer = io.BytesIO()
     folder = f"launch-{plan.id}"
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as bundle:
