@@ -10,7 +10,6 @@ from typing import Any
 from tuneplan.core.hardware import GpuSpec
 from tuneplan.core.memory import MemoryEstimate, estimate_memory
 from tuneplan.core.models import ModelSpec
-from tuneplan.core.plan_search import gpu_generation
 from tuneplan.units import format_bytes
 
 
@@ -29,7 +28,7 @@ def run_memory(model_name: str, args: Sequence[str], model: ModelSpec | None = N
         from tuneplan.adapters.bundled import resolve_gpu_spec
 
         gpu = resolve_gpu_spec(str(flags["gpu"]))
-    generation = gpu_generation(gpu) if gpu else None
+    generation = gpu.generation if gpu else None
     # A saved CUDA probe on this GPU replaces the hardware-only constants (issue 9).
     assumptions = calibration_for(gpu).memory
     return estimate_memory(model, strategy, assumptions, generation=generation), model, gpu

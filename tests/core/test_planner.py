@@ -15,7 +15,7 @@ from tuneplan.core.catalog import Offer
 from tuneplan.core.fit import fit
 from tuneplan.core.job import Job, Objective, Optimizer, Precision, Strategy
 from tuneplan.core.methods import Method
-from tuneplan.core.plan_search import StrategySearch, gpu_generation, largest_fitting
+from tuneplan.core.plan_search import StrategySearch, largest_fitting
 from tuneplan.core.planner import PlanResult, pareto_front, plan_offers
 from tuneplan.core.recipes import Recipe
 from tuneplan.errors import InvalidValueError
@@ -176,9 +176,9 @@ def test_generation_shift_of_a_neutral_estimate_matches_the_exact_one(gpu: str) 
                             base=Strategy(method=Method.LORA, batch_size=2), tokens=None,
                             epochs=1)
     neutral = search.memory(search.base, None)
-    exact = search.memory(search.base, gpu_generation(SPECS[gpu]))
+    exact = search.memory(search.base, SPECS[gpu].generation)
     assert not isinstance(neutral, str) and not isinstance(exact, str)
-    assert search.device_total(neutral, gpu_generation(SPECS[gpu])) == exact.device_total_bytes
+    assert search.device_total(neutral, SPECS[gpu].generation) == exact.device_total_bytes
 
 
 def test_fit_finds_limits_and_changes_that_fit() -> None:

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tuneplan.adapters.store import CatalogStore, default_path
+from tuneplan.adapters.store import CatalogStore
 from tuneplan.core.compute_assumptions import ThroughputAssumptions
 from tuneplan.core.hardware import GpuSpec
 from tuneplan.core.memory.assumptions import MemoryAssumptions
@@ -61,22 +61,19 @@ class ProbeRecord:
 class CalibrationStore:
     """The ``probes`` table. Open with ``CalibrationStore.open()``; a context manager."""
 
-    def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
-        self._db = connection
-        self.path = path
+    def __init__(self, catalog: CatalogStore) -> None:
+        self._catalog = catalog
+        self._db = catalog.connection
+        self.path = catalog.path
 
     @classmethod
     def open(cls, path: str | Path | None = None) -> CalibrationStore:
-        """Open the catalog file (migrating it to the probes schema). Raises CatalogError."""
-        target = Path(path) if path is not None else default_path()
-        CatalogStore.open(target, seed=False).close()  # the catalog's migrations, one place
-        try:
-            return cls(sqlite3.connect(target, timeout=30, isolation_level=None), target)
-        except sqlite3.Error as exc:
-            raise CatalogError(f"cannot open {target}: {exc}") from exc
+        """Open the catalog file through the catalog store (one connection, its migrations
+        create the probes table); nothing is seeded. Raises CatalogError."""
+        return cls(CatalogStore.open(path, seed=False))
 
     def close(self) -> None:
-        self._db.close()
+        self._catalog.close()
 
     def __enter__(self) -> CalibrationStore:
         return self
@@ -220,10 +217,6 @@ class Calibration:
     notes: tuple[str, ...] = field(default=())
 
 
-def generation_of(gpu: GpuSpec) -> str:
-    return gpu.architecture.split()[0].lower() if gpu.architecture else "default"
-
-
 def calibrate(record: ProbeRecord, gpu: GpuSpec,
               memory: MemoryAssumptions | None = None,
               throughput: ThroughputAssumptions | None = None) -> Calibration:
@@ -232,7 +225,7 @@ def calibrate(record: ProbeRecord, gpu: GpuSpec,
     mem = memory or MemoryAssumptions()
     tp = throughput or ThroughputAssumptions()
     label = f"calibrated from {record.label()}"
-    context = {**mem.context_bytes_by_generation, generation_of(gpu): int(m["context_bytes"])}
+    context = {**mem.context_bytes_by_generation, gpu.generation: int(m["context_bytes"])}
     reserve = int(m["max_reserved_bytes"]) - int(m["max_allocated_bytes"])
     fraction = reserve / max(1, int(m["max_allocated_bytes"]))
     mem = replace(mem, context_bytes_by_generation=context,

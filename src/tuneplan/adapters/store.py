@@ -99,6 +99,12 @@ class CatalogStore:
         self._db = connection
         self.path = path
 
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The open, migrated connection, for adapters that own other tables of this file
+        (``calibration.CalibrationStore``: the ``probes`` table)."""
+        return self._db
+
     @classmethod
     def open(cls, path: str | Path | None = None, *, seed: bool = True) -> CatalogStore:
         """Open (creating and migrating) the catalog; a new, empty one is seeded from the

@@ -13,7 +13,7 @@ from tuneplan.core.hardware import GpuSpec
 from tuneplan.core.job import Checkpointing, Loss, Offload, Optimizer, Sharding, Strategy
 from tuneplan.core.memory import MemoryEstimate
 from tuneplan.core.methods import Method
-from tuneplan.core.plan_search import AUTO_METHODS, StrategySearch, gpu_generation, largest_fitting
+from tuneplan.core.plan_search import AUTO_METHODS, StrategySearch, largest_fitting
 from tuneplan.units import GiB
 
 MAX_BATCH = 256
@@ -73,7 +73,7 @@ def fit(search: StrategySearch, gpu: GpuSpec, *, max_gpus: int = 64) -> FitRepor
     """Per method limits on ``gpu`` for ``search.base``, and changes that make it fit."""
     capacity = gpu.usable_memory_bytes
     limit = int(capacity * search.margin)
-    gen = gpu_generation(gpu)
+    gen = gpu.generation
     base = search.base
     methods: list[Method] = [base.method] if base.method is not Method.AUTO else []
     methods += [m for m in AUTO_METHODS if m not in methods]

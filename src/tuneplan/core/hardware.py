@@ -63,6 +63,13 @@ class GpuSpec:
     source: str
 
     @property
+    def generation(self) -> str:
+        """Generation word the memory model keys its constants by (CUDA context, workspaces):
+        the architecture's first word, lower case (``hopper``), or ``default``."""
+        words = self.architecture.split()
+        return words[0].lower() if words else "default"
+
+    @property
     def usable_memory_bytes(self) -> int:
         """Device-reported total when known, else the nominal ``memory_bytes``."""
         return self.device_memory_bytes or self.memory_bytes

@@ -32,11 +32,6 @@ AUTO_METHODS = (Method.FULL, Method.LORA, Method.QLORA)
 MULTI_GPU_SHARDING = (Sharding.DDP, Sharding.ZERO2, Sharding.FSDP, Sharding.ZERO3)
 
 
-def gpu_generation(gpu: GpuSpec) -> str:
-    """The memory model's generation word: first word of the architecture (``hopper``)."""
-    return gpu.architecture.split()[0].lower() if gpu.architecture else "default"
-
-
 def _ddp_twin(family: Strategy) -> Strategy:
     if family.sharding is Sharding.DDP and family.world_size > 1 and (
             family.offload is Offload.NONE and family.checkpointing is not Checkpointing.OFFLOAD):
@@ -199,7 +194,7 @@ class StrategySearch:
     def _search(self, node: Node) -> SearchOutcome:
         out = SearchOutcome()
         limit = int(node.capacity_bytes * self.margin)
-        generation = gpu_generation(node.gpu)
+        generation = node.gpu.generation
         for method in self.methods():
             if method is Method.QLORA and Method.LORA in out.best:
                 continue  # where LoRA fits it is faster, hence cheaper: QLoRA cannot win
@@ -214,7 +209,7 @@ class StrategySearch:
         """The candidate with its memory estimated for ``gpu``'s generation."""
         if candidate.exact:
             return candidate
-        found = self.memory(candidate.strategy, gpu_generation(gpu))
+        found = self.memory(candidate.strategy, gpu.generation)
         if isinstance(found, str):
             return candidate
         return replace(candidate, memory=found, device_total_bytes=found.device_total_bytes,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuneplan.adapters.calibration import calibration_for, generation_of
+from tuneplan.adapters.calibration import calibration_for
 from tuneplan.adapters.probe import setup as ps
 from tuneplan.adapters.probe.measure import CudaMeasured, Timing, measure_cuda
 from tuneplan.core.compute import (
@@ -56,7 +56,7 @@ def probe_cuda(req: ProbeRequest, spec: ModelSpec, strategy: Strategy, config: d
     gpu = gpu_spec_for(m.device_name, m.device_total_bytes)
     cal = calibration_for(gpu, req.store_path)
     est = estimate_memory(spec, strategy, cal.memory,
-                          generation=generation_of(gpu) if gpu else None)
+                          generation=gpu.generation if gpu else None)
     speed = _speed(spec, strategy, gpu, cal, timing)
     measured_device = m.max_reserved_bytes + m.context_bytes
     rows = ps.compare(

@@ -34,19 +34,6 @@ class ProbeRequest:
     store_path: str | Path | None = None
 
 
-def raw_config(name: str) -> dict[str, Any]:
-    """The config.json dict of a bundled model, local folder/file, or hub id (config only)."""
-    from tuneplan.adapters import hub
-
-    bundled = hub.find_bundled(name)
-    if bundled is not None:
-        return hub.load_bundled_config(bundled)
-    path = Path(name).expanduser()
-    if path.exists() or path.suffix == ".json":
-        return hub.load_config_path(path)
-    return hub.fetch_hub_config(name)
-
-
 def weights_source(req: ProbeRequest) -> str | Path | None:
     """Where real weights come from; None means random weights from the config."""
     if req.random_weights or req.simulate:
@@ -89,15 +76,16 @@ def library_versions() -> dict[str, str]:
 
 def run_probe(req: ProbeRequest, report: Report | None = None) -> dict[str, Any]:
     """Measure (or simulate) the job, compare with the estimate, save; the JSON document."""
-    from tuneplan.adapters.hub import resolve_model
+    from tuneplan.adapters.hub import load_model_config
+    from tuneplan.core.models import parse_model_config
     from tuneplan.jobflags import default_sharding, parse_job_args, strategy_from_flags
 
     if req.steps < 1:
         raise InvalidValueError("--steps must be at least 1")
     started = time.perf_counter()
     strategy = strategy_from_flags(default_sharding(parse_job_args(list(req.job_args))))
-    spec = resolve_model(req.model)
-    config = raw_config(req.model)
+    config, label = load_model_config(req.model)  # read once: the spec and the real model
+    spec = parse_model_config(config, name=label)
     device = pick_device(req.device, req.simulate)
     weights = weights_source(req)
     say = report or (lambda what, done, total: None)
