@@ -25,6 +25,7 @@ from tuneplan.core.catalog import (
     OfferSort,
     filter_offers,
     gpu_matches,
+    is_safe_text,
     normalise_gpu_name,
     sort_offers,
 )
@@ -245,3 +246,15 @@ def test_snapshot_quirks() -> None:
     assert nd and all(o.gpu_count == 8 for o in nd)
     p5 = [o for o in SNAPSHOT["skypilot-snapshot/aws"].offers if o.instance_type == "p5.48xlarge"]
     assert p5 and all(o.gpu == "H100 SXM5" and o.interconnect == "NVLink 4.0" for o in p5)
+
+
+@pytest.mark.parametrize(("text", "safe"), [
+    ("Standard_ND96isr_H100_v5", True),
+    ("Zürich · 東京", True),                 # ordinary non-ASCII letters are fine
+    ("evil\x1b[31m", False),                # ANSI escape (control)
+    ("gpu\u202eexe.nvidia", False),         # right-to-left override disguises text
+    ("a\u200bb", False),                    # zero-width space
+    ("line\u2028break", False),             # line separator
+])
+def test_is_safe_text(text: str, safe: bool) -> None:
+    assert is_safe_text(text) is safe

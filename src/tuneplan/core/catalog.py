@@ -8,7 +8,7 @@ checks their invariants, filters and sorts them. GPU names go through ``normalis
 from __future__ import annotations
 
 import hashlib
-import re
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -218,12 +218,16 @@ def sort_offers(offers: Iterable[Offer], by: OfferSort, *, spot: bool = False) -
     return sorted(offers, key=key)
 
 
-_SAFE_TEXT = re.compile(r"^[\x20-\x7e\u00a0-\uffff]*$")
+# Unicode categories that can garble or disguise terminal and HTML text: control (Cc), format
+# (Cf: bidi overrides such as U+202E, zero-width joiners), surrogates, private use, unassigned,
+# and line/paragraph separators.
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 
 
 def is_safe_text(text: str) -> bool:
-    """No control characters (importers reject names that would garble a terminal)."""
-    return bool(_SAFE_TEXT.match(text))
+    """No control, format or separator characters (importers reject names that would garble
+    or disguise what a terminal or page shows)."""
+    return not any(unicodedata.category(ch) in _UNSAFE_CATEGORIES for ch in text)
 
 
 OFFER_RECORD_FIELDS = (
