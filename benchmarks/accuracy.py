@@ -21,7 +21,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tuneplan.errors import TuneplanError
-from tuneplan.memory_report import run_memory
+from tuneplan.service.memory_report import run_memory
 
 DEFAULT = Path(__file__).resolve().parent / "calibration" / "cases.jsonl"
 GiB = 2**30

@@ -15,7 +15,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from tuneplan.adapters.store import CatalogStore
-from tuneplan.core.catalog import OfferFilter, OfferSort
+from tuneplan.core.catalog.offers import OfferFilter, OfferSort
 
 QUERIES = {
     "all offers, by price": OfferFilter(),

@@ -8,9 +8,9 @@ from __future__ import annotations
 import time
 
 from tuneplan.adapters.hub import resolve_model
-from tuneplan.core.job import Sharding, Strategy
+from tuneplan.core.job.methods import Method
+from tuneplan.core.job.strategy import Sharding, Strategy
 from tuneplan.core.memory import estimate_memory
-from tuneplan.core.methods import Method
 
 
 def main() -> None:

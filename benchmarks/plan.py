@@ -19,10 +19,10 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 
-from tuneplan.core.catalog import Offer
-from tuneplan.core.job import Job, Strategy
-from tuneplan.core.methods import Method
-from tuneplan.core.planner import PlanResult, plan_offers
+from tuneplan.core.catalog.offers import Offer
+from tuneplan.core.job.methods import Method
+from tuneplan.core.job.strategy import Job, Strategy
+from tuneplan.core.planner.plan import PlanResult, plan_offers
 
 JOBS = {
     "Llama-3.1-8B qlora 50M": ("meta-llama/Llama-3.1-8B", Method.QLORA),

@@ -17,8 +17,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tuneplan.core.compute import ComputeJob, LinearShape, ModelShape, estimate_throughput
-from tuneplan.core.compute_assumptions import ThroughputAssumptions
+from tuneplan.core.compute.assumptions import ThroughputAssumptions
+from tuneplan.core.compute.throughput import (
+    ComputeJob,
+    LinearShape,
+    ModelShape,
+    estimate_throughput,
+)
 from tuneplan.errors import TuneplanError
 
 DEFAULT_CASES = Path(__file__).resolve().parent / "calibration" / "cases.jsonl"
@@ -64,7 +69,7 @@ def model_shape(case: dict[str, Any]) -> ModelShape:
     if name in LOCAL_SHAPES:
         return LOCAL_SHAPES[name]
     from tuneplan.adapters.hub import resolve_model
-    from tuneplan.core.compute import model_shape_from_spec
+    from tuneplan.core.compute.throughput import model_shape_from_spec
 
     return model_shape_from_spec(resolve_model(case.get("model_fallback") or name))
 
@@ -98,7 +103,7 @@ def evaluate(cases_path: Path, assumptions: ThroughputAssumptions | None = None,
              include_unsupported: bool = False) -> list[dict[str, Any]]:
     """One row per case with a published tokens/s: expected, predicted, error %."""
     from tuneplan.adapters.bundled import load_gpu_spec
-    from tuneplan.core.gpu_names import normalise_gpu_name
+    from tuneplan.core.catalog.gpu_names import normalise_gpu_name
 
     rows: list[dict[str, Any]] = []
     for line in cases_path.read_text("utf-8").splitlines():

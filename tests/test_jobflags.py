@@ -1,10 +1,10 @@
-"""jobflags.py: every accepted job flag is documented in the shared --help epilog."""
+"""service/jobflags.py: every accepted job flag is documented in the shared --help epilog."""
 
 from __future__ import annotations
 
 import re
 
-from tuneplan import jobflags
+from tuneplan.service import jobflags
 
 
 def test_help_names_every_accepted_job_flag() -> None:

@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from tuneplan.jsondoc import dumps
+from tuneplan.service.jsondoc import dumps
 
 
 def test_money_stays_exact_and_times_are_iso() -> None:

@@ -8,11 +8,11 @@ from __future__ import annotations
 from tuneplan.adapters.hub import resolve_model
 from tuneplan.adapters.plans import plan
 from tuneplan.adapters.store import load_catalog
-from tuneplan.core.compute import estimate_throughput
-from tuneplan.core.job import Job, Strategy
+from tuneplan.core.compute.throughput import estimate_throughput
+from tuneplan.core.job.strategy import Job, Strategy
 from tuneplan.core.memory import MemoryAssumptions, MemoryEstimate, estimate_memory
 from tuneplan.core.models import ModelSpec, ParameterCounts, count_parameters, parse_model_config
-from tuneplan.core.planner import PlanResult
+from tuneplan.core.planner.plan import PlanResult
 from tuneplan.errors import TuneplanError
 from tuneplan.explain import Breakdown, Term
 

@@ -19,15 +19,15 @@ from tuneplan.adapters.calibration import (
     export_document,
 )
 from tuneplan.adapters.store import _MIGRATIONS, CatalogStore
-from tuneplan.cli import app
-from tuneplan.core.compute import (
+from tuneplan.cli.app import app
+from tuneplan.core.compute.throughput import (
     compute_job_from_strategy,
     estimate_throughput,
     model_shape_from_spec,
 )
-from tuneplan.core.job import Strategy
+from tuneplan.core.job.strategy import Strategy
 from tuneplan.errors import InvalidValueError
-from tuneplan.memory_report import run_memory
+from tuneplan.service.memory_report import run_memory
 
 MiB = 2**20
 runner = CliRunner()

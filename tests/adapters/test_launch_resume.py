@@ -23,7 +23,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from tuneplan.adapters.launch_files import read_train_script
-from tuneplan.core.launch import MARKER_NAME, render_bundle
+from tuneplan.core.launch.bundle import MARKER_NAME, render_bundle
 
 pytestmark = pytest.mark.probe
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "launch"

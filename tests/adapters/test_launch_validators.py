@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from tuneplan.adapters.launch_files import read_train_script
-from tuneplan.core.launch import render_bundle
+from tuneplan.core.launch.bundle import render_bundle
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "launch"
 DOCS = ("plan_llama8b_qlora_aws.json", "plan_llama70b_full_aws.json",

@@ -26,7 +26,7 @@ from tuneplan.adapters.importers import azure, runpod, vastai
 from tuneplan.adapters.importers.base import ImportResult
 from tuneplan.adapters.refresh import LiveSource, refresh, select_sources
 from tuneplan.adapters.store import CatalogStore
-from tuneplan.core.catalog import Offer
+from tuneplan.core.catalog.offers import Offer
 from tuneplan.errors import InvalidValueError
 
 PAYLOADS = FIXTURES / "importers"

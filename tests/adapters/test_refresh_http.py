@@ -20,7 +20,7 @@ from tests.conftest import FIXTURES
 from tuneplan.adapters.importers import aws, azure, gpuhunt, runpod, skypilot_live, vastai
 from tuneplan.adapters.refresh import LiveSource, refresh
 from tuneplan.adapters.store import CatalogStore
-from tuneplan.core.catalog import OfferFilter
+from tuneplan.core.catalog.offers import OfferFilter
 
 PAYLOADS = FIXTURES / "importers"
 SKYPILOT_CSV = ("InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,Region,"

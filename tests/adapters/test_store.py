@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tuneplan.adapters.store import SCHEMA_VERSION, CatalogStore, default_path, load_catalog
-from tuneplan.core.catalog import Offer, OfferFilter, OfferSort
+from tuneplan.core.catalog.offers import Offer, OfferFilter, OfferSort
 from tuneplan.errors import CatalogError
 from tuneplan.units import GiB
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tuneplan.cli import main
+from tuneplan.cli.app import main
 
 
 @dataclass

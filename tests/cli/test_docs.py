@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer.main
 
-from tuneplan.cli import app
+from tuneplan.cli.app import app
 
 README = (Path(__file__).parents[2] / "README.md").read_text("utf-8")
 

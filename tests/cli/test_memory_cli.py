@@ -39,7 +39,7 @@ def test_gpu_without_architecture_uses_default_generation(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # A GPU row with an empty architecture column used to crash with IndexError.
     from tuneplan.adapters import bundled
-    from tuneplan.memory_report import run_memory
+    from tuneplan.service.memory_report import run_memory
 
     real = bundled.resolve_gpu_spec
     monkeypatch.setattr(bundled, "resolve_gpu_spec",

@@ -15,7 +15,7 @@ import pytest
 
 from tests.cli.conftest import CliResult
 from tuneplan.adapters.store import CatalogStore
-from tuneplan.core.catalog import OFFER_RECORD_FIELDS, OfferFilter
+from tuneplan.core.catalog.offers import OFFER_RECORD_FIELDS, OfferFilter
 from tuneplan.units import GB
 
 Run = Callable[..., CliResult]

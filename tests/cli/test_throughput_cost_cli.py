@@ -6,8 +6,8 @@ import json
 
 from typer.testing import CliRunner
 
-from tuneplan.cli import app
-from tuneplan.core.providers import parse_fabric_rate as fabric_bytes_per_s
+from tuneplan.cli.app import app
+from tuneplan.core.catalog.providers import parse_fabric_rate as fabric_bytes_per_s
 from tuneplan.errors import InvalidValueError
 
 runner = CliRunner()
@@ -45,7 +45,7 @@ def test_bad_flag_exits_2() -> None:
 
 def test_cost_json_keys_on_a_spot_offer() -> None:
     from tuneplan.adapters.store import CatalogStore
-    from tuneplan.core.catalog import OfferFilter
+    from tuneplan.core.catalog.offers import OfferFilter
 
     with CatalogStore.open() as store:
         offers = store.offers(OfferFilter(gpu="H100", gpu_count=1, spot=True))

@@ -18,7 +18,7 @@ from tuneplan.adapters.bundled import (
     read_data_text,
 )
 from tuneplan.adapters.importers.snapshot import load_bundled_snapshot
-from tuneplan.core.catalog import (
+from tuneplan.core.catalog.offers import (
     CANONICAL_GPUS,
     Offer,
     OfferFilter,
@@ -29,7 +29,7 @@ from tuneplan.core.catalog import (
     normalise_gpu_name,
     sort_offers,
 )
-from tuneplan.core.providers import parse_duration_text, parse_price_text
+from tuneplan.core.catalog.providers import parse_duration_text, parse_price_text
 from tuneplan.errors import InvalidOfferError, UnknownGpuError
 from tuneplan.units import GB, GiB
 

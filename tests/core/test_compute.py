@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tuneplan.adapters.bundled import load_gpu_spec
-from tuneplan.core.communication import KNOWN_SHARDING, communication_per_step
-from tuneplan.core.compute import (
+from tuneplan.core.compute.assumptions import ThroughputAssumptions
+from tuneplan.core.compute.communication import KNOWN_SHARDING, communication_per_step
+from tuneplan.core.compute.throughput import (
     ComputeJob,
     LinearShape,
     ModelShape,
@@ -21,7 +22,6 @@ from tuneplan.core.compute import (
     flops_per_token,
     model_flops,
 )
-from tuneplan.core.compute_assumptions import ThroughputAssumptions
 from tuneplan.errors import UnsupportedError
 
 A = ThroughputAssumptions()
@@ -172,7 +172,7 @@ def test_calibration_median_error_within_15_percent() -> None:
 @pytest.mark.parametrize("name", ["meta-llama/Llama-3.1-8B", "Qwen/Qwen3-30B-A3B"])
 def test_shape_from_spec_keeps_exact_totals(name: str) -> None:
     from tuneplan.adapters.hub import resolve_model
-    from tuneplan.core.compute import model_shape_from_spec
+    from tuneplan.core.compute.throughput import model_shape_from_spec
     from tuneplan.core.models import count_parameters
 
     spec = resolve_model(name)
@@ -185,9 +185,9 @@ def test_shape_from_spec_keeps_exact_totals(name: str) -> None:
 
 
 def test_strategy_maps_to_the_speed_model() -> None:
-    from tuneplan.core.compute import compute_job_from_strategy
-    from tuneplan.core.job import Checkpointing, Sharding, Strategy
-    from tuneplan.core.methods import Method
+    from tuneplan.core.compute.throughput import compute_job_from_strategy
+    from tuneplan.core.job.methods import Method
+    from tuneplan.core.job.strategy import Checkpointing, Sharding, Strategy
 
     strategy = Strategy(method=Method.QLORA, checkpointing=Checkpointing.OFFLOAD, gpus=4,
                         sharding=Sharding.ZERO3, lora_rank=64)

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuneplan.core.cost import Billing, CostInputs, billed_seconds, charge, estimate_cost
-from tuneplan.core.spot import SpotModel, expected_wall_s, simulate, young_daly_interval_s
+from tuneplan.core.cost.estimate import Billing, CostInputs, billed_seconds, charge, estimate_cost
+from tuneplan.core.cost.spot import SpotModel, expected_wall_s, simulate, young_daly_interval_s
 
 
 @pytest.mark.parametrize(("duration", "granularity", "minimum", "billed"), [
@@ -157,7 +157,7 @@ def test_spot_expected_cost_is_billed_like_its_percentiles() -> None:
 ])
 def test_checkpoint_bytes_one_formula_for_cost_plan_and_launch(
         method: str, precision: str, optimizer: str, expected: tuple[int, int]) -> None:
-    from tuneplan.core.cost import checkpoint_bytes
+    from tuneplan.core.cost.estimate import checkpoint_bytes
 
     trainable = 1_000 if method == "full" else 100
     assert checkpoint_bytes(method=method, precision=precision, optimizer=optimizer,

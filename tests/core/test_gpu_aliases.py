@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuneplan.core.gpu_names import normalise_gpu_name
+from tuneplan.core.catalog.gpu_names import normalise_gpu_name
 from tuneplan.errors import UnknownGpuError
 from tuneplan.units import GiB
 

@@ -10,8 +10,8 @@ from tuneplan.adapters.bundled import (
     read_data_text,
     resolve_gpu_spec,
 )
-from tuneplan.core.gpu_names import CANONICAL_GPUS
-from tuneplan.core.hardware import GpuSpec, parse_gpu_specs
+from tuneplan.core.catalog.gpu_names import CANONICAL_GPUS
+from tuneplan.core.catalog.hardware import GpuSpec, parse_gpu_specs
 from tuneplan.errors import CatalogError, InvalidValueError
 from tuneplan.units import GB, TERA, GiB, MiB
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tuneplan.core.launch import (
+from tuneplan.core.cost.spot import young_daly_interval_s
+from tuneplan.core.launch.bundle import (
     MIN_KEPT,
     Target,
     expand_targets,
@@ -18,8 +19,7 @@ from tuneplan.core.launch import (
     render_bundle,
     train_config,
 )
-from tuneplan.core.launch_yaml import render_yaml
-from tuneplan.core.spot import young_daly_interval_s
+from tuneplan.core.launch.yamltext import render_yaml
 from tuneplan.errors import InvalidValueError
 from tuneplan.units import GB
 

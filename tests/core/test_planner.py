@@ -11,13 +11,13 @@ import pytest
 from tuneplan.adapters.bundled import load_gpu_specs, load_providers
 from tuneplan.adapters.hub import resolve_model
 from tuneplan.adapters.importers.snapshot import load_bundled_snapshot
-from tuneplan.core.catalog import Offer
-from tuneplan.core.fit import fit
-from tuneplan.core.job import Job, Objective, Optimizer, Precision, Strategy
-from tuneplan.core.methods import Method
-from tuneplan.core.plan_search import StrategySearch, largest_fitting
-from tuneplan.core.planner import PlanResult, pareto_front, plan_offers
-from tuneplan.core.recipes import Recipe
+from tuneplan.core.catalog.offers import Offer
+from tuneplan.core.job.methods import Method
+from tuneplan.core.job.recipes import Recipe
+from tuneplan.core.job.strategy import Job, Objective, Optimizer, Precision, Strategy
+from tuneplan.core.planner.fit import fit
+from tuneplan.core.planner.plan import PlanResult, pareto_front, plan_offers
+from tuneplan.core.planner.search import StrategySearch, largest_fitting
 from tuneplan.errors import InvalidValueError
 from tuneplan.units import GiB
 

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from tests.cli.conftest import CliResult
 from tuneplan.adapters.store import CatalogStore
-from tuneplan.core.catalog import Offer
+from tuneplan.core.catalog.offers import Offer
 from tuneplan.units import GB, GiB
 
 Run = Callable[..., CliResult]

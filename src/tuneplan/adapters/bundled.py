@@ -9,9 +9,9 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 
-from tuneplan.core.gpu_names import normalise_gpu_name
-from tuneplan.core.hardware import GpuSpec, parse_gpu_specs, spec_by_name
-from tuneplan.core.providers import Provider, parse_providers
+from tuneplan.core.catalog.gpu_names import normalise_gpu_name
+from tuneplan.core.catalog.hardware import GpuSpec, parse_gpu_specs, spec_by_name
+from tuneplan.core.catalog.providers import Provider, parse_providers
 from tuneplan.errors import InvalidValueError, UnknownGpuError
 
 SNAPSHOT_DIR = "skypilot_snapshot"

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from tuneplan.adapters.store import CatalogStore
-from tuneplan.core.compute_assumptions import ThroughputAssumptions
-from tuneplan.core.hardware import GpuSpec
+from tuneplan.core.catalog.hardware import GpuSpec
+from tuneplan.core.compute.assumptions import ThroughputAssumptions
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.errors import CatalogError, InvalidValueError
 

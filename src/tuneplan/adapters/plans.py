@@ -16,10 +16,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tuneplan.core.catalog import Offer
-from tuneplan.core.job import Job
+from tuneplan.core.catalog.offers import Offer
+from tuneplan.core.job.strategy import Job
 from tuneplan.core.models import ModelSpec
-from tuneplan.core.planner import PlanAssumptions, PlanResult, plan_offers
+from tuneplan.core.planner.plan import PlanAssumptions, PlanResult, plan_offers
 from tuneplan.errors import InvalidValueError
 
 LAST_PLAN_FILE = "last_plan.json"

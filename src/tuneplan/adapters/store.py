@@ -16,8 +16,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from tuneplan.core.catalog import Offer, OfferFilter, OfferSort, filter_offers, sort_offers
-from tuneplan.core.gpu_names import CANONICAL_GPUS, gpu_matches
+from tuneplan.core.catalog.gpu_names import CANONICAL_GPUS, gpu_matches
+from tuneplan.core.catalog.offers import Offer, OfferFilter, OfferSort, filter_offers, sort_offers
 from tuneplan.errors import CatalogError
 
 SCHEMA_VERSION = 2

@@ -20,7 +20,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from tuneplan.errors import BadInputError, CatalogError, TuneplanError
-from tuneplan.jsondoc import dumps
+from tuneplan.service.jsondoc import dumps
 from tuneplan.web.inputs import MAX_BODY_BYTES, FieldError
 
 HERE = Path(__file__).parent

@@ -12,7 +12,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from tuneplan.core.catalog import OfferFilter, OfferSort, offer_record
+from tuneplan.core.catalog.offers import OfferFilter, OfferSort, offer_record
 from tuneplan.core.models import ModelSpec
 from tuneplan.errors import BadInputError
 from tuneplan.units import parse_size
@@ -81,8 +81,8 @@ def providers_by_name() -> dict[str, Any]:
 
 def memory_document(job: JobInput, model: ModelSpec) -> dict[str, Any]:
     """``tuneplan memory --json`` for a job: the same flags → Strategy → estimate path."""
-    from tuneplan.memory_report import memory_document as cli_document
-    from tuneplan.memory_report import run_memory
+    from tuneplan.service.memory_report import memory_document as cli_document
+    from tuneplan.service.memory_report import run_memory
 
     if job.gpu:  # checked first so that an unknown name is reported against its field
         from tuneplan.adapters.bundled import resolve_gpu_spec

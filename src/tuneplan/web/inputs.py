@@ -12,10 +12,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from tuneplan.core.job import Attention, Interconnect, Offload, Optimizer, Precision, Sharding
-from tuneplan.core.methods import Method, Quant
+from tuneplan.core.job.methods import Method, Quant
+from tuneplan.core.job.recipes import Recipe
+from tuneplan.core.job.strategy import (
+    Attention,
+    Interconnect,
+    Offload,
+    Optimizer,
+    Precision,
+    Sharding,
+)
 from tuneplan.core.models import ModelSpec
-from tuneplan.core.recipes import Recipe
 from tuneplan.errors import BadInputError
 
 MAX_UPLOAD_BYTES = 1_000_000  # a real config.json is a few KB

@@ -10,7 +10,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from tuneplan.core.catalog import provider_matches
+from tuneplan.core.catalog.offers import provider_matches
 from tuneplan.units import format_bytes, format_duration
 
 

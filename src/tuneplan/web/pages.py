@@ -14,9 +14,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from tuneplan.core.job import Attention, Interconnect, Offload, Optimizer, Precision, Sharding
-from tuneplan.core.methods import Method, Quant
-from tuneplan.core.recipes import Recipe
+from tuneplan.core.job.methods import Method, Quant
+from tuneplan.core.job.recipes import Recipe
+from tuneplan.core.job.strategy import (
+    Attention,
+    Interconnect,
+    Offload,
+    Optimizer,
+    Precision,
+    Sharding,
+)
 from tuneplan.units import format_duration
 from tuneplan.web.app import html
 from tuneplan.web.documents import catalog_document, models_document, offers_document

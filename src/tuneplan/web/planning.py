@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tuneplan.core.job import Job
+from tuneplan.core.job.strategy import Job
 from tuneplan.core.models import ModelSpec
-from tuneplan.core.planner import Plan, PlanResult
+from tuneplan.core.planner.plan import Plan, PlanResult
 from tuneplan.units import HOUR_S, format_bytes, format_duration
 from tuneplan.web.charts import MemoryChart, Scatter, memory_chart, scatter
 from tuneplan.web.inputs import PlanInput
@@ -23,7 +23,7 @@ from tuneplan.web.inputs import PlanInput
 def build_job(form: PlanInput, model: ModelSpec) -> Job:
     """The Job of a validated form, through the CLI's own flag parsing (``top`` stays on
     the form)."""
-    from tuneplan.cli_plan import job_from_args
+    from tuneplan.cli.plan import job_from_args
 
     return job_from_args(model.name, form.args())[0]
 
@@ -40,7 +40,7 @@ def run_plan(form: PlanInput, model: ModelSpec, store_path: Path | None) -> Plan
 def plan_document(result: PlanResult, top: int, store_path: Path | None) -> dict[str, Any]:
     """``tuneplan plan --json`` for a result, by the CLI's own document function."""
     from tuneplan.adapters.plans import catalog_info
-    from tuneplan.plan_report import plan_document as cli_document
+    from tuneplan.service.plan_report import plan_document as cli_document
 
     return cli_document(result, catalog_info(path=store_path), top)
 
@@ -184,9 +184,9 @@ def launch_zip(plan: Plan, result: PlanResult, targets: str) -> tuple[str, bytes
     import zipfile
 
     from tuneplan.adapters.launch_files import read_train_script
-    from tuneplan.core.launch import render_bundle
-    from tuneplan.jsondoc import dumps
-    from tuneplan.plan_report import plan_entry
+    from tuneplan.core.launch.bundle import render_bundle
+    from tuneplan.service.jsondoc import dumps
+    from tuneplan.service.plan_report import plan_entry
 
     entry = {"job": result.job.as_dict(), **plan_entry(plan, result)}
     entry = json.loads(dumps(entry))  # as the CLI reads it back

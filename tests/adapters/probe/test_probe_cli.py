@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from tuneplan.adapters.calibration import CalibrationStore  # noqa: E402
-from tuneplan.cli import app  # noqa: E402
+from tuneplan.cli.app import app  # noqa: E402
 from tuneplan.errors import InvalidValueError, UnsupportedError  # noqa: E402
 
 pytestmark = pytest.mark.probe
@@ -143,12 +143,12 @@ def test_implied_efficiency_inverts_the_step_model() -> None:
     from tuneplan.adapters.calibration import calibration_for
     from tuneplan.adapters.hub import resolve_model
     from tuneplan.adapters.probe.report_cuda import implied_efficiency
-    from tuneplan.core.compute import (
+    from tuneplan.core.compute.throughput import (
         compute_job_from_strategy,
         estimate_throughput,
         model_shape_from_spec,
     )
-    from tuneplan.core.job import Strategy
+    from tuneplan.core.job.strategy import Strategy
 
     gpu = resolve_gpu_spec("H100")
     cal = calibration_for(None)

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tuneplan.adapters.hub import resolve_model
-from tuneplan.core.job import Checkpointing, Offload, Optimizer, Sharding, Strategy
+from tuneplan.core.job.methods import Method
+from tuneplan.core.job.recipes import Recipe
+from tuneplan.core.job.strategy import Checkpointing, Offload, Optimizer, Sharding, Strategy
 from tuneplan.core.memory import estimate_memory
-from tuneplan.core.methods import Method
-from tuneplan.core.recipes import Recipe
 from tuneplan.errors import UnsupportedError
 
 MODEL = resolve_model("meta-llama/Llama-3.2-1B")

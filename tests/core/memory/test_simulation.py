@@ -12,11 +12,11 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from tuneplan.core.job import Attention, Checkpointing, Optimizer, Precision, Strategy
+from tuneplan.core.job.methods import Method
+from tuneplan.core.job.recipes import Recipe
+from tuneplan.core.job.strategy import Attention, Checkpointing, Optimizer, Precision, Strategy
 from tuneplan.core.memory import MemoryAssumptions, estimate_memory
-from tuneplan.core.methods import Method
 from tuneplan.core.models import parse_model_config
-from tuneplan.core.recipes import Recipe
 
 pytestmark = pytest.mark.probe
 

@@ -6,10 +6,17 @@ from __future__ import annotations
 import pytest
 
 from tuneplan.adapters.hub import resolve_model
-from tuneplan.core.job import Checkpointing, Offload, Optimizer, Precision, Sharding, Strategy
+from tuneplan.core.job.methods import Method, Quant, count_trainable
+from tuneplan.core.job.recipes import Recipe, precision_plan
+from tuneplan.core.job.strategy import (
+    Checkpointing,
+    Offload,
+    Optimizer,
+    Precision,
+    Sharding,
+    Strategy,
+)
 from tuneplan.core.memory import estimate_memory
-from tuneplan.core.methods import Method, Quant, count_trainable
-from tuneplan.core.recipes import Recipe, precision_plan
 
 L8B = resolve_model("meta-llama/Llama-3.1-8B")
 LINEAR_8B = 6_979_321_856          # 32 blocks · (2·4096² + 2·4096·1024 + 3·4096·14336)

@@ -28,7 +28,7 @@ from tuneplan.adapters.importers.validation import (
     require_price,
     spec_memory_bytes,
 )
-from tuneplan.core.catalog import Offer
+from tuneplan.core.catalog.offers import Offer
 from tuneplan.errors import UnknownGpuError
 
 SOURCE = "azure"

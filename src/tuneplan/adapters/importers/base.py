@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from tuneplan.core.catalog import Offer
+from tuneplan.core.catalog.offers import Offer
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -34,7 +34,7 @@ from tuneplan.adapters.importers.validation import (
     require_price,
     spec_memory_bytes,
 )
-from tuneplan.core.catalog import Offer, normalise_gpu_name, normalise_provider_name
+from tuneplan.core.catalog.offers import Offer, normalise_gpu_name, normalise_provider_name
 from tuneplan.units import GB, GiB
 
 SOURCE = "gpuhunt"

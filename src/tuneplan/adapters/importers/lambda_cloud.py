@@ -28,7 +28,7 @@ from tuneplan.adapters.importers.validation import (
     require_price,
     spec_memory_bytes,
 )
-from tuneplan.core.catalog import Offer, normalise_gpu_name
+from tuneplan.core.catalog.offers import Offer, normalise_gpu_name
 from tuneplan.errors import UnknownGpuError
 from tuneplan.units import GiB
 

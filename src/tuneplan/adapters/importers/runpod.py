@@ -26,7 +26,7 @@ from tuneplan.adapters.importers.validation import (
     read_price,
     spec_memory_bytes,
 )
-from tuneplan.core.catalog import Offer, normalise_gpu_name
+from tuneplan.core.catalog.offers import Offer, normalise_gpu_name
 from tuneplan.units import GiB
 
 SOURCE = "runpod"

@@ -28,8 +28,8 @@ from tuneplan.adapters.importers.validation import (
     read_number,
     read_price,
 )
-from tuneplan.core.catalog import Offer, normalise_gpu_name, normalise_provider_name
-from tuneplan.core.gpu_names import GPU_ALIASES, gpu_name_key
+from tuneplan.core.catalog.gpu_names import GPU_ALIASES, gpu_name_key
+from tuneplan.core.catalog.offers import Offer, normalise_gpu_name, normalise_provider_name
 from tuneplan.units import GiB, MiB
 
 _REQUIRED = ("InstanceType", "AcceleratorName", "AcceleratorCount", "Price", "Region")

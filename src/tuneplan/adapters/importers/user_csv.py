@@ -23,7 +23,7 @@ from tuneplan.adapters.importers.validation import (
     read_price,
     spec_memory_bytes,
 )
-from tuneplan.core.catalog import Offer, normalise_gpu_name, normalise_provider_name
+from tuneplan.core.catalog.offers import Offer, normalise_gpu_name, normalise_provider_name
 from tuneplan.errors import InvalidValueError
 from tuneplan.units import parse_size
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from tuneplan.adapters.bundled import load_gpu_spec
 from tuneplan.adapters.importers.base import ImportResult
-from tuneplan.core.catalog import Offer, is_safe_text
+from tuneplan.core.catalog.offers import Offer, is_safe_text
 from tuneplan.errors import CatalogError, InvalidOfferError, InvalidValueError, UnknownGpuError
 
 #: Longest name (instance type, region) an importer keeps; longer ones are hostile or garbage.

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuneplan.adapters.probe import setup as ps
 from tuneplan.adapters.probe.measure import measure_cpu
-from tuneplan.core.job import Strategy
+from tuneplan.core.job.strategy import Strategy
 from tuneplan.core.memory import MemoryAssumptions, estimate_memory
 from tuneplan.core.models import ModelSpec
 

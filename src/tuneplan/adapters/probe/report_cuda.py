@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 from tuneplan.adapters.calibration import calibration_for
 from tuneplan.adapters.probe import setup as ps
 from tuneplan.adapters.probe.measure import CudaMeasured, Timing, measure_cuda
-from tuneplan.core.compute import (
+from tuneplan.core.catalog.hardware import GpuSpec
+from tuneplan.core.compute.throughput import (
     compute_job_from_strategy,
     estimate_throughput,
     model_shape_from_spec,
 )
-from tuneplan.core.hardware import GpuSpec
-from tuneplan.core.job import Strategy
+from tuneplan.core.job.strategy import Strategy
 from tuneplan.core.memory import estimate_memory
 from tuneplan.core.models import ModelSpec
 from tuneplan.errors import TuneplanError
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 def gpu_spec_for(device_name: str, total_bytes: int) -> GpuSpec | None:
     """The bundled spec of a CUDA device name ("NVIDIA H100 80GB HBM3"), None if unknown."""
     from tuneplan.adapters.bundled import load_gpu_spec, resolve_gpu_spec
-    from tuneplan.core.gpu_names import normalise_gpu_name
+    from tuneplan.core.catalog.gpu_names import normalise_gpu_name
 
     for raw in (device_name, device_name.removeprefix("NVIDIA ").removeprefix("GeForce ")):
         try:

@@ -78,7 +78,7 @@ def run_probe(req: ProbeRequest, report: Report | None = None) -> dict[str, Any]
     """Measure (or simulate) the job, compare with the estimate, save; the JSON document."""
     from tuneplan.adapters.hub import load_model_config
     from tuneplan.core.models import parse_model_config
-    from tuneplan.jobflags import default_sharding, parse_job_args, strategy_from_flags
+    from tuneplan.service.jobflags import default_sharding, parse_job_args, strategy_from_flags
 
     if req.steps < 1:
         raise InvalidValueError("--steps must be at least 1")

@@ -13,10 +13,17 @@ from typing import Any
 
 from tuneplan.adapters.probe.build import is_moe
 from tuneplan.adapters.probe.harness import MeasuredStep, StepSetup
-from tuneplan.core.job import Attention, Checkpointing, Loss, Optimizer, Precision, Strategy
+from tuneplan.core.job.methods import Method
+from tuneplan.core.job.recipes import Recipe
+from tuneplan.core.job.strategy import (
+    Attention,
+    Checkpointing,
+    Loss,
+    Optimizer,
+    Precision,
+    Strategy,
+)
 from tuneplan.core.memory import MemoryEstimate
-from tuneplan.core.methods import Method
-from tuneplan.core.recipes import Recipe
 from tuneplan.errors import UnsupportedError
 
 _METHODS = {Method.FULL, Method.LORA, Method.DORA, Method.PREFIX, Method.PROMPT, Method.IA3,

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuneplan.core.job import Attention, Checkpointing, Strategy
+from tuneplan.core.job.methods import IA3_FEEDFORWARD, Method, effective_quant, targeted_linears
+from tuneplan.core.job.recipes import PrecisionPlan
+from tuneplan.core.job.strategy import Attention, Checkpointing, Strategy
 from tuneplan.core.memory.experts import experts_adapted, param_wrapped, param_wrapper_saved
 from tuneplan.core.memory.parts import part
-from tuneplan.core.methods import IA3_FEEDFORWARD, Method, effective_quant, targeted_linears
 from tuneplan.core.models import LayerSpec, Linear, LinearRole, ModelSpec, NormKind
-from tuneplan.core.recipes import PrecisionPlan
 from tuneplan.explain import Term
 
 _O_NAMES = frozenset({"o_proj", "dense", "out_proj", "wo", "c_proj"})

@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from tuneplan.core.job import Checkpointing, Strategy, Task
+from tuneplan.core.job.methods import Method, count_trainable, effective_quant
+from tuneplan.core.job.recipes import PrecisionPlan, precision_plan
+from tuneplan.core.job.strategy import Checkpointing, Strategy, Task
 from tuneplan.core.memory import activations as act
 from tuneplan.core.memory import experts
 from tuneplan.core.memory.assumptions import MemoryAssumptions
@@ -22,9 +24,7 @@ from tuneplan.core.memory.parts import part, total
 from tuneplan.core.memory.refusals import check_strategy
 from tuneplan.core.memory.sharding import shard_plan
 from tuneplan.core.memory.steady import Static, host_terms, static_terms
-from tuneplan.core.methods import Method, count_trainable, effective_quant
 from tuneplan.core.models import ModelSpec
-from tuneplan.core.recipes import PrecisionPlan, precision_plan
 from tuneplan.explain import Breakdown, Term
 
 

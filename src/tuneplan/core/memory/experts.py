@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tuneplan.core.job.methods import lora_rank_of, targeted_linears
 from tuneplan.core.memory.parts import part
-from tuneplan.core.methods import lora_rank_of, targeted_linears
 from tuneplan.core.models import LayerSpec, Linear, LinearRole, ModelSpec
 from tuneplan.explain import Term
 
 if TYPE_CHECKING:
-    from tuneplan.core.job import Strategy
+    from tuneplan.core.job.strategy import Strategy
     from tuneplan.core.memory.activations import Shape, Widths
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tuneplan.core.job import Loss, Strategy, Task
+from tuneplan.core.job.recipes import PrecisionPlan, Recipe
+from tuneplan.core.job.strategy import Loss, Strategy, Task
 from tuneplan.core.memory.activations import Shape, Widths, norm_saved
 from tuneplan.core.memory.parts import part
 from tuneplan.core.models import ModelSpec
-from tuneplan.core.recipes import PrecisionPlan, Recipe
 from tuneplan.explain import Term
 
 _SRC = "transformers loss_utils.ForCausalLMLoss; torch log_softmax saves its fp32 output"

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuneplan.core.job import Optimizer, Strategy
+from tuneplan.core.job.methods import Trainable
+from tuneplan.core.job.recipes import PrecisionPlan
+from tuneplan.core.job.strategy import Optimizer, Strategy
 from tuneplan.core.memory.assumptions import MemoryAssumptions
-from tuneplan.core.methods import Trainable
-from tuneplan.core.recipes import PrecisionPlan
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,10 +7,10 @@ estimate does not model yet. Validation only: nothing here computes sizes.
 
 from __future__ import annotations
 
-from tuneplan.core.job import Offload, Sharding, Strategy
-from tuneplan.core.methods import ESTIMATED_QUANTS, Method, effective_quant
+from tuneplan.core.job.methods import ESTIMATED_QUANTS, Method, effective_quant
+from tuneplan.core.job.recipes import Recipe
+from tuneplan.core.job.strategy import Offload, Sharding, Strategy
 from tuneplan.core.models import LinearRole, ModelSpec
-from tuneplan.core.recipes import Recipe
 from tuneplan.errors import UnsupportedError
 
 _SHARDED = (Sharding.ZERO3, Sharding.FSDP, Sharding.FSDP_GRAD_OP, Sharding.HYBRID)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuneplan.core.job import Offload, Sharding, Strategy
+from tuneplan.core.job.strategy import Offload, Sharding, Strategy
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -9,22 +9,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuneplan.core.job import Checkpointing, Sharding, Strategy, Task
-from tuneplan.core.memory.activations import linear_group
-from tuneplan.core.memory.assumptions import MemoryAssumptions
-from tuneplan.core.memory.optimizer import optimizer_bytes
-from tuneplan.core.memory.parts import part, total
-from tuneplan.core.memory.sharding import ShardPlan, shard
-from tuneplan.core.memory.weights import split_params, weight_terms
-from tuneplan.core.methods import (
+from tuneplan.core.job.methods import (
     Method,
     Trainable,
     expert_adapter_params,
     lora_rank_of,
     targeted_linears,
 )
+from tuneplan.core.job.recipes import PrecisionPlan
+from tuneplan.core.job.strategy import Checkpointing, Sharding, Strategy, Task
+from tuneplan.core.memory.activations import linear_group
+from tuneplan.core.memory.assumptions import MemoryAssumptions
+from tuneplan.core.memory.optimizer import optimizer_bytes
+from tuneplan.core.memory.parts import part, total
+from tuneplan.core.memory.sharding import ShardPlan, shard
+from tuneplan.core.memory.weights import split_params, weight_terms
 from tuneplan.core.models import Linear, ModelSpec
-from tuneplan.core.recipes import PrecisionPlan
 from tuneplan.explain import Term
 
 

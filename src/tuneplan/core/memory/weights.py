@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuneplan.core.job import Strategy
+from tuneplan.core.job.methods import Method, Quant, Trainable, count_params, effective_quant
+from tuneplan.core.job.recipes import PrecisionPlan
+from tuneplan.core.job.strategy import Strategy
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.core.memory.parts import part
-from tuneplan.core.methods import Method, Quant, Trainable, count_params, effective_quant
 from tuneplan.core.models import LinearRole, ModelSpec
-from tuneplan.core.recipes import PrecisionPlan
 from tuneplan.explain import Term
 
 

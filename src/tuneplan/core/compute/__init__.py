@@ -1,0 +1,1 @@
+"""Training speed: FLOPs, step time, communication, tokens/s and MFU."""

@@ -1,0 +1,1 @@
+"""Money: billing, storage, egress, checkpoints and spot interruptions."""

@@ -1,0 +1,1 @@
+"""The one description of a training job: Strategy, Job, methods, recipes, adapter targets."""

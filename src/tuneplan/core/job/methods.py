@@ -1,0 +1,254 @@
+"""Fine-tuning methods: which parameters train, and how many, for a model and a strategy.
+
+Counts follow what PEFT builds (``peft`` 0.21): LoRA ``r·(in+out)`` per targeted linear,
+DoRA adds an ``out``-sized magnitude, IA3 one vector per target, prefix tuning one
+``P × layers·2·kv_dim`` embedding, prompt tuning ``P × hidden``. No memory maths here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from tuneplan.core.models import LayerSpec, Linear, LinearRole, ModelSpec
+from tuneplan.errors import UnsupportedError
+
+if TYPE_CHECKING:
+    from tuneplan.core.job.strategy import Strategy
+
+
+class Method(StrEnum):
+    FULL = "full"
+    FREEZE = "freeze"
+    LORA = "lora"
+    DORA = "dora"
+    QLORA = "qlora"
+    LORA8BIT = "lora8bit"
+    PREFIX = "prefix"
+    PROMPT = "prompt"
+    P_TUNING = "p-tuning"
+    IA3 = "ia3"
+    ADAPTER = "adapter"
+    LLAMA_ADAPTER = "llama-adapter"
+    VERA = "vera"
+    ADALORA = "adalora"
+    LOHA = "loha"
+    LOKR = "lokr"
+    OFT = "oft"
+    BOFT = "boft"
+    LORA_FA = "lora-fa"
+    LAYERNORM = "layernorm"
+    AUTO = "auto"
+
+    @property
+    def is_lora(self) -> bool:
+        return self in (Method.LORA, Method.DORA, Method.QLORA, Method.LORA8BIT)
+
+    @property
+    def trains_base(self) -> bool:
+        return self in (Method.FULL, Method.FREEZE)
+
+    @property
+    def is_prompt_learning(self) -> bool:
+        return self in (Method.PREFIX, Method.PROMPT)
+
+
+class Quant(StrEnum):
+    NF4 = "nf4"
+    FP4 = "fp4"
+    INT8 = "int8"
+    GPTQ_INT4 = "gptq-int4"
+    INT2 = "int2"
+
+
+ESTIMATED_METHODS = frozenset({Method.FULL, Method.FREEZE, Method.LORA, Method.DORA,
+                               Method.QLORA, Method.LORA8BIT, Method.PREFIX, Method.PROMPT,
+                               Method.IA3})
+ESTIMATED_QUANTS = frozenset({Quant.NF4, Quant.FP4, Quant.INT8, Quant.GPTQ_INT4})
+# PEFT's IA3 feed-forward modules scale their *input* (vector of in_features), see
+# peft/utils/constants.py TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING.
+IA3_FEEDFORWARD = frozenset({"down_proj", "w2", "fc2", "dense_4h_to_h", "fc_out", "c_proj"})
+EMBED_NAMES = frozenset({"embed_tokens", "wte", "word_embeddings", "embed_in"})
+HEAD_NAMES = frozenset({"lm_head", "embed_out", "score"})
+
+
+def effective_quant(strategy: Strategy) -> Quant | None:
+    """The base-weight format: int8 for ``lora8bit``, ``--quant`` for ``qlora``, else None."""
+    if strategy.method is Method.LORA8BIT:
+        return Quant.INT8
+    return strategy.quant if strategy.method is Method.QLORA else None
+
+
+def _short(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def _matches(linear: Linear, targets: Iterable[str]) -> bool:
+    return any(t in (linear.name, _short(linear.name)) for t in targets)
+
+
+# Model types whose MoE weights transformers 5 converts from v4 checkpoints (its
+# ``_MODEL_TO_CONVERSION_PATTERN`` → "mixtral"/"qwen2_moe"); for these peft 0.21 re-targets a
+# LoRA "all-linear" config by the v4 names (``_convert_peft_config_moe``): the router ``gate`` and
+# the fused experts become ``target_parameters`` (``gate_up_proj`` at rank 2r, alpha 2α), and the
+# v4 expert names (gate_proj/up_proj/down_proj, w1/w2/w3) leave ``target_modules``, so dense MLPs
+# and shared experts so named get no adapter. Checked on tiny mixtral/qwen3_moe/deepseek_v3.
+PEFT_MOE_CONVERTED = frozenset({
+    "mixtral", "minimax", "minimax_m2", "qwen3_moe", "qwen3_next", "qwen3_omni_moe_text",
+    "deepseek_v2", "deepseek_v3", "deepseek_v32", "dots1", "ernie4_5_moe", "glm4_moe",
+    "glm4_moe_lite", "hunyuan_v1_moe", "flex_olmo", "olmoe", "exaone_moe", "cohere2_moe",
+    "longcat_flash", "afmoe", "solar_open", "mellum", "sarvam_mla"})
+_V4_EXPERT_NAMES = frozenset({"gate", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3"})
+# transformers 5 routers are custom modules (a ``weight`` parameter, no nn.Linear).
+_ROUTER_MODULES = frozenset({"gate", "router"})
+
+
+def targeted_linears(model: ModelSpec, strategy: Strategy, layer: LayerSpec) -> tuple[Linear, ...]:
+    """Linears of one block that carry an adapter (LoRA family and IA3).
+
+    ``all-linear`` follows PEFT 0.21 on transformers 5: every ``nn.Linear`` except the output
+    head; routed experts are fused 3-D parameters and routers custom modules, left out — except
+    on ``PEFT_MOE_CONVERTED`` model types, where PEFT wraps the router and the experts instead
+    of the v4-named MLP linears.
+    """
+    if strategy.all_linear and model.model_type in PEFT_MOE_CONVERTED and model.num_experts:
+        return tuple(lin for lin in layer.linears if lin.role in (
+            LinearRole.EXPERT, LinearRole.ROUTER) or _short(lin.name) not in _V4_EXPERT_NAMES)
+    if strategy.all_linear:
+        return tuple(lin for lin in layer.linears if lin.role is not LinearRole.EXPERT and not (
+            lin.role is LinearRole.ROUTER and _short(lin.name) in _ROUTER_MODULES))
+    return tuple(lin for lin in layer.linears if _matches(lin, strategy.lora_targets))
+
+
+def expert_adapter_params(model: ModelSpec, strategy: Strategy) -> int:
+    """LoRA parameters on stacked experts (lora.ParamWrapper: r·E·(in+out) each, 2r on gate_up)."""
+    if not strategy.method.is_lora:
+        return 0
+    return sum(lora_rank_of(lin, strategy) * lin.copies * (lin.in_features + lin.out_features)
+               * layer.count for layer in model.layers
+               for lin in targeted_linears(model, strategy, layer)
+               if lin.role is LinearRole.EXPERT)
+
+
+def lora_rank_of(lin: Linear, strategy: Strategy) -> int:
+    """PEFT's rank for ``lin``: doubled on fused gate+up experts (``rank_pattern``)."""
+    fused = lin.role is LinearRole.EXPERT and _short(lin.name) == "gate_up_proj"
+    return strategy.lora_rank * (2 if fused else 1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Trainable:
+    """Trainable parameters split by where they live.
+
+    ``base_params`` are the model's own weights that train (full, freeze, modules_to_save copies);
+    ``adapter_params`` are new adapter tensors; ``largest_tensor`` is the biggest single one.
+    """
+
+    base_params: int
+    adapter_params: int
+    largest_tensor: int
+    matrices: tuple[tuple[int, int, int], ...] = ()   # (rows, cols, copies) of 2-D tensors
+
+    @property
+    def total(self) -> int:
+        return self.base_params + self.adapter_params
+
+
+def count_trainable(model: ModelSpec, strategy: Strategy) -> Trainable:
+    """Trainable parameters of ``strategy.method`` on ``model``; raises UnsupportedError."""
+    method = strategy.method
+    if method not in ESTIMATED_METHODS:
+        raise UnsupportedError(f"method {method.value!r} is not estimated yet; use one of "
+                               + ", ".join(sorted(m.value for m in ESTIMATED_METHODS)))
+    extra = _modules_to_save(model, strategy)
+    if method is Method.FULL:
+        mats = _base_matrices(model, model.layers)
+        return Trainable(base_params=count_params(model), adapter_params=0,
+                         largest_tensor=max(r * c for r, c, _ in mats), matrices=mats)
+    if method is Method.FREEZE:
+        return _freeze(model, strategy, extra)
+    adapters = _adapter_matrices(model, strategy)
+    adapter_params = sum(r * c * n for r, c, n in adapters)
+    sizes = [r * c for r, c, _ in adapters] + [extra]
+    return Trainable(base_params=extra, adapter_params=adapter_params,
+                     largest_tensor=max(sizes), matrices=tuple(adapters))
+
+
+def count_params(model: ModelSpec) -> int:
+    """Parameters the training step holds: embeddings, blocks, final norm, output head
+    (``ModelSpec.layers`` only: a vision tower is not counted)."""
+    blocks = sum(layer.params * layer.count for layer in model.layers)
+    return model.embedding_params + blocks + model.final_norm_params + model.head_params
+
+
+def _base_matrices(model: ModelSpec,
+                   layers: Iterable[LayerSpec]) -> tuple[tuple[int, int, int], ...]:
+    mats = [(model.vocab_size, model.hidden_size, 1)]
+    if not model.tie_word_embeddings:
+        mats.append((model.vocab_size, model.hidden_size, 1))
+    for layer in layers:
+        mats += [(lin.out_features, lin.in_features, lin.copies * layer.count)
+                 for lin in layer.linears]
+    return tuple(mats)
+
+
+def _freeze(model: ModelSpec, strategy: Strategy, extra: int) -> Trainable:
+    blocks = sum(layer.count for layer in model.layers)
+    n = strategy.trainable_layers
+    if not 0 < n <= blocks:
+        raise UnsupportedError(f"freeze needs --trainable-layers between 1 and {blocks}")
+    if len(model.layers) != 1:
+        raise UnsupportedError("freeze is estimated only for models with one kind of block")
+    layer = model.layers[0]
+    mats = tuple((lin.out_features, lin.in_features, lin.copies * n) for lin in layer.linears)
+    params = layer.params * n + model.final_norm_params + extra
+    return Trainable(base_params=params, adapter_params=0,
+                     largest_tensor=max(r * c for r, c, _ in mats), matrices=mats)
+
+
+def _adapter_matrices(model: ModelSpec, strategy: Strategy) -> list[tuple[int, int, int]]:
+    method, r = strategy.method, strategy.lora_rank
+    mats: list[tuple[int, int, int]] = []
+    if method is Method.PREFIX:
+        kv_dim = model.num_kv_heads * model.head_dim
+        layers = sum(layer.count for layer in model.layers)
+        return [(strategy.num_virtual_tokens, layers * 2 * kv_dim, 1)]
+    if method is Method.PROMPT:
+        return [(strategy.num_virtual_tokens, model.hidden_size, 1)]
+    for layer in model.layers:
+        for lin in targeted_linears(model, strategy, layer):
+            n = lin.copies * layer.count
+            if method is Method.IA3:
+                size = lin.in_features if _short(lin.name) in IA3_FEEDFORWARD else lin.out_features
+                mats.append((1, size, n))
+                continue
+            if lin.role is LinearRole.EXPERT:
+                # lora.ParamWrapper: A (r·E, in), B (out, r·E) per stacked expert parameter.
+                wide = lora_rank_of(lin, strategy) * lin.copies
+                mats += [(wide, lin.in_features, layer.count),
+                         (lin.out_features, wide, layer.count)]
+                continue
+            mats += [(r, lin.in_features, n), (lin.out_features, r, n)]
+            if method is Method.DORA:
+                mats.append((1, lin.out_features, n))
+    if not mats:
+        raise UnsupportedError(f"no linear of {model.name} matches --lora-targets "
+                               f"{','.join(strategy.lora_targets)}")
+    return mats
+
+
+def _modules_to_save(model: ModelSpec, strategy: Strategy) -> int:
+    """Parameters of PEFT ``modules_to_save`` copies (embedding and/or head trained in full)."""
+    params = 0
+    for name in strategy.trainable_modules:
+        if name in EMBED_NAMES:
+            params += model.vocab_size * model.hidden_size
+        elif name in HEAD_NAMES:
+            bias = model.vocab_size if model.head_bias else 0
+            params += model.vocab_size * model.hidden_size + bias
+        else:
+            raise UnsupportedError(f"--trainable-modules {name!r} is not estimated; use "
+                                   "embed_tokens and/or lm_head")
+    return params

@@ -1,0 +1,244 @@
+"""The training strategy a memory estimate is made for: method, precision, batch, sharding.
+
+``Strategy`` holds plain choices (``StrEnum``s) and numbers; it validates only ranges that make
+no sense for any model. Whether a model and recipe can honour it is decided in
+``core/memory/refusals.py``. The planner's ``Job`` (tokens, epochs, budget, constraints) lives
+here too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from enum import StrEnum
+
+from tuneplan.core.job.methods import Method, Quant
+from tuneplan.core.job.recipes import Recipe
+from tuneplan.errors import InvalidValueError
+
+
+class Precision(StrEnum):
+    BF16_MIXED = "bf16-mixed"      # fp32 trainable weights, bf16 autocast
+    FP16_MIXED = "fp16-mixed"
+    BF16 = "bf16"                  # pure bf16: weights, grads and optimizer state in bf16
+    FP32 = "fp32"
+
+    @property
+    def compute_bytes(self) -> int:
+        return 4 if self is Precision.FP32 else 2
+
+    @property
+    def is_mixed(self) -> bool:
+        return self in (Precision.BF16_MIXED, Precision.FP16_MIXED)
+
+
+class Optimizer(StrEnum):
+    ADAMW = "adamw"
+    ADAMW8BIT = "adamw8bit"
+    PAGED_ADAMW8BIT = "paged-adamw8bit"
+    PAGED_ADAMW32BIT = "paged-adamw32bit"
+    ADAFACTOR = "adafactor"
+    SGD = "sgd"
+    LION = "lion"
+
+    @property
+    def is_8bit(self) -> bool:
+        return self in (Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT)
+
+    @property
+    def is_paged(self) -> bool:
+        return self in (Optimizer.PAGED_ADAMW8BIT, Optimizer.PAGED_ADAMW32BIT)
+
+
+class Attention(StrEnum):
+    SDPA = "sdpa"
+    FLASH = "flash"
+    EAGER = "eager"
+
+
+class Checkpointing(StrEnum):
+    NONE = "none"
+    FULL = "full"                  # keep each block's input, recompute the block in backward
+    OFFLOAD = "offload"            # full, with the kept inputs moved to host memory
+
+
+class Sharding(StrEnum):
+    DDP = "ddp"
+    ZERO1 = "zero1"
+    ZERO2 = "zero2"
+    ZERO3 = "zero3"
+    FSDP = "fsdp"
+    FSDP_GRAD_OP = "fsdp-grad-op"
+    HYBRID = "hybrid"
+
+
+class Offload(StrEnum):
+    NONE = "none"
+    OPTIMIZER = "optimizer"
+    OPTIMIZER_PARAMS = "optimizer+params"
+
+
+class Task(StrEnum):
+    CAUSAL_LM = "causal-lm"
+    SEQ_CLS = "seq-cls"
+
+
+class Loss(StrEnum):
+    STANDARD = "standard"
+    CHUNKED = "chunked"
+
+
+ALL_LINEAR = "all-linear"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Strategy:
+    """How one GPU (of ``gpus`` × ``nodes``) trains: every knob that changes memory.
+
+    ``lora_targets`` is ``("all-linear",)`` or module names; ``loss`` None means the recipe's
+    default; ``trainable_layers`` is used by ``freeze`` (the last N blocks train).
+    """
+
+    method: Method = Method.LORA
+    recipe: Recipe = Recipe.HF
+    precision: Precision = Precision.BF16_MIXED
+    optimizer: Optimizer = Optimizer.ADAMW
+    optimizer_in_backward: bool = False
+    lora_rank: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_targets: tuple[str, ...] = (ALL_LINEAR,)
+    trainable_modules: tuple[str, ...] = ()
+    trainable_layers: int = 0
+    num_virtual_tokens: int = 20
+    quant: Quant = Quant.NF4
+    double_quant: bool = True
+    batch_size: int = 1
+    grad_accum: int = 1
+    seq_len: int = 2048
+    packing: bool = False
+    checkpointing: Checkpointing = Checkpointing.FULL
+    attention: Attention = Attention.SDPA
+    compile: bool = False
+    task: Task = Task.CAUSAL_LM
+    loss: Loss | None = None
+    num_labels: int = 2
+    gpus: int = 1
+    nodes: int = 1
+    sharding: Sharding = Sharding.DDP
+    offload: Offload = Offload.NONE
+    allow_long_context: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "grad_accum", "seq_len", "gpus", "nodes", "num_labels"):
+            if getattr(self, name) < 1:
+                raise InvalidValueError(f"{name.replace('_', '-')} must be at least 1")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise InvalidValueError("lora-dropout must be in [0, 1)")
+        if self.num_virtual_tokens < 1:
+            raise InvalidValueError("num-virtual-tokens must be at least 1")
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus * self.nodes
+
+    @property
+    def tokens(self) -> int:
+        """Tokens in one micro-batch: batch_size · seq_len (padded batches reach seq_len)."""
+        return self.batch_size * self.seq_len
+
+    @property
+    def all_linear(self) -> bool:
+        return ALL_LINEAR in self.lora_targets
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            out[name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+class Interconnect(StrEnum):
+    """Minimum link between the GPUs of a node a job asks for."""
+
+    ANY = "any"
+    PCIE = "pcie"
+    NVLINK = "nvlink"          # NVLink (bridge or switch) or AMD Infinity Fabric
+    NVSWITCH = "nvswitch"      # every GPU talks to every other at full NVLink speed
+
+    @property
+    def rank(self) -> int:
+        return list(Interconnect).index(self)  # declaration order: weakest first
+
+
+class Objective(StrEnum):
+    COST = "cost"
+    TIME = "time"
+    PARETO = "pareto"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Job:
+    """What a person wants trained and under which constraints (the planner's input).
+
+    ``strategy`` holds the training settings; its ``method`` may be ``auto`` (the planner tries
+    full, LoRA and QLoRA) and its batch, checkpointing, sharding and GPU counts are starting
+    points the planner searches over. Training length is ``tokens`` per epoch, or
+    ``dataset_rows`` x ``avg_tokens``. Constraints left None/empty mean "any".
+    """
+
+    model: str
+    strategy: Strategy = Strategy()
+    tokens: int | None = None
+    dataset_rows: int | None = None
+    avg_tokens: int | None = None
+    epochs: float = 1.0
+    budget_usd: Decimal | None = None
+    deadline_s: float | None = None
+    providers: tuple[str, ...] = ()
+    regions: tuple[str, ...] = ()
+    gpu: str | None = None           # only offers of this GPU (word-prefix match)
+    spot: bool | None = None         # None: spot shown, ranked on-demand; True: spot may win;
+                                     # False: no spot prices at all
+    max_gpus: int | None = None      # GPUs in total, all nodes together
+    multi_node: bool = False
+    min_interconnect: Interconnect = Interconnect.ANY
+    objective: Objective = Objective.COST
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.epochs <= 0:
+            problems.append("epochs must be > 0")
+        if self.tokens is not None and self.tokens < 1:
+            problems.append("tokens must be at least 1")
+        if (self.dataset_rows is None) != (self.avg_tokens is None) and self.tokens is None:
+            problems.append("give --dataset-rows together with --avg-tokens")
+        for name in ("dataset_rows", "avg_tokens", "max_gpus"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                problems.append(f"{name.replace('_', '-')} must be at least 1")
+        if self.budget_usd is not None and self.budget_usd <= 0:
+            problems.append("budget must be > 0")
+        if self.deadline_s is not None and self.deadline_s <= 0:
+            problems.append("deadline must be > 0")
+        if problems:
+            raise InvalidValueError("; ".join(problems))
+
+    @property
+    def tokens_per_epoch(self) -> int | None:
+        """``tokens``, else rows x average tokens; None when the length is not given."""
+        if self.tokens is not None:
+            return self.tokens
+        if self.dataset_rows is not None and self.avg_tokens is not None:
+            return self.dataset_rows * self.avg_tokens
+        return None
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {"model": self.model, "strategy": self.strategy.as_dict()}
+        for name in self.__dataclass_fields__:
+            if name not in ("model", "strategy"):
+                value = getattr(self, name)
+                out[name] = list(value) if isinstance(value, tuple) else value
+        out["tokens_per_epoch"] = self.tokens_per_epoch
+        return out

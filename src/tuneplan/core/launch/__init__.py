@@ -1,0 +1,1 @@
+"""Launch bundles rendered as text from a plan (accelerate, DeepSpeed, SkyPilot, dstack)."""

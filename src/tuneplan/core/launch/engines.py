@@ -1,0 +1,191 @@
+"""The engine side of a launch bundle: accelerate config (FSDP settings or DeepSpeed plugin),
+DeepSpeed JSON, and the ``accelerate launch`` / ``torchrun`` command lines over nodes.
+
+Node rank, node count and the first node's address are shell expressions of the scheduler's
+own variables (``NodeEnv``), so one command line serves every node. Pure text; the consuming
+libraries' parsers check it in the tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tuneplan.core.job.strategy import Offload, Precision, Sharding
+from tuneplan.core.launch.bundle import LaunchSpec
+from tuneplan.core.launch.yamltext import render_yaml
+
+MAIN_PORT = 29500
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeEnv:
+    """Shell expressions for this node's rank, the node count, GPUs per node and node 0's
+    address, as a scheduler provides them."""
+
+    name: str
+    node_rank: str
+    num_nodes: str
+    gpus_per_node: str
+    main_addr: str
+
+
+SKYPILOT_ENV = NodeEnv(
+    name="skypilot", node_rank="${SKYPILOT_NODE_RANK}", num_nodes="${SKYPILOT_NUM_NODES}",
+    gpus_per_node="${SKYPILOT_NUM_GPUS_PER_NODE}",
+    # SKYPILOT_NODE_IPS holds one address per line, node 0 first.
+    main_addr='$(echo "${SKYPILOT_NODE_IPS}" | head -n1)')
+DSTACK_ENV = NodeEnv(
+    name="dstack", node_rank="${DSTACK_NODE_RANK}", num_nodes="${DSTACK_NODES_NUM}",
+    gpus_per_node="${DSTACK_GPUS_PER_NODE}", main_addr="${DSTACK_MASTER_NODE_IP}")
+
+
+def manual_env(spec: LaunchSpec) -> NodeEnv:
+    """Variables a person sets on each node by hand (defaults: the plan's counts, one node)."""
+    return NodeEnv(name="manual", node_rank="${NODE_RANK:-0}",
+                   num_nodes=f"${{NUM_NODES:-{spec.nodes}}}",
+                   gpus_per_node=f"${{GPUS_PER_NODE:-{spec.gpus}}}",
+                   main_addr="${MASTER_ADDR:-127.0.0.1}")
+
+
+def _mixed_precision(spec: LaunchSpec) -> str:
+    if spec.precision is Precision.FP16_MIXED:
+        return "fp16"
+    return "no" if spec.precision is Precision.FP32 else "bf16"
+
+
+_FSDP_STRATEGY = {Sharding.FSDP: "FULL_SHARD", Sharding.FSDP_GRAD_OP: "SHARD_GRAD_OP",
+                  Sharding.HYBRID: "HYBRID_SHARD"}
+
+
+def accelerate_config(spec: LaunchSpec) -> dict[str, Any]:
+    """accelerate's ClusterConfig keys for this plan (``accelerate launch --config_file``).
+
+    ZeRO plans use the DeepSpeed plugin pointing at ``ds_config.json``; FSDP plans FSDP with
+    sharded state dicts (each rank saves its shard: fast checkpoints); else DDP or one GPU."""
+    out: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE", "debug": False,
+        "distributed_type": "MULTI_GPU" if spec.world_size > 1 else "NO",
+        "downcast_bf16": "no", "machine_rank": 0, "main_training_function": "main",
+        "mixed_precision": _mixed_precision(spec), "num_machines": spec.nodes,
+        "num_processes": spec.world_size, "rdzv_backend": "static", "same_network": True,
+        "use_cpu": False}
+    if spec.nodes > 1:
+        out |= {"main_process_ip": "127.0.0.1", "main_process_port": MAIN_PORT}
+    if spec.zero_stage is not None:
+        out["distributed_type"] = "DEEPSPEED"
+        out["deepspeed_config"] = {
+            "deepspeed_config_file": "ds_config.json",
+            "deepspeed_multinode_launcher": "standard",
+            "zero3_init_flag": spec.zero_stage == 3}
+        out.pop("mixed_precision")  # taken from ds_config.json; accelerate refuses both
+    elif spec.is_fsdp:
+        out["distributed_type"] = "FSDP"
+        out["fsdp_config"] = {
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_backward_prefetch": "BACKWARD_PRE", "fsdp_cpu_ram_efficient_loading": True,
+            "fsdp_forward_prefetch": False,
+            "fsdp_offload_params": spec.offload is not Offload.NONE,
+            "fsdp_sharding_strategy": _FSDP_STRATEGY[spec.sharding],
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT", "fsdp_sync_module_states": True,
+            "fsdp_use_orig_params": True, "fsdp_version": 1}
+    return out
+
+
+def render_accelerate_config(spec: LaunchSpec) -> str:
+    return render_yaml(accelerate_config(spec), header=(
+        f"accelerate config for plan {spec.plan_id} ({spec.sharding.value}, "
+        f"{spec.gpus} GPU(s) x {spec.nodes} node(s)).\n"
+        "machine_rank / main_process_ip are overridden per node on the command line."))
+
+
+def _zero_stage_for_deepspeed(spec: LaunchSpec) -> int:
+    """The plan's ZeRO stage; FSDP maps to its DeepSpeed twin (full shard = 3, grad+optimizer
+    shard = 2); DDP on several GPUs = 0 (plain data parallel)."""
+    if spec.zero_stage is not None:
+        return spec.zero_stage
+    return {Sharding.FSDP: 3, Sharding.HYBRID: 3, Sharding.FSDP_GRAD_OP: 2}.get(spec.sharding, 0)
+
+
+def deepspeed_config(spec: LaunchSpec) -> dict[str, Any]:
+    """DeepSpeed JSON: batch sizes (train_batch_size = micro x accumulation x world size, which
+    DeepSpeed and the HF Trainer both check), precision, ZeRO stage and offload."""
+    stage = _zero_stage_for_deepspeed(spec)
+    zero: dict[str, Any] = {"stage": stage}
+    if stage:
+        zero |= {"overlap_comm": True, "contiguous_gradients": True}
+    if stage and spec.offload is not Offload.NONE:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+        if spec.offload is Offload.OPTIMIZER_PARAMS:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    out: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": spec.batch_size,
+        "gradient_accumulation_steps": spec.grad_accum,
+        "train_batch_size": spec.batch_size * spec.grad_accum * spec.world_size,
+        "gradient_clipping": 1.0, "zero_optimization": zero, "steps_per_print": 100,
+        "wall_clock_breakdown": False}
+    if spec.precision is Precision.FP16_MIXED:
+        out["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
+    elif spec.precision is not Precision.FP32:
+        out["bf16"] = {"enabled": True}
+    return out
+
+
+def launch_argv(spec: LaunchSpec, engine: str, env: NodeEnv) -> list[str]:
+    """The launcher's argv (words may hold shell expansions of ``env``), then train.py's."""
+    nodes, gpus = env.num_nodes, env.gpus_per_node
+    if engine == "accelerate":
+        head = ["accelerate", "launch", "--config_file", "accelerate_config.yaml",
+                "--num_machines", nodes, "--num_processes", f"$(({nodes} * {gpus}))",
+                "--machine_rank", env.node_rank, "--main_process_ip", env.main_addr,
+                "--main_process_port", str(MAIN_PORT)]
+        return [*head, "train.py", "--config", "train_config.json"]
+    if engine == "torchrun":
+        head = ["torchrun", "--nnodes", nodes, "--nproc_per_node", gpus,
+                "--node_rank", env.node_rank, "--master_addr", env.main_addr,
+                "--master_port", str(MAIN_PORT)]
+        return [*head, "train.py", "--config", "train_config.json",
+                "--deepspeed", "ds_config.json"]
+    raise ValueError(f"unknown engine {engine!r}")
+
+
+def shell_line(argv: list[str]) -> str:
+    """argv as one shell line: words with expansions double-quoted (expanded once, never
+    split), plain words as they are."""
+    words = []
+    for word in argv:
+        if "$" in word:
+            words.append(word if word.startswith("$((") else f'"{word}"')
+        else:
+            words.append(word)
+    return " ".join(words)
+
+
+def launch_script(spec: LaunchSpec, engine: str) -> str:
+    """A bash script for machines you manage yourself: run it on every node with NODE_RANK,
+    MASTER_ADDR (node 0's address) and, if they differ from the plan, NUM_NODES and
+    GPUS_PER_NODE set."""
+    line = shell_line(launch_argv(spec, engine, manual_env(spec)))
+    return ("#!/usr/bin/env bash\n"
+            f"# Plan {spec.plan_id}: {spec.gpus} GPU(s) x {spec.nodes} node(s), "
+            f"{spec.sharding.value}, launched with {engine}.\n"
+            "# On every node: NODE_RANK=<0..N-1> MASTER_ADDR=<node 0 address> "
+            f"bash launch_{engine}.sh\n"
+            "set -euo pipefail\ncd \"$(dirname \"$0\")\"\n"
+            'export TUNEPLAN_CHECKPOINT_DIR="${TUNEPLAN_CHECKPOINT_DIR:-./checkpoints}"\n'
+            f"{line}\n")
+
+
+def requirements(spec: LaunchSpec, *, deepspeed: bool) -> str:
+    """pip requirements of the bundle's train.py (CUDA torch comes from the machine image):
+    bitsandbytes for quantised bases and 8-bit/paged optimizers, DeepSpeed when the bundle
+    carries a DeepSpeed JSON."""
+    lines = ["transformers>=4.46", "accelerate>=1.0", "peft>=0.13", "safetensors"]
+    quantised = spec.method.value in ("qlora", "lora8bit")
+    if quantised or spec.optimizer.is_8bit or spec.optimizer.is_paged:
+        lines.append("bitsandbytes>=0.45")
+    if deepspeed:
+        lines.append("deepspeed>=0.15")
+    return "\n".join(lines) + "\n"

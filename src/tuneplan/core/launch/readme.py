@@ -1,0 +1,87 @@
+"""RUN.md of a launch bundle: what was chosen and why, expected time and cost, checkpoint
+cadence with its reason, and how to launch each way. Text only."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from tuneplan.core.launch.bundle import LaunchSpec, Target
+from tuneplan.units import GB, format_duration
+
+
+def _chosen(spec: LaunchSpec) -> list[str]:
+    lora = (f", rank {spec.lora_rank}, alpha {spec.lora_alpha}, targets "
+            f"{','.join(spec.lora_targets)}" if spec.method.is_lora else "")
+    quant = f", base in {spec.quant.value}" if spec.method.value in ("qlora", "lora8bit") else ""
+    return [
+        f"- Model `{spec.model}`, method **{spec.method.value}**{lora}{quant}.",
+        f"- {spec.gpus} x {spec.gpu} x {spec.nodes} node(s) on {spec.provider} "
+        f"`{spec.instance_type}` in {spec.region}, {'spot' if spec.use_spot else 'on-demand'}.",
+        f"- {spec.precision.value}, optimizer {spec.optimizer.value}, micro-batch "
+        f"{spec.batch_size} x accumulation {spec.grad_accum}, sequence {spec.seq_len}, "
+        f"packing {'on' if spec.packing else 'off'}, activation checkpointing "
+        f"{spec.checkpointing.value}, sharding {spec.sharding.value}, offload "
+        f"{spec.offload.value}.",
+    ]
+
+
+def _expectations(spec: LaunchSpec) -> list[str]:
+    out = [f"- Step time about {spec.step_s:.2f} s"
+           + (f", about {spec.planned_steps} optimizer steps" if spec.planned_steps else "")
+           + (f", {spec.hours:.1f} h in all" if spec.hours else "") + "."]
+    if spec.on_demand_usd or spec.spot_usd:
+        out.append(f"- Cost: on-demand {spec.on_demand_usd or '-'} USD, spot expected "
+                   f"{spec.spot_usd or '-'} USD.")
+    return out
+
+
+def _checkpoints(spec: LaunchSpec) -> list[str]:
+    interval = format_duration(spec.checkpoint_interval_s) \
+        if math.isfinite(spec.checkpoint_interval_s) else "1h (no interruption expected)"
+    return [
+        f"- Every **{spec.save_steps} steps** (interval {interval} from {spec.interval_source},"
+        f" / {spec.step_s:.2f} s per step). One checkpoint is about "
+        f"{spec.checkpoint_bytes / GB:.1f} GB; the newest {spec.save_total_limit} are kept "
+        f"(disk asked for: {spec.disk_bytes / GB:.0f} GB).",
+        "- A checkpoint counts only once `TUNEPLAN_COMPLETE.json` (written last, listing every "
+        "file and its size) is present and matches; train.py resumes from the newest such one: "
+        "weights or adapter, optimizer, scheduler, RNG and the position in the data.",
+        "- On SIGTERM (spot notice, `sky jobs cancel`, `dstack stop`) train.py saves at once "
+        "(single process: mid-step, the unfinished step is redone on resume; several processes:"
+        " at the end of the current step, all ranks agreeing) and exits with code 143.",
+        "- Resuming a ZeRO/FSDP checkpoint with a different number of GPUs prints a warning: "
+        "convert it first (DeepSpeed `ds_to_universal.py`).",
+    ]
+
+
+def _how(files: Sequence[str], targets: Sequence[Target]) -> list[str]:
+    out = ["Put your data in `data/train.jsonl` (one JSON object per line with a `text` field;"
+           " SkyPilot uploads this folder, dstack the files its task lists), or change "
+           "`dataset` in `train_config.json`. Run the commands below from this folder."]
+    if Target.SKYPILOT in targets:
+        out += ["", "SkyPilot (managed job: restarts on preemption, resumes from the bucket):",
+                "", "    sky jobs launch sky.yaml"]
+    if Target.DSTACK in targets:
+        out += ["", "dstack (retries on interruption; checkpoints on the volume):", "",
+                "    dstack apply -f volume.dstack.yml", "    dstack apply -f .dstack.yml"]
+    for engine in ("accelerate", "torchrun"):
+        if f"launch_{engine}.sh" in files:
+            out += ["", f"Your own machines with {engine} (run on every node):", "",
+                    f"    NODE_RANK=0 MASTER_ADDR=<node 0 address> bash launch_{engine}.sh"]
+    if "launch_torchrun.sh" in files:
+        out += ["", "`launch_torchrun.sh` trains through the HF Trainer's DeepSpeed integration "
+                "(`--deepspeed ds_config.json`): an FSDP plan maps to ZeRO-3 (full shard) or "
+                "ZeRO-2 (gradient+optimizer shard) there, a DDP plan to ZeRO stage 0."]
+    return out
+
+
+def render_run_md(spec: LaunchSpec, files: Sequence[str], targets: Sequence[Target]) -> str:
+    why = [f"- {line}" for line in spec.why] or ["- (the plan gave no reasons)"]
+    warn = [f"- {line}" for line in spec.warnings] or ["- none"]
+    lines = [f"# Launch bundle for plan {spec.plan_id}", "", "## What was chosen", "",
+             *_chosen(spec), "", "## Why", "", *why, "", "## Warnings", "", *warn, "",
+             "## Expected time and cost", "", *_expectations(spec), "",
+             "## Checkpoints and resume", "", *_checkpoints(spec), "", "## How to launch", "",
+             *_how(files, targets), "", "## Files", "", *[f"- `{f}`" for f in files], ""]
+    return "\n".join(lines)

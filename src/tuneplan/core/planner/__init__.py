@@ -1,0 +1,1 @@
+"""Plans: strategy search per offer, costing, ranking and the fit solver."""

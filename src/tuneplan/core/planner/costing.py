@@ -1,0 +1,183 @@
+"""What one plan costs and what to say about it: cost inputs from a fitted strategy and an
+offer, the node's link kind, and the plan's warnings.
+
+Pure: prices and provider terms come in as values; the cost model is ``core.cost.estimate``. Does
+not
+search strategies (``core.planner.search``) nor rank plans (``core.planner.plan``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from tuneplan.core.catalog.hardware import GpuSpec
+from tuneplan.core.catalog.offers import Offer
+from tuneplan.core.catalog.providers import Provider
+from tuneplan.core.cost.estimate import (
+    Billing,
+    CostAssumptions,
+    CostEstimate,
+    CostInputs,
+    cents,
+    checkpoint_bytes,
+    estimate_cost,
+)
+from tuneplan.core.job.strategy import Job, Precision, Sharding
+from tuneplan.core.planner.search import Candidate
+from tuneplan.errors import TuneplanError
+from tuneplan.units import HOUR_S, GiB
+
+#: Canonical GPUs that a source's bare name can reach only through a memory-size guess.
+AMBIGUOUS_GPUS = frozenset({"V100 SXM2 16GB", "V100 SXM2 32GB", "V100 PCIe 16GB",
+                            "V100 PCIe 32GB", "H100 NVL", "H100 PCIe", "A100 40GB SXM4",
+                            "A100 80GB SXM4"})
+
+
+def node_link(offer: Offer, gpu: GpuSpec) -> str:
+    """``single``, ``pcie``, ``nvlink`` (bridged pairs) or ``nvswitch`` (all-to-all NVLink /
+    Infinity Fabric on SXM/OAM boards), from the offer's interconnect, else the GPU's."""
+    if offer.gpu_count == 1:
+        return "single"
+    text = (offer.interconnect or gpu.interconnect or "").lower()
+    if not text or not gpu.interconnect_bytes_per_s:
+        return "pcie"
+    if "bridge" in text or "pcie" in gpu.form_factor.lower():
+        return "nvlink" if offer.gpu_count <= 2 else "pcie"
+    return "nvswitch" if offer.gpu_count >= 4 else "nvlink"
+
+
+def cost_inputs(c: Candidate, offer: Offer, provider: Provider | None, job: Job,
+                a: CostAssumptions, *, spot: bool) -> CostInputs:
+    """CostInputs of a fitted candidate on ``offer`` (``nodes`` instances billed alike)."""
+    s, mem = c.strategy, c.memory
+    with_opt, without = checkpoint_bytes(
+        method=s.method, precision=s.precision, optimizer=s.optimizer,
+        total_params=mem.total_params, trainable_params=mem.trainable_params)
+    tokens = job.tokens_per_epoch or 0
+    nodes = Decimal(s.nodes)
+    billing = Billing(
+        granularity_s=(provider.billing_granularity_s if provider and
+                       provider.billing_granularity_s else a.default_billing_granularity_s),
+        minimum_s=(provider.billing_minimum_s if provider and provider.billing_minimum_s
+                   is not None else a.default_billing_minimum_s),
+        source=(f"{provider.name}: {provider.billing_granularity_raw}" if provider
+                else "provider terms unknown"))
+    return CostInputs(
+        train_s=(c.throughput.hours or 0.0) * HOUR_S,
+        price_per_hour=None if offer.price_per_hour is None else offer.price_per_hour * nodes,
+        spot_price_per_hour=(None if offer.spot_price_per_hour is None
+                             else offer.spot_price_per_hour * nodes),
+        billing=billing, model_bytes=mem.total_params * 2,
+        dataset_bytes=round(tokens * a.dataset_bytes_per_token),
+        checkpoint_bytes_with_optimizer=with_opt, checkpoint_bytes_without_optimizer=without,
+        artifact_bytes=without,
+        storage_usd_per_gb_month=provider.storage_price_usd_per_gb_month if provider else None,
+        egress_usd_per_gb=provider.egress_usd_per_gb if provider else None, spot=spot,
+        notice_s=provider.spot_notice_s if provider else None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UnitCost:
+    """Cost of one candidate with one provider at 1 USD/h: money scales with the price, so
+    every offer of that provider is priced from it without re-running the cost model."""
+
+    billed_hours: float
+    wall_hours: float
+    extras_usd: Decimal                      # storage + egress (independent of the price)
+    spot_expected_hours: float | None        # None: spot not priced or cannot finish
+
+
+def unit_cost(c: Candidate, provider: Provider | None, job: Job,
+              a: CostAssumptions) -> UnitCost:
+    """The cost model at 1 USD/h on-demand and spot (analytic spot expectation only)."""
+    fast = replace(a, monte_carlo_runs=1)
+    probe = replace(_ONE_DOLLAR, provider=provider.name if provider else "?")
+    est = estimate_cost(cost_inputs(c, probe, provider, job, fast, spot=False), fast)
+    spot_hours: float | None = None
+    if job.spot is not False:
+        try:
+            spot = estimate_cost(cost_inputs(c, probe, provider, job, fast, spot=True), fast)
+            spot_hours = spot.spot.expected_hours if spot.spot else None
+        except TuneplanError:
+            spot_hours = None
+    return UnitCost(billed_hours=est.billing["billed_seconds"] / HOUR_S, wall_hours=est.hours,
+                    extras_usd=est.storage_cost + est.egress_cost, spot_expected_hours=spot_hours)
+
+
+_ONE_DOLLAR = Offer(provider="?", instance_type="unit", gpu="H100 SXM5", gpu_count=1,
+                    gpu_memory_bytes=1, vcpus=None, ram_bytes=None, region="?",
+                    price_per_hour=Decimal(1), spot_price_per_hour=Decimal(1),
+                    fetched_at=datetime(2000, 1, 1, tzinfo=UTC), source="unit price")
+
+
+def scaled_costs(unit: UnitCost, offer: Offer, nodes: int) -> tuple[Decimal | None, Decimal | None]:
+    """(on-demand USD, spot expected USD) of ``offer`` x ``nodes`` from the unit cost."""
+    on_demand = spot = None
+    if offer.price_per_hour is not None:
+        on_demand = cents(offer.price_per_hour * nodes * Decimal(str(unit.billed_hours))
+                          + unit.extras_usd)
+    if offer.spot_price_per_hour is not None and unit.spot_expected_hours is not None:
+        spot = cents(offer.spot_price_per_hour * nodes * Decimal(str(unit.spot_expected_hours))
+                     + unit.extras_usd)
+    return on_demand, spot
+
+
+def price_plan(c: Candidate, offer: Offer, provider: Provider | None, job: Job,
+               a: CostAssumptions, *, runs: int) -> tuple[CostEstimate | None, CostEstimate | None]:
+    """Full cost estimates (on-demand, spot) of one plan with ``runs`` Monte Carlo runs; each
+    None when the offer has no such price, the job forbids spot, or spot cannot finish."""
+    fast = replace(a, monte_carlo_runs=max(1, runs))
+    on_demand = None
+    if offer.price_per_hour is not None:
+        on_demand = estimate_cost(cost_inputs(c, offer, provider, job, fast, spot=False), fast)
+    if job.spot is False or offer.spot_price_per_hour is None:
+        return on_demand, None
+    try:
+        spot = estimate_cost(cost_inputs(c, offer, provider, job, fast, spot=True), fast)
+    except TuneplanError:
+        return on_demand, None
+    return on_demand, spot
+
+
+def plan_warnings(c: Candidate, offer: Offer, gpu: GpuSpec, provider: Provider | None,
+                  link: str, *, now: datetime,
+                  stale_after_s: float) -> list[str]:
+    """Things a person should know before renting this plan (each one line)."""
+    s = c.strategy
+    out: list[str] = []
+    if link == "pcie" and s.sharding in (Sharding.ZERO3, Sharding.FSDP) and s.world_size > 1:
+        out.append(f"PCIe-only node: {s.sharding.value} gathers every layer's weights over "
+                   "PCIe each pass (slower than on NVLink/NVSwitch)")
+    if "consumer" in gpu.form_factor.lower() and s.gpus > 1 and link != "nvswitch":
+        out.append(f"consumer card ({gpu.name}) without NVLink: GPUs talk through PCIe "
+                   "(and peer-to-peer may be disabled by the driver)")
+    if gpu.supports_bf16 is False and s.precision is not Precision.FP32:
+        out.append(f"no BF16 on {gpu.name}: fp16 mixed precision with loss scaling "
+                   "(risk of overflow on some models)")
+    age_s = (now - offer.fetched_at).total_seconds()
+    if age_s > stale_after_s:
+        out.append(f"stale price: fetched {age_s / 86_400:.0f} days ago "
+                   "(`tuneplan catalog refresh`)")
+    if offer.gpu in AMBIGUOUS_GPUS or gpu.confidence == "low":
+        out.append(f"GPU variant ambiguity: {gpu.name} is inferred from the source's name and "
+                   "memory size; check the instance's exact GPU")
+    if offer.ram_bytes is not None and c.host_ram_bytes > offer.ram_bytes:
+        out.append(f"host RAM: the job needs {c.host_ram_bytes / GiB:.0f} GiB, the "
+                   f"instance has {offer.ram_bytes / GiB:.0f} GiB")
+    # offer.notes (data-cleaning remarks) stay on the offer record, not among warnings: they
+    # would repeat on most plans and drown the ones that should change a decision.
+    return out
+
+
+def storage_note(provider: Provider | None) -> str:
+    """Persistent storage in a few words: price and whether it survives a stop."""
+    if provider is None:
+        return "storage terms unknown"
+    price = provider.storage_price_usd_per_gb_month
+    parts = [f"${price}/GB-month" if price is not None else "storage price unknown"]
+    if provider.storage_survives_stop:
+        # The provider's own words, whole: a clipped "yes while the" misleads more than it saves.
+        parts.append(f"survives a stop: {provider.storage_survives_stop}")
+    return "; ".join(parts)

@@ -1,0 +1,288 @@
+"""The planner's strategy search on one kind of node: which settings fit, and how fast they run.
+
+``StrategySearch`` enumerates, for a GPU type, GPUs per node and node count, the methods,
+checkpointing, sharding and offload, finds the largest micro-batch that fits by bisection, and
+keeps the fastest strategy per method. Memory estimates are cached by (strategy, GPU
+generation) so offers that share a GPU share the work. Pure: no catalog, prices or I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+
+from tuneplan.core.catalog.hardware import GpuSpec
+from tuneplan.core.compute.assumptions import ThroughputAssumptions
+from tuneplan.core.compute.throughput import (
+    ModelShape,
+    Throughput,
+    compute_job_from_strategy,
+    estimate_throughput,
+    model_shape_from_spec,
+)
+from tuneplan.core.job.methods import Method
+from tuneplan.core.job.strategy import Checkpointing, Offload, Precision, Sharding, Strategy
+from tuneplan.core.memory import MemoryAssumptions, MemoryEstimate, estimate_memory
+from tuneplan.core.memory.overheads import reserve_term, workspace_term
+from tuneplan.core.models import ModelSpec
+from tuneplan.errors import TuneplanError
+
+AUTO_METHODS = (Method.FULL, Method.LORA, Method.QLORA)
+#: Sharding tried on several GPUs, cheapest communication first (ties keep the earlier one).
+MULTI_GPU_SHARDING = (Sharding.DDP, Sharding.ZERO2, Sharding.FSDP, Sharding.ZERO3)
+
+
+def _ddp_twin(family: Strategy) -> Strategy:
+    if family.sharding is Sharding.DDP and family.world_size > 1 and (
+            family.offload is Offload.NONE and family.checkpointing is not Checkpointing.OFFLOAD):
+        return replace(family, gpus=2, nodes=1)
+    return family
+
+
+def host_ram(est: MemoryEstimate, strategy: Strategy) -> int:
+    """Host RAM per node of ``strategy`` from an estimate made for its DDP twin: under DDP
+    every host term is per local rank (``core.memory.steady.host_terms``)."""
+    if est.strategy.gpus == strategy.gpus:
+        return est.host_ram_bytes
+    return est.host_ram_bytes * strategy.gpus // est.strategy.gpus
+
+
+def largest_fitting(fits: Callable[[int], bool], low: int, high: int) -> int:
+    """Largest n in [low, high] with ``fits(n)``, assuming fits is monotone (true then false);
+    ``low - 1`` when even ``low`` does not fit. Bisection: about log2(high - low) calls."""
+    if not fits(low):
+        return low - 1
+    good, bad = low, high + 1
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Node:
+    """The hardware a strategy runs on: GPU type, GPUs per node, nodes, links."""
+
+    gpu: GpuSpec
+    gpus_per_node: int
+    capacity_bytes: int
+    intra_link: str = "auto"                 # "auto", "nvlink" or "pcie" (compute's words)
+    nodes: int = 1
+    inter_node_bytes_per_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Candidate:
+    """One strategy that fits a node, with its memory and speed."""
+
+    strategy: Strategy
+    memory: MemoryEstimate           # generation-neutral unless ``exact`` (see device_total);
+                                     # made for a DDP twin when not exact (see at_batch)
+    device_total_bytes: int          # per GPU on this node's GPU generation
+    host_ram_bytes: int              # per node, for this strategy's GPUs per node
+    throughput: Throughput
+    exact: bool = False
+
+
+@dataclass(slots=True)
+class SearchOutcome:
+    """Per method: the fastest fitting candidate, or the smallest need seen when none fits."""
+
+    best: dict[Method, Candidate] = field(default_factory=dict)
+    smallest_need_bytes: int | None = None
+    refusals: list[str] = field(default_factory=list)
+
+
+#: Share of a card's memory a plan may fill (whole-device peak): 5 % stays free for allocator
+#: fragmentation and transient spikes the estimate does not see. The planner's
+#: ``PlanAssumptions.memory_margin`` and ``tuneplan fit`` both start from this one value.
+DEFAULT_MEMORY_MARGIN = 0.95
+
+
+@dataclass(slots=True)
+class StrategySearch:
+    """Cached search over strategies for one model and job (shared across all offers)."""
+
+    model: ModelSpec
+    base: Strategy
+    tokens: int | None
+    epochs: float
+    avg_tokens: int | None = None
+    margin: float = DEFAULT_MEMORY_MARGIN
+    max_micro_batch_log2: int = 6
+    memory_assumptions: MemoryAssumptions = field(default_factory=MemoryAssumptions)
+    throughput_assumptions: ThroughputAssumptions = field(default_factory=ThroughputAssumptions)
+    _memory: dict[tuple[Strategy, str | None], MemoryEstimate | str] = field(default_factory=dict)
+    _batches: dict[tuple[Strategy, int], MemoryEstimate | str] = field(default_factory=dict)
+    _speed: dict[tuple[object, ...], Throughput | str] = field(default_factory=dict)
+    _nodes: dict[Node, SearchOutcome] = field(default_factory=dict)
+    memory_calls: int = 0
+    _shape: ModelShape | None = None
+
+    def __post_init__(self) -> None:
+        self._shape = model_shape_from_spec(self.model)
+
+    def methods(self) -> tuple[Method, ...]:
+        return AUTO_METHODS if self.base.method is Method.AUTO else (self.base.method,)
+
+    def memory(self, strategy: Strategy, generation: str | None) -> MemoryEstimate | str:
+        """Cached estimate, or the refusal's one-line reason."""
+        key = (strategy, generation)
+        found = self._memory.get(key)
+        if found is None:
+            self.memory_calls += 1
+            try:
+                found = estimate_memory(self.model, strategy, self.memory_assumptions,
+                                        generation=generation)
+            except TuneplanError as exc:
+                found = str(exc)
+            self._memory[key] = found
+        return found
+
+    def at_batch(self, family: Strategy, batch: int) -> MemoryEstimate | str:
+        """The generation-neutral estimate of ``family`` at micro-batch ``batch`` (cached).
+
+        DDP replicates everything, so its per-GPU memory is the same on 2 or 16 GPUs: all
+        DDP families share the 2-GPU estimate (host RAM, which grows with the ranks of a
+        node, is rescaled by ``host_ram``)."""
+        key = (_ddp_twin(family), batch)
+        found = self._batches.get(key)
+        if found is None:
+            found = self.memory(replace(key[0], batch_size=batch), None)
+            self._batches[key] = found
+        return found
+
+    def device_total(self, est: MemoryEstimate, generation: str) -> int:
+        """``est.device_total_bytes`` as it would be on ``generation``, without re-estimating:
+        only the cuBLAS workspace (inside the allocated peak, so the reserve follows) and the
+        CUDA context depend on the GPU generation (``core.memory.overheads``)."""
+        a = self.memory_assumptions
+        allocated = (est.allocated_peak_bytes - int(workspace_term(None, a).value)
+                     + int(workspace_term(generation, a).value))
+        reserved = allocated + int(reserve_term(allocated, a).value)
+        context = a.context_bytes(generation) - a.context_bytes(None)
+        return est.device_total_bytes - est.reserved_peak_bytes + reserved + context
+
+    def speed(self, strategy: Strategy, node: Node) -> Throughput | str:
+        key = (strategy, node.gpu.name, node.intra_link, node.inter_node_bytes_per_s)
+        found = self._speed.get(key)
+        if found is None:
+            try:
+                job = compute_job_from_strategy(
+                    strategy, avg_tokens=self.avg_tokens, intra_node_link=node.intra_link,
+                    inter_node_bytes_per_s=node.inter_node_bytes_per_s)
+                assert self._shape is not None
+                found = estimate_throughput(self._shape, job, node.gpu,
+                                            assumptions=self.throughput_assumptions,
+                                            tokens=self.tokens, epochs=self.epochs)
+            except TuneplanError as exc:
+                found = str(exc)
+            self._speed[key] = found
+        return found
+
+    def search(self, node: Node) -> SearchOutcome:
+        """The fastest fitting strategy per method on ``node`` (cached per node)."""
+        found = self._nodes.get(node)
+        if found is None:
+            found = self._search(node)
+            self._nodes[node] = found
+        return found
+
+    def _search(self, node: Node) -> SearchOutcome:
+        out = SearchOutcome()
+        limit = int(node.capacity_bytes * self.margin)
+        generation = node.gpu.generation
+        for method in self.methods():
+            if method is Method.QLORA and Method.LORA in out.best:
+                continue  # where LoRA fits it is faster, hence cheaper: QLoRA cannot win
+            fitted = self._fit_method(method, node, limit, generation, out, offload=False)
+            if not fitted and node.gpus_per_node * node.nodes > 1:
+                fitted = self._fit_method(method, node, limit, generation, out, offload=True)
+            if fitted:
+                out.best[method] = max(fitted, key=lambda c: c.throughput.tokens_per_second)
+        return out
+
+    def exact(self, candidate: Candidate, gpu: GpuSpec) -> Candidate:
+        """The candidate with its memory estimated for ``gpu``'s generation."""
+        if candidate.exact:
+            return candidate
+        found = self.memory(candidate.strategy, gpu.generation)
+        if isinstance(found, str):
+            return candidate
+        return replace(candidate, memory=found, device_total_bytes=found.device_total_bytes,
+                       host_ram_bytes=found.host_ram_bytes, exact=True)
+
+    def _fit_method(self, method: Method, node: Node, limit: int, generation: str,
+                    out: SearchOutcome, *, offload: bool) -> list[Candidate]:
+        """Fitting candidates over sharding x offload x checkpointing, pruned where a choice
+        cannot win: heavier sharding once a lighter one reaches the largest micro-batch (more
+        traffic, no larger batch); ZeRO-3 unless FSDP is refused (same traffic, more memory);
+        parameter offload where optimizer offload fits. Running without checkpointing is always
+        tried when checkpointing fits: a smaller micro-batch without recompute is often faster."""
+        fitted: list[Candidate] = []
+        top = 2**self.max_micro_batch_log2
+        fsdp_refused = False
+        for family in self.families(method, node, offload=offload):
+            if family.sharding is Sharding.ZERO3 and not offload and not fsdp_refused:
+                continue  # ZeRO-3 needs more memory than FSDP for the same traffic
+            if offload and fitted and family.offload is Offload.OPTIMIZER_PARAMS:
+                break
+            got = self._fit_family(family, node, limit, generation, out)
+            if family.sharding is Sharding.FSDP:
+                fsdp_refused = isinstance(self.at_batch(family, 1), str)
+            if not got:
+                continue
+            fitted += got
+            fitted += self._fit_family(replace(family, checkpointing=Checkpointing.NONE),
+                                       node, limit, generation, out)
+            if got[0].strategy.batch_size >= top:
+                break
+        return fitted
+
+    def families(self, method: Method, node: Node, *, offload: bool) -> Iterable[Strategy]:
+        """Strategies at micro-batch 1 with checkpointing, for every sharding / offload."""
+        world = node.gpus_per_node * node.nodes
+        shardings = MULTI_GPU_SHARDING if world > 1 else (Sharding.DDP,)
+        choices = ([(Sharding.ZERO3, Offload.OPTIMIZER), (Sharding.ZERO3, Offload.OPTIMIZER_PARAMS)]
+                   if offload else [(s, Offload.NONE) for s in shardings])
+        for sharding, off in choices:
+            yield replace(self.base, method=method, batch_size=1, gpus=node.gpus_per_node,
+                          nodes=node.nodes, sharding=sharding, offload=off,
+                          checkpointing=Checkpointing.FULL)
+
+    def _precision_for(self, strategy: Strategy, gpu: GpuSpec) -> Strategy:
+        """No BF16 tensor cores: fp16 with loss scaling (same bytes, so the memory search
+        done in bf16 holds)."""
+        if gpu.supports_bf16 is False and strategy.precision is Precision.BF16_MIXED:
+            return replace(strategy, precision=Precision.FP16_MIXED)
+        return strategy
+
+    def _fit_family(self, family: Strategy, node: Node, limit: int, generation: str,
+                    out: SearchOutcome) -> list[Candidate]:
+        def fits(log2: int) -> bool:
+            est = self.at_batch(family, 2**log2)
+            return not isinstance(est, str) and self.device_total(est, generation) <= limit
+
+        first = self.at_batch(family, 1)
+        if isinstance(first, str):
+            out.refusals.append(first)
+            return []
+        need = self.device_total(first, generation)
+        if need > limit:
+            if out.smallest_need_bytes is None or need < out.smallest_need_bytes:
+                out.smallest_need_bytes = need
+            return []
+        best = largest_fitting(fits, 0, self.max_micro_batch_log2)
+        est = self.at_batch(family, 2**best)
+        assert not isinstance(est, str)
+        strategy = self._precision_for(replace(family, batch_size=2**best), node.gpu)
+        speed = self.speed(strategy, node)
+        if isinstance(speed, str):
+            out.refusals.append(speed)
+            return []
+        return [Candidate(strategy=strategy, memory=est, throughput=speed,
+                          device_total_bytes=self.device_total(est, generation),
+                          host_ram_bytes=host_ram(est, strategy))]

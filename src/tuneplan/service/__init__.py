@@ -1,0 +1,1 @@
+"""Use cases between the faces and the core: job requests, documents, workflows."""
