@@ -73,17 +73,14 @@ def map_unmapped(case: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
     return args
 
 
-def case_args(args: dict[str, Any]) -> list[str]:
-    """The README's rule: true → --flag, false → --no-flag, else --flag value."""
-    out: list[str] = []
-    for key, value in args.items():
-        if value is True:
-            out.append(f"--{key}")
-        elif value is False:
-            out.append(f"--no-{key}")
-        else:
-            out += [f"--{key}", str(value)]
-    return out
+def case_request(model: str, args: dict[str, Any]) -> Any:
+    """A case's flags as the service's job request (a case describes a whole job, as a job
+    file does: ``plan`` is the command that takes every job flag)."""
+    from tuneplan.service.jobflags import normalise
+    from tuneplan.service.jobs import JobRequest
+
+    return JobRequest(model=model, command="plan",
+                      values=normalise(args, origin=f"case {model}"))
 
 
 def comparable(case: dict[str, Any]) -> bool:
@@ -100,9 +97,8 @@ def evaluate(case: dict[str, Any]) -> dict[str, Any]:
            "comparable": comparable(case)}
     model = case.get("model_fallback") or case["model"]
     try:
-        est, _, gpu = run_memory(model, case_args(map_unmapped(case, map_targets(case["args"],
-                                                                             model))),
-                                 model=stand_in(model))
+        request = case_request(model, map_unmapped(case, map_targets(case["args"], model)))
+        est, _, gpu = run_memory(request, model=stand_in(model))
     except TuneplanError as exc:
         return row | {"status": f"refused: {str(exc)[:70]}"}
     predicted = {"allocated_peak_bytes": est.allocated_peak_bytes,

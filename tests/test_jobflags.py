@@ -1,18 +1,143 @@
-"""service/jobflags.py: every accepted job flag is documented in the shared --help epilog."""
+"""service/jobflags.py: one vocabulary for a job, whatever face it comes through."""
 
 from __future__ import annotations
 
-import re
+import dataclasses
+import json
+from pathlib import Path
 
+import pytest
+import typer.main
+
+from tuneplan.cli.app import app
+from tuneplan.core.job.methods import Method, Quant
+from tuneplan.core.job.strategy import Checkpointing, Job, Sharding, Strategy
+from tuneplan.errors import InvalidValueError, UnsupportedError
 from tuneplan.service import jobflags
+from tuneplan.service.jobflags import (
+    COMMAND_GROUPS,
+    FLAGS,
+    JobFlagError,
+    flags_for,
+    job_from_values,
+    job_values,
+    load_job_file,
+)
 
 
-def test_help_names_every_accepted_job_flag() -> None:
-    # The epilog abbreviates the LoRA flags as --lora-rank/-alpha/-dropout/-targets.
-    text = jobflags.JOB_FLAGS_HELP.replace(
-        "--lora-rank/-alpha/-dropout/-targets",
-        "--lora-rank --lora-alpha --lora-dropout --lora-targets")
-    accepted = (*jobflags._VALUE, *jobflags._BOOL, *jobflags._IGNORED_VALUE,
-                "gradient-checkpointing", "offload-activations")
-    missing = [name for name in accepted if not re.search(rf"--{name}(?![\w-])", text)]
-    assert missing == []
+def test_every_flag_sets_a_real_field_and_every_field_has_a_flag() -> None:
+    for flag in FLAGS:
+        assert flag.field in {f.name for f in dataclasses.fields(flag.owner)}, flag.name
+    covered = {(f.owner, f.field) for f in FLAGS}
+    strategy_fields = {(Strategy, f.name) for f in dataclasses.fields(Strategy)}
+    job_fields = {(Job, f.name) for f in dataclasses.fields(Job)} - {(Job, "model"),
+                                                                      (Job, "strategy")}
+    assert strategy_fields - covered == set()
+    assert job_fields - covered == set()
+
+
+def test_defaults_are_the_dataclasses_own() -> None:
+    assert jobflags.BY_NAME["lora-rank"].default == Strategy().lora_rank
+    assert jobflags.BY_NAME["seq-len"].default == Strategy().seq_len
+    assert jobflags.BY_NAME["epochs"].default == 1.0
+
+
+def _options(command: str) -> set[str]:
+    click_app = typer.main.get_command(app)
+    cmd = click_app.commands[command]  # type: ignore[attr-defined]
+    return {opt for p in cmd.params for opt in (*p.opts, *p.secondary_opts)}
+
+
+@pytest.mark.parametrize("command", sorted(COMMAND_GROUPS))
+def test_the_cli_knows_exactly_the_commands_job_flags(command: str) -> None:
+    options = _options(command)
+    for flag in flags_for(command):
+        assert f"--{flag.name}" in options, (command, flag.name)
+        if flag.kind.switch:
+            assert f"--no-{flag.name}" in options
+    taken = {f.name for f in flags_for(command)}
+    for flag in FLAGS:
+        if flag.name not in taken and flag.name not in ("gpu", "spot"):
+            assert f"--{flag.name}" not in options, (command, flag.name)
+    assert "--job" in options
+
+
+def test_cli_file_and_form_values_give_the_same_job(tmp_path: Path) -> None:
+    cli = {"method": "qlora", "lora-rank": "8", "seq-len": "4096", "packing": True,
+           "gpus": "2", "gradient-checkpointing": False, "tokens": "50M", "budget": "$100"}
+    form = {"method": Method.QLORA, "lora-rank": 8, "seq-len": 4096, "packing": True,
+            "gpus": 2, "gradient-checkpointing": False, "tokens": 50_000_000, "budget": 100}
+    path = tmp_path / "job.yaml"
+    path.write_text("method: qlora\nlora_rank: 8\nseq-len: 4096\npacking: true\ngpus: 2\n"
+                    "gradient_checkpointing: false\ntokens: 50M\nbudget: 100\n")
+    a = job_from_values("m", cli, command="plan")
+    b = job_from_values("m", form, command="plan")
+    c = job_from_values("m", {}, command="plan", file_values=load_job_file(path))
+    assert a == b == c
+    assert a.strategy.lora_rank == 8 and a.strategy.checkpointing is Checkpointing.NONE
+    assert a.strategy.sharding is Sharding.ZERO3  # derived: several GPUs
+    assert a.tokens == 50_000_000
+    # A job's own values rebuild it (what a job file written from it would hold).
+    assert job_from_values("m", job_values(a), command="plan") == a
+
+
+def test_flags_override_the_file_and_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps({"lora_rank": 4, "gpus": 8}))
+    job = job_from_values("m", {"lora-rank": "32"}, command="memory",
+                          file_values=load_job_file(path), defaults={"gpus": 1})
+    assert job.strategy.lora_rank == 32 and job.strategy.gpus == 8
+
+
+def test_derived_defaults() -> None:
+    assert job_from_values("m", {}, command="memory").strategy.sharding is Sharding.DDP
+    unsloth = job_from_values("m", {"recipe": "unsloth"}, command="memory").strategy
+    assert unsloth.checkpointing is Checkpointing.OFFLOAD
+    told = job_from_values("m", {"recipe": "unsloth", "gradient-checkpointing": True},
+                           command="memory").strategy
+    assert told.checkpointing is Checkpointing.FULL
+    with pytest.raises(UnsupportedError):
+        job_from_values("m", {"method": "lora8bit", "quant": "nf4"}, command="memory")
+    assert job_from_values("m", {"method": "lora8bit", "quant": Quant.INT8},
+                           command="memory").strategy.quant is Quant.INT8
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("lora-rank", "0"), ("lora-rank", str(2**63)), ("batch-size", "9" * 5000),
+    ("lora-dropout", "nan"), ("lora-dropout", "1"), ("epochs", "0"), ("method", "lorra"),
+    ("tokens", "lots"), ("seq-len", "2.5"), ("lora-targets", "[/x]"), ("deadline", "-3h"),
+    ("packing", "maybe"), ("budget", "1e400x"),
+])
+def test_bad_values_name_their_flag(flag: str, value: str) -> None:
+    with pytest.raises(JobFlagError) as caught:
+        job_from_values("m", {flag: value}, command="plan")
+    assert caught.value.flag == flag
+    assert f"--{flag}" in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_misspelt_enum_value_gets_the_closest_choice() -> None:
+    with pytest.raises(JobFlagError, match="did you mean lora"):
+        job_from_values("m", {"method": "lorra"}, command="memory")
+
+
+def test_a_flag_the_command_cannot_honour_is_refused_not_ignored() -> None:
+    with pytest.raises(InvalidValueError, match="takes no flag --budget"):
+        job_from_values("m", {"budget": "100"}, command="memory")
+    with pytest.raises(InvalidValueError, match="unknown job flag"):
+        job_from_values("m", {"lora-rnk": "8"}, command="memory")
+
+
+def test_job_files_name_unknown_keys_with_the_closest_flag(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("lora_rnk: 8\n")
+    with pytest.raises(InvalidValueError, match="did you mean --lora-rank"):
+        load_job_file(path)
+    path.write_text("- not a mapping\n")
+    with pytest.raises(InvalidValueError, match="mapping"):
+        load_job_file(path)
+    path.write_bytes(b"\xff\xfe bad")
+    with pytest.raises(InvalidValueError, match="not valid"):
+        load_job_file(path)
+    with pytest.raises(InvalidValueError, match="cannot read"):
+        load_job_file(tmp_path / "absent.yaml")

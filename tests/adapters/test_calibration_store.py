@@ -76,11 +76,14 @@ def _fields(r: ProbeRecord) -> dict[str, object]:
 
 
 def test_an_estimate_changes_after_a_probe_and_says_why() -> None:
-    args = ["--method", "qlora", "--gpu", "H100", "--seq-len", "1024"]
-    before, _, _ = run_memory("meta-llama/Llama-3.1-8B", args)
+    from tuneplan.service.jobs import JobRequest
+
+    args = JobRequest(model="meta-llama/Llama-3.1-8B", command="memory",
+                      values={"method": "qlora", "gpu": "H100", "seq-len": "1024"})
+    before, _, _ = run_memory(args)
     with CalibrationStore.open() as store:  # TUNEPLAN_HOME is private to each test
         store.add(h100_probe())
-    after, _, _ = run_memory("meta-llama/Llama-3.1-8B", args)
+    after, _, _ = run_memory(args)
     terms = {t.path: t for t in after.breakdown}
     assert after.allocated_peak_bytes == before.allocated_peak_bytes  # tensors: not hardware
     assert int(terms["overheads/cuda_context"].value) == 520 * MiB

@@ -44,7 +44,10 @@ def test_gpu_without_architecture_uses_default_generation(
     real = bundled.resolve_gpu_spec
     monkeypatch.setattr(bundled, "resolve_gpu_spec",
                         lambda name: dataclasses.replace(real(name), architecture=""))
-    est, _, gpu = run_memory("llama-3.1-8b", ["--gpu", "H100"])
+    from tuneplan.service.jobs import JobRequest
+
+    est, _, gpu = run_memory(JobRequest(model="llama-3.1-8b", command="memory",
+                                        values={"gpu": "H100"}))
     assert gpu is not None and gpu.architecture == ""
     context = est.breakdown.get("overheads/cuda_context")
     assert context is not None and context.inputs["generation"] == "default"
@@ -86,3 +89,27 @@ def test_several_gpus_default_to_zero3_and_unsloth_offloads(run_cli: Run) -> Non
     assert doc["strategy"]["sharding"] == "zero3"
     doc = run_cli("memory", "llama-3.1-8b", "--recipe", "unsloth", "--json").ok_json()
     assert doc["strategy"]["checkpointing"] == "offload"
+
+
+def test_a_misspelt_job_flag_is_named_with_the_closest_valid_one(run_cli: Run) -> None:
+    result = run_cli("memory", "llama-3.1-8b", "--lora-rnk", "8")
+    assert result.code == 2
+    assert result.stderr.count("\n") == 1
+    assert "--lora-rnk" in result.stderr and "did you mean --lora-rank?" in result.stderr
+    assert result.stdout == ""
+
+
+def test_a_bad_job_value_is_one_line_exit_2(run_cli: Run) -> None:
+    result = run_cli("memory", "llama-3.1-8b", "--batch-size", "9" * 400)
+    assert result.code == 2 and result.stderr.startswith("error: --batch-size:")
+    assert result.stderr.count("\n") == 1
+
+
+def test_help_lists_job_flags_with_their_defaults(run_cli: Run,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "240")  # wide enough that Rich does not clip names
+    result = run_cli("memory", "--help")
+    assert result.code == 0
+    assert "--lora-rank" in result.stdout and "--offload-activations" in result.stdout
+    assert "[default: (16)]" in result.stdout  # Strategy's own lora_rank default
+    assert "--budget" not in result.stdout   # a planner flag memory could not honour

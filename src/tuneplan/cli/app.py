@@ -1,52 +1,54 @@
-"""The command line: Typer + Rich, one small function per command, ``--json`` everywhere.
+"""The command line: one Typer app; each command group lives in its own module and is added
+here by ``build_app`` (no registration by import side effect).
 
-Thin by design: parse flags, call the core or an adapter, present. Every ``TuneplanError``
-becomes one line on stderr with exit code 2 (bad input) or 1; tracebacks only with --debug.
+Thin by design: parse flags, call the service layer, present. Every ``TuneplanError`` and every
+usage error (an unknown flag, a missing argument) becomes one line on stderr with exit code 2
+(bad input) or 1; tracebacks only with ``--debug``.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import Annotated, Any
+from collections.abc import Sequence
+from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from tuneplan.errors import TuneplanError
-from tuneplan.service.jsondoc import dumps
 
-app = typer.Typer(
-    name="tuneplan",
-    help="Will a fine-tuning job fit, on which GPU, how long will it take and what will it cost?",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-console = Console()
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
-
-
-def emit_json(document: Any) -> None:
-    """Print one JSON document on stdout (Decimals as strings keep money exact)."""
-    sys.stdout.write(dumps(document, indent=2, ascii_only=True) + "\n")
-
+try:  # Typer 0.29+ carries its own Click; older releases use the click package
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover - depends on the installed Typer
+    from click import exceptions as click_errors  # type: ignore[no-redef]
 
 _DEBUG = {"on": False}  # set by --debug for this invocation; TUNEPLAN_DEBUG=1 does the same
 
 
-@app.callback()
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        sys.stdout.write(f"tuneplan {version('tuneplan')}\n")
+        raise typer.Exit(0)
+
+
 def _root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+    _show_version: Annotated[bool, typer.Option(
+        "--version", help="Print the version and exit.", callback=_version,
+        is_eager=True)] = False,
 ) -> None:
     _DEBUG["on"] = debug
 
 
-@app.command("models")
-def models_command(as_json: JsonFlag = False) -> None:
+def models_command(as_json: Annotated[bool, typer.Option(
+        "--json", help="Print one JSON document on stdout.")] = False) -> None:
     """List the bundled model registry with exact parameter counts."""
+    from rich.table import Table
+
     from tuneplan.adapters.hub import list_bundled_models
+    from tuneplan.cli.options import console, emit_json
     from tuneplan.units import format_count
 
     rows = list_bundled_models()
@@ -63,61 +65,69 @@ def models_command(as_json: JsonFlag = False) -> None:
     console.print(table)
 
 
-# gpus, providers, offers and the `catalog` group live in cli_catalog (issue 4).
-from tuneplan.cli.catalog import register as _register_catalog  # noqa: E402
+def build_app() -> typer.Typer:
+    """The whole app, every command group added explicitly."""
+    from tuneplan.cli import catalog, compute, launch, memory, plan, probe, refresh, web
 
-_register_catalog(app)
-
-# `catalog refresh` (live price sources) lives in cli_refresh (issue 4); importing registers it.
-import tuneplan.cli.refresh  # noqa: E402, F401
-
-# throughput and cost live in cli_compute (issue 5).
-from tuneplan.cli.compute import register as _register_compute  # noqa: E402
-
-_register_compute(app)
-
-
-# memory and explain live in cli_memory (issue 3).
-from tuneplan.cli.memory import register as _register_memory  # noqa: E402
-
-_register_memory(app)
-
-# plan and fit live in cli_plan (issue 6).
-from tuneplan.cli.plan import register as _register_plan  # noqa: E402
-
-_register_plan(app)
-
-# serve (the web app) lives in cli_web (issue 7).
-from tuneplan.cli.web import register as _register_web  # noqa: E402
-
-_register_web(app)
-
-# probe and the `calibration` group live in cli_probe (issue 9).
-from tuneplan.cli.probe import register as _register_probe  # noqa: E402
-
-_register_probe(app)
-
-# launch (bundles for accelerate, DeepSpeed, SkyPilot, dstack) lives in cli_launch (issue 8).
-from tuneplan.cli.launch import register as _register_launch  # noqa: E402
-
-_register_launch(app)
+    app = typer.Typer(
+        name="tuneplan",
+        help="Will a fine-tuning job fit, on which GPU, how long will it take and what will it "
+             "cost?",
+        no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+    app.callback()(_root)
+    app.command("models")(models_command)
+    catalog.register(app)
+    refresh.register(catalog.catalog_app)
+    compute.register(app)
+    memory.register(app)
+    plan.register(app)
+    web.register(app)
+    probe.register(app)
+    launch.register(app)
+    return app
 
 
-def main() -> None:
-    """Console-script entry: run the app and turn errors into one line and an exit code.
+app = build_app()
 
-    Click's standalone mode handles usage errors itself (exit 2); tuneplan's own errors
-    propagate out of it and are reported here.
-    """
+
+def _usage_line(exc: click_errors.UsageError) -> str:
+    """A usage error in one line, naming the closest valid flag for an unknown one."""
+    if isinstance(exc, click_errors.NoSuchOption):
+        import difflib
+
+        near = difflib.get_close_matches(exc.option_name, list(exc.possibilities or ()), n=1)
+        hint = f"; did you mean {near[0]}?" if near else ""
+        command = exc.ctx.command_path if exc.ctx is not None else "tuneplan"
+        return f"unknown flag {exc.option_name} for `{command}`{hint} (see --help)"
+    return exc.format_message()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console-script entry: run the app, and turn errors into one line and an exit code."""
     _DEBUG["on"] = False
+    command = typer.main.get_command(app)
     try:
-        app()
+        code = command.main(args=list(argv) if argv is not None else None, prog_name="tuneplan",
+                            standalone_mode=False)
+    except click_errors.NoArgsIsHelpError as exc:
+        sys.stdout.write(exc.format_message() + "\n")
+        code = 0
+    except click_errors.UsageError as exc:
+        sys.stderr.write(f"error: {' '.join(_usage_line(exc).split())}\n")
+        code = 2
+    except click_errors.ClickException as exc:
+        sys.stderr.write(f"error: {' '.join(exc.format_message().split())}\n")
+        code = exc.exit_code
+    except typer.Abort:
+        sys.stderr.write("error: aborted\n")
+        code = 1
     except TuneplanError as exc:
         if _DEBUG["on"] or os.environ.get("TUNEPLAN_DEBUG"):
             raise
         message = " ".join(str(exc).split())  # one line, whatever the message held
         sys.stderr.write(f"error: {message}\n")
-        sys.exit(exc.exit_code)
+        code = exc.exit_code
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

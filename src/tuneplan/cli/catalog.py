@@ -47,13 +47,13 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document 
 
 
 def _console() -> Console:
-    from tuneplan.cli.app import console
+    from tuneplan.cli.options import console
 
     return console
 
 
 def _emit(document: object) -> None:
-    from tuneplan.cli.app import emit_json
+    from tuneplan.cli.options import emit_json
 
     emit_json(document)
 

@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tuneplan.cli.options import JsonFlag, ModelArg, emit_json, job_flags
 from tuneplan.core.compute.step import trainable_params
 from tuneplan.core.compute.throughput import (
     Throughput,
@@ -32,71 +33,39 @@ from tuneplan.core.cost.estimate import (
     estimate_cost,
 )
 from tuneplan.errors import InvalidValueError
-from tuneplan.service.jobflags import JOB_FLAGS_HELP
-from tuneplan.units import HOUR_S, format_duration, parse_count, parse_duration, parse_size
+from tuneplan.service.jobs import JobRequest
+from tuneplan.units import HOUR_S, format_duration, parse_duration, parse_size
 
 Opt = typer.Option
-_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
-_EPILOG = (JOB_FLAGS_HELP + " Speed: --gpu NAME, --avg-tokens N (real tokens per unpacked "
-           "sequence), --tokens 50M, --epochs N.")
-ModelArg = Annotated[str, typer.Argument(help="Bundled name, HF id, folder or config.json.")]
-JsonFlag = Annotated[bool, Opt("--json", help="Print one JSON document on stdout.")]
 Fabric = Annotated[str, Opt("--fabric", help="Inside a node: auto, nvlink or pcie.")]
 
 
-def job_flags(args: list[str], gpus: int | None = None) -> tuple[dict[str, Any], Any]:
-    """(raw flags, Strategy) from the shared job-flag parser; ``gpus`` fills ``--gpus``
-    when the flags leave it out (cost: the offer's GPU count)."""
-    from tuneplan.service.jobflags import default_sharding, parse_job_args, strategy_from_flags
-
-    flags = parse_job_args(args)
-    if gpus is not None and "gpus" not in flags:
-        flags["gpus"] = str(gpus)
-    flags = default_sharding(flags)
-    return flags, strategy_from_flags(flags)
-
-
-def _throughput(model_name: str, gpu: Any, flags: dict[str, Any], strategy: Any, fabric: str,
+def _throughput(model_name: str, gpu: Any, job: Any, fabric: str,
                 inter_node_bytes_per_s: float | None = None) -> tuple[Any, Throughput, Any]:
+    from tuneplan.adapters.calibration import calibration_for  # saved probes (issue 9)
     from tuneplan.adapters.hub import resolve_model
 
-    avg = flags.get("avg-tokens")
-    job = compute_job_from_strategy(strategy, avg_tokens=int(avg) if avg else None,
-                                    intra_node_link=fabric,
-                                    inter_node_bytes_per_s=inter_node_bytes_per_s)
+    speed = compute_job_from_strategy(job.strategy, avg_tokens=job.avg_tokens,
+                                      intra_node_link=fabric,
+                                      inter_node_bytes_per_s=inter_node_bytes_per_s)
     shape = model_shape_from_spec(resolve_model(model_name))
-    tokens = parse_count(str(flags["tokens"])) if flags.get("tokens") else None
-    epochs = _positive(flags.get("epochs", 1), "epochs")
-    from tuneplan.adapters.calibration import calibration_for  # saved probes (issue 9)
-
-    result = estimate_throughput(shape, job, gpu, tokens=tokens, epochs=epochs,
-                                 assumptions=calibration_for(gpu).throughput)
-    return shape, result, job
+    result = estimate_throughput(shape, speed, gpu, tokens=job.tokens_per_epoch,
+                                 epochs=job.epochs, assumptions=calibration_for(gpu).throughput)
+    return shape, result, speed
 
 
-def _positive(value: Any, name: str) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError) as exc:
-        raise InvalidValueError(f"--{name}: {value!r} is not a number") from exc
-    if not number > 0:
-        raise InvalidValueError(f"--{name} must be above 0, got {value!r}")
-    return number
-
-
-def throughput_command(ctx: typer.Context, model: ModelArg, fabric: Fabric = "auto",
+@job_flags("throughput")
+def throughput_command(model: ModelArg, request: JobRequest, fabric: Fabric = "auto",
                        as_json: JsonFlag = False) -> None:
     """Tokens per second, step time, MFU, communication and hours of a training job."""
     from tuneplan.adapters.bundled import resolve_gpu_spec
 
-    flags, strategy = job_flags(list(ctx.args))
-    if not flags.get("gpu"):
+    job = request.job()
+    if not job.gpu:
         raise InvalidValueError("throughput needs --gpu NAME (see `tuneplan gpus`)")
-    gpu = resolve_gpu_spec(str(flags["gpu"]))
-    _, result, _ = _throughput(model, gpu, flags, strategy, fabric)
+    gpu = resolve_gpu_spec(job.gpu)
+    _, result, _ = _throughput(model, gpu, job, fabric)
     if as_json:
-        from tuneplan.cli.app import emit_json
-
         emit_json(result.as_dict())
         return
     _print_throughput(result)
@@ -170,8 +139,9 @@ def _cost_inputs(shape: Any, result: Throughput, job: Any, offer: Any, provider:
         notice_s=provider.spot_notice_s if provider else None, notes=tuple(notes))
 
 
+@job_flags("cost")
 def cost_command(
-    ctx: typer.Context, model: ModelArg,
+    model: ModelArg, request: JobRequest,
     offer: Annotated[str, Opt("--offer", help="An offer id from `tuneplan offers --json`.")],
     spot: Annotated[bool, Opt("--spot", help="Price on spot, with interruptions.")] = False,
     checkpoint_every: Annotated[str, Opt("--checkpoint-every", help="30m, 2h or auto")] = "auto",
@@ -184,23 +154,21 @@ def cost_command(
     from tuneplan.adapters.bundled import load_gpu_spec
 
     found, provider = _offer_and_provider(offer)
-    flags, strategy = job_flags(list(ctx.args), gpus=found.gpu_count)
+    job = request.job(defaults={"gpus": found.gpu_count})
     inter = provider.multinode_fabric_bytes_per_s if provider else None
-    shape, result, job = _throughput(model, load_gpu_spec(found.gpu), flags, strategy, fabric,
-                                     inter)
+    shape, result, speed = _throughput(model, load_gpu_spec(found.gpu), job, fabric, inter)
     options = {"spot": spot, "checkpoint_every": checkpoint_every, "dataset_size": dataset_size,
                "interruptions_per_hour": interruptions_per_hour,
-               "tokens": parse_count(str(flags["tokens"])) if flags.get("tokens") else 0}
+               "tokens": job.tokens_per_epoch or 0}
     a = replace(CostAssumptions(), storage_idle_days=storage_idle_days)
-    estimate = estimate_cost(_cost_inputs(shape, result, job, found, provider, options, a), a)
+    estimate = estimate_cost(_cost_inputs(shape, result, speed, found, provider, options, a),
+                             a)
     document = estimate.as_dict()
     document["offer"] = {"id": found.id, "provider": found.provider, "gpu": found.gpu,
                          "gpu_count": found.gpu_count, "region": found.region}
     document["throughput"] = {"tokens_per_second": result.tokens_per_second,
                               "training_hours": result.hours}
     if as_json:
-        from tuneplan.cli.app import emit_json
-
         emit_json(document)
         return
     _print_cost(document)
@@ -232,5 +200,5 @@ def _print_cost(document: dict[str, Any]) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add ``throughput`` and ``cost`` to ``app``."""
-    app.command("throughput", context_settings=_CONTEXT, epilog=_EPILOG)(throughput_command)
-    app.command("cost", context_settings=_CONTEXT, epilog=_EPILOG)(cost_command)
+    app.command("throughput")(throughput_command)
+    app.command("cost")(cost_command)

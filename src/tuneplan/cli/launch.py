@@ -30,7 +30,7 @@ def launch_command(
     """Write the launch bundle (train.py, accelerate/DeepSpeed configs, SkyPilot and dstack
     tasks, RUN.md) for a plan."""
     from tuneplan.adapters.launch_files import load_plan, read_train_script, write_bundle
-    from tuneplan.cli.app import emit_json
+    from tuneplan.cli.options import emit_json
     from tuneplan.core.launch.bundle import bundle_files, expand_targets, launch_spec
 
     plan = load_plan(plan_id, plan_file)

@@ -6,32 +6,27 @@ document and words come from ``tuneplan.service.memory_report``.
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import typer
 
-from tuneplan.service.jobflags import JOB_FLAGS_HELP
-
-_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
-ModelArg = Annotated[str, typer.Argument(help="Bundled name, HF id, folder or config.json.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+from tuneplan.cli.options import JsonFlag, ModelArg, emit_json, job_flags
+from tuneplan.service.jobs import JobRequest
 
 
 def register(app: typer.Typer) -> None:
-    app.command("memory", context_settings=_CONTEXT, epilog=JOB_FLAGS_HELP)(memory_command)
-    app.command("explain", context_settings=_CONTEXT, epilog=JOB_FLAGS_HELP)(explain_command)
+    app.command("memory")(memory_command)
+    app.command("explain")(explain_command)
 
 
-def memory_command(ctx: typer.Context, model: ModelArg, as_json: JsonOpt = False) -> None:
+@job_flags("memory")
+def memory_command(model: ModelArg, request: JobRequest, as_json: JsonFlag = False) -> None:
     """Per-GPU memory: allocated, reserved and whole-device peaks with every term."""
     from rich.console import Console
     from rich.table import Table
 
-    from tuneplan.cli.app import emit_json
     from tuneplan.service.memory_report import memory_document, run_memory
     from tuneplan.units import format_bytes
 
-    est, spec, gpu = run_memory(model, ctx.args)
+    est, spec, gpu = run_memory(request)
     if as_json:
         emit_json(memory_document(est, spec, gpu))
         return
@@ -52,12 +47,12 @@ def memory_command(ctx: typer.Context, model: ModelArg, as_json: JsonOpt = False
     Console().print(table)
 
 
-def explain_command(ctx: typer.Context, model: ModelArg, as_json: JsonOpt = False) -> None:
+@job_flags("explain")
+def explain_command(model: ModelArg, request: JobRequest, as_json: JsonFlag = False) -> None:
     """Every memory term with its formula, inputs and source, in words."""
-    from tuneplan.cli.app import emit_json
     from tuneplan.service.memory_report import explain_lines, memory_document, run_memory
 
-    est, spec, gpu = run_memory(model, ctx.args)
+    est, spec, gpu = run_memory(request)
     if as_json:
         emit_json(memory_document(est, spec, gpu))
         return

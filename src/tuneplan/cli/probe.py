@@ -15,21 +15,21 @@ from typing import Annotated, Any
 
 import typer
 
-from tuneplan.service.jobflags import JOB_FLAGS_HELP
+from tuneplan.cli.options import JsonFlag, emit_json, job_flags
+from tuneplan.service.jobs import JobRequest
 
-_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+JsonOpt = JsonFlag
 calibration_app = typer.Typer(help="Saved probe measurements: list, export, import.",
                               no_args_is_help=True)
 
 
 def register(app: typer.Typer) -> None:
-    app.command("probe", context_settings=_CONTEXT, epilog=JOB_FLAGS_HELP)(probe_command)
+    app.command("probe")(probe_command)
     app.add_typer(calibration_app, name="calibration")
 
 
+@job_flags("probe")
 def probe_command(
-    ctx: typer.Context,
     model: Annotated[str, typer.Argument(help="Bundled name, HF id, or folder.")],
     steps: Annotated[int, typer.Option(help="Steps to run (the first is warm-up).")] = 10,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
@@ -39,13 +39,13 @@ def probe_command(
         "--simulate", help="Fake tensors: the tensor-level peak, no real memory.")] = False,
     download: Annotated[bool, typer.Option(
         "--download", help="Allow downloading the weights from the hub.")] = False,
+    *, request: JobRequest,
     as_json: JsonOpt = False,
 ) -> None:
     """Measure a short run (or simulate it) and set it beside the estimate, term by term."""
     from tuneplan.adapters.probe.run import ProbeRequest, run_probe
-    from tuneplan.cli.app import emit_json
 
-    req = ProbeRequest(model=model, job_args=tuple(ctx.args), steps=steps, device=device,
+    req = ProbeRequest(model=model, strategy=request.job().strategy, steps=steps, device=device,
                        random_weights=random_weights, simulate=simulate, download=download)
     with _progress() as report:
         doc = run_probe(req, report)
@@ -110,7 +110,6 @@ def calibration_list(as_json: JsonOpt = False) -> None:
     from rich.table import Table
 
     from tuneplan.adapters.calibration import CalibrationStore
-    from tuneplan.cli.app import emit_json
 
     with CalibrationStore.open() as store:
         records = store.records()

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tuneplan.cli.catalog import JsonFlag, catalog_app
+from tuneplan.cli.options import JsonFlag
 
 if TYPE_CHECKING:
     from tuneplan.adapters.refresh import LiveSource, SourceOutcome
@@ -27,12 +27,11 @@ SourceFlag = Annotated[list[str] | None, typer.Option(
     "hundreds of MB). Default: all but the opt-in ones.")]
 
 
-@catalog_app.command("refresh")
 def catalog_refresh_command(source: SourceFlag = None, as_json: JsonFlag = False) -> None:
     """Refresh offers from live price sources; a source that fails keeps its previous snapshot."""
     from tuneplan.adapters.refresh import refresh, select_sources
     from tuneplan.adapters.store import CatalogStore
-    from tuneplan.cli.app import console, emit_json
+    from tuneplan.cli.options import console, emit_json
 
     chosen = select_sources(source)  # an unknown name exits 2 before anything is fetched
     target = Console(stderr=True) if as_json else console
@@ -87,3 +86,8 @@ def _table(outcomes: list[SourceOutcome]) -> Table:
                       str(o.offers_written), str(o.rejected_rows),
                       str(len(o.unknown_gpu_names)), o.message)
     return table
+
+
+def register(catalog_app: typer.Typer) -> None:
+    """Add ``refresh`` to the ``catalog`` group."""
+    catalog_app.command("refresh")(catalog_refresh_command)

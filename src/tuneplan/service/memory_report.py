@@ -4,34 +4,32 @@ document of CLI.md, and render terms in words for ``tuneplan explain``. No maths
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from tuneplan.core.catalog.hardware import GpuSpec
 from tuneplan.core.memory import MemoryEstimate, estimate_memory
 from tuneplan.core.models import ModelSpec
+from tuneplan.service.jobs import JobRequest
 from tuneplan.units import format_bytes
 
 
-def run_memory(model_name: str, args: Sequence[str], model: ModelSpec | None = None
+def run_memory(request: JobRequest, model: ModelSpec | None = None
                ) -> tuple[MemoryEstimate, ModelSpec, GpuSpec | None]:
-    """(estimate, model spec, gpu spec or None) for ``MODEL`` (or a given spec) and job flags."""
+    """(estimate, model spec, gpu spec or None) for a request (or a model already resolved)."""
     from tuneplan.adapters.calibration import calibration_for
     from tuneplan.adapters.hub import resolve_model
-    from tuneplan.service.jobflags import default_sharding, parse_job_args, strategy_from_flags
 
-    flags = default_sharding(parse_job_args(list(args)))
-    strategy = strategy_from_flags(flags)
-    model = model or resolve_model(model_name)
+    job = request.job()
+    model = model or resolve_model(request.model)
     gpu = None
-    if flags.get("gpu"):
+    if job.gpu:
         from tuneplan.adapters.bundled import resolve_gpu_spec
 
-        gpu = resolve_gpu_spec(str(flags["gpu"]))
+        gpu = resolve_gpu_spec(job.gpu)
     generation = gpu.generation if gpu else None
     # A saved CUDA probe on this GPU replaces the hardware-only constants (issue 9).
     assumptions = calibration_for(gpu).memory
-    return estimate_memory(model, strategy, assumptions, generation=generation), model, gpu
+    return estimate_memory(model, job.strategy, assumptions, generation=generation), model, gpu
 
 
 def memory_document(est: MemoryEstimate, model: ModelSpec, gpu: GpuSpec | None

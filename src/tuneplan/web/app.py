@@ -125,6 +125,9 @@ def problems_of(exc: Exception) -> list[dict[str, Any]]:
                  "type": str(e.get("type", ""))} for e in exc.errors()]
     if isinstance(exc, FieldError):
         return [{"loc": ["body", exc.field], "msg": str(exc), "type": "value_error"}]
+    flag = getattr(exc, "flag", None)  # service.jobflags.JobFlagError names its flag
+    if isinstance(flag, str):
+        return [{"loc": ["body", flag.replace("-", "_")], "msg": str(exc), "type": "value_error"}]
     return [{"loc": ["body"], "msg": str(exc), "type": type(exc).__name__}]
 
 

@@ -12,11 +12,13 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from tuneplan.core.catalog.offers import OfferFilter, OfferSort, offer_record
 from tuneplan.core.models import ModelSpec
 from tuneplan.errors import BadInputError
 from tuneplan.units import parse_size
-from tuneplan.web.inputs import FieldError, JobInput, OfferQuery
+from tuneplan.web.inputs import FieldError, OfferQuery, job_request
 
 
 def offer_filter(query: OfferQuery) -> OfferFilter:
@@ -79,7 +81,7 @@ def providers_by_name() -> dict[str, Any]:
     return {p.name.lower(): p for p in load_providers()}
 
 
-def memory_document(job: JobInput, model: ModelSpec) -> dict[str, Any]:
+def memory_document(job: BaseModel, model: ModelSpec) -> dict[str, Any]:
     """``tuneplan memory --json`` for a job: the same flags → Strategy → estimate path."""
     from tuneplan.service.memory_report import memory_document as cli_document
     from tuneplan.service.memory_report import run_memory
@@ -91,5 +93,5 @@ def memory_document(job: JobInput, model: ModelSpec) -> dict[str, Any]:
             resolve_gpu_spec(job.gpu)
         except BadInputError as exc:
             raise FieldError("gpu", str(exc)) from exc
-    estimate, spec, gpu = run_memory(model.name, job.args(), model=model)
+    estimate, spec, gpu = run_memory(job_request(job, "memory", model.name), model=model)
     return cli_document(estimate, spec, gpu)

@@ -8,22 +8,15 @@ field and the reason. A model is a bundled name/alias or a hub id, or an uploade
 from __future__ import annotations
 
 import re
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
 
-from tuneplan.core.job.methods import Method, Quant
-from tuneplan.core.job.recipes import Recipe
-from tuneplan.core.job.strategy import (
-    Attention,
-    Interconnect,
-    Offload,
-    Optimizer,
-    Precision,
-    Sharding,
-)
 from tuneplan.core.models import ModelSpec
 from tuneplan.errors import BadInputError
+from tuneplan.service.jobflags import Flag, flags_for
+from tuneplan.service.jobs import JobRequest
 
 MAX_UPLOAD_BYTES = 1_000_000  # a real config.json is a few KB
 MAX_BODY_BYTES = 2_000_000   # whole request (JSON body or multipart form)
@@ -65,118 +58,70 @@ class OfferQuery(BaseModel):
     limit: int = Field(500, ge=1, le=5000)
 
 
-class JobInput(BaseModel):
-    """A job as the CLI's job flags (CLI.md); defaults are the CLI's defaults."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: ModelName | None = Field(
-        None, description="bundled name or alias, or a hub id (org/name); never a path")
-    config: dict[str, Any] | None = Field(
-        None, description="a config.json object, instead of a model name")
-    method: Method = Method.LORA
-    lora_rank: int = Field(16, ge=1, le=1024)
-    lora_alpha: int = Field(32, ge=1, le=8192)
-    lora_targets: NameList = "all-linear"
-    quant: Quant = Quant.NF4
-    double_quant: bool = True
-    precision: Precision = Precision.BF16_MIXED
-    optimizer: Optimizer = Optimizer.ADAMW
-    recipe: Recipe = Recipe.HF
-    batch_size: int = Field(1, ge=1, le=1024)
-    grad_accum: int = Field(1, ge=1, le=4096)
-    seq_len: int = Field(2048, ge=1, le=1_048_576)
-    gradient_checkpointing: bool = True
-    packing: bool = False
-    attention: Attention = Attention.SDPA
-    gpus: int = Field(1, ge=1, le=64)
-    nodes: int = Field(1, ge=1, le=64)
-    sharding: Sharding | None = None
-    offload: Offload = Offload.NONE
-    gpu: ShortText | None = Field(None, description="a GPU name (/api/gpus): memory adds fits "
-                                  "and headroom on it; plan keeps only its offers")
-
-    def args(self) -> list[str]:
-        """The job as the CLI's job flags (``--method qlora --lora-rank 16 ...``), so the
-        web goes through exactly the CLI's parsing (``jobflags``)."""
-        out = ["--method", self.method.value, "--lora-rank", str(self.lora_rank),
-               "--lora-alpha", str(self.lora_alpha),
-               "--lora-targets", self.lora_targets or "all-linear",
-               "--precision", self.precision.value, "--optimizer", self.optimizer.value,
-               "--recipe", self.recipe.value, "--batch-size", str(self.batch_size),
-               "--grad-accum", str(self.grad_accum), "--seq-len", str(self.seq_len),
-               "--attention", self.attention.value, "--gpus", str(self.gpus),
-               "--nodes", str(self.nodes), "--offload", self.offload.value,
-               _switch("double-quant", self.double_quant),
-               _switch("gradient-checkpointing", self.gradient_checkpointing),
-               _switch("packing", self.packing)]
-        if self.method is Method.QLORA:  # lora8bit implies int8; other methods ignore it
-            out += ["--quant", self.quant.value]
-        if self.sharding is not None:
-            out += ["--sharding", self.sharding.value]
-        if self.gpu:
-            out += ["--gpu", self.gpu]
-        return out
+def _form_default(flag: Flag) -> Any:
+    """A flag's default as a form shows it (enum value, comma list, on/off)."""
+    if flag.name == "gradient-checkpointing":
+        return True
+    if flag.apply is not None:
+        return False
+    value = flag.default
+    if isinstance(value, tuple):
+        return ",".join(value)
+    return value.value if isinstance(value, StrEnum) else value
 
 
-def _switch(name: str, on: bool) -> str:
-    return f"--{name}" if on else f"--no-{name}"
+def _form_field(flag: Flag) -> tuple[Any, Any]:
+    """(type, pydantic Field) of one job flag, from the registry: its help, choices, bounds."""
+    kind, default = flag.kind, _form_default(flag)
+    if kind.switch:
+        kind_type: Any = bool
+    elif kind.choices:
+        kind_type = Literal[kind.choices]  # type: ignore[valid-type]
+    elif kind.number is int:
+        return int | None, Field(default, ge=kind.low, le=kind.high, description=flag.help)
+    elif kind.number is float:
+        kind_type = float
+    else:
+        kind_type = Annotated[str, StringConstraints(strip_whitespace=True, max_length=300)]
+    return kind_type | None, Field(default, description=flag.help)
 
 
-class PlanInput(JobInput):
-    """A job plus the planner's data and constraints (``tuneplan plan`` flags)."""
-
-    tokens: Amount | None = Field(None, description="training tokens per epoch (50M, 1.2B)")
-    epochs: int = Field(1, ge=1, le=100)
-    budget: float | None = Field(None, gt=0, le=10_000_000, description="USD, whole job")
-    deadline: Amount | None = Field(None, description="wall time, e.g. 12h, 3d")
-    provider: NameList | None = None
-    region: ShortText | None = None
-    spot: bool | None = Field(None, description="true: spot may win the ranking; false: no "
-                              "spot prices; null: spot shown, ranked on-demand (the CLI's)")
-    max_gpus: int | None = Field(None, ge=1, le=512, description="GPUs in total")
-    multi_node: bool = False
-    min_interconnect: Interconnect = Interconnect.ANY
-    top: int = Field(10, ge=1, le=50)
-    objective: Literal["cost", "time", "pareto"] = "cost"
-
-    @field_validator("tokens")
-    @classmethod
-    def _count(cls, value: str | None) -> str | None:
-        from tuneplan.units import parse_count
-
-        return None if value is None else _checked(parse_count, value)
-
-    @field_validator("deadline")
-    @classmethod
-    def _duration(cls, value: str | None) -> str | None:
-        from tuneplan.units import parse_duration
-
-        return None if value is None else _checked(parse_duration, value)
-
-    def args(self) -> list[str]:
-        """Job flags plus ``tuneplan plan``'s own flags, as the CLI takes them."""
-        out = [*super().args(), "--epochs", str(self.epochs), "--min-interconnect",
-               self.min_interconnect.value, "--objective", self.objective,
-               "--top", str(self.top), _switch("multi-node", self.multi_node)]
-        if self.spot is not None:
-            out.append(_switch("spot", self.spot))
-        for name, value in (("tokens", self.tokens), ("budget", self.budget),
-                            ("deadline", self.deadline), ("max-gpus", self.max_gpus),
-                            ("provider", self.provider), ("region", self.region)):
-            if value is not None and value != "":
-                out += [f"--{name}", str(value)]
-        return out
+def _job_model(name: str, command: str, doc: str, **extra: Any) -> type[BaseModel]:
+    """A pydantic model of ``command``'s job flags (``service.jobflags.FLAGS``: names, help,
+    choices, bounds and defaults all come from there), plus the web's own fields."""
+    fields: dict[str, Any] = {
+        "model": (ModelName | None, Field(
+            None, description="bundled name or alias, or a hub id (org/name); never a path")),
+        "config": (dict[str, Any] | None, Field(
+            None, description="a config.json object, instead of a model name")),
+    }
+    fields |= {flag.key: _form_field(flag) for flag in flags_for(command)}
+    fields |= extra
+    model: type[BaseModel] = create_model(  # type: ignore[call-overload]
+        name, __config__=ConfigDict(extra="forbid"), __doc__=doc, **fields)
+    return model
 
 
-def _checked(parse: Any, value: str) -> str:
-    """``value`` if ``parse`` reads it; a ValueError (pydantic's field error) if not."""
-    try:
-        if parse(value) <= 0:
-            raise ValueError("must be more than zero")
-    except BadInputError as exc:
-        raise ValueError(str(exc)) from exc
-    return value
+JobInput = _job_model("JobInput", "memory",
+                      "A job as the CLI's job flags; every default is the CLI's.")
+PlanInput = _job_model(
+    "PlanInput", "plan", "A job plus the planner's data and constraints (`tuneplan plan`).",
+    top=(int, Field(10, ge=1, le=50, description="how many ranked plans to return")))
+_WEB_ONLY = {"model", "config", "top"}
+
+
+def job_request(form: BaseModel, command: str, model_name: str) -> JobRequest:
+    """The service's request for a validated form: the flags that differ from their default
+    (a default left as it is was not asked for; the CLI sends nothing for it either)."""
+    values: dict[str, Any] = {}
+    flags = {flag.key: flag for flag in flags_for(command)}
+    for key, value in form.model_dump().items():
+        flag = flags.get(key)
+        if key in _WEB_ONLY or flag is None or value is None:
+            continue
+        if value != _form_default(flag):
+            values[flag.name] = value
+    return JobRequest(model=model_name, command=command, values=values)
 
 
 def resolve_web_model(name: str | None, config: dict[str, Any] | None,

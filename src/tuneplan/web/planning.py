@@ -12,20 +12,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from tuneplan.core.job.strategy import Job
 from tuneplan.core.models import ModelSpec
 from tuneplan.core.planner.plan import Plan, PlanResult
 from tuneplan.units import HOUR_S, format_bytes, format_duration
 from tuneplan.web.charts import MemoryChart, Scatter, memory_chart, scatter
-from tuneplan.web.inputs import PlanInput
+from tuneplan.web.inputs import PlanInput, job_request
 
 
-def build_job(form: PlanInput, model: ModelSpec) -> Job:
-    """The Job of a validated form, through the CLI's own flag parsing (``top`` stays on
+def build_job(form: BaseModel, model: ModelSpec) -> Job:
+    """The Job of a validated form, through the service's one job vocabulary (``top`` stays on
     the form)."""
-    from tuneplan.cli.plan import job_from_args
-
-    return job_from_args(model.name, form.args())[0]
+    return job_request(form, "plan", model.name).job()
 
 
 def run_plan(form: PlanInput, model: ModelSpec, store_path: Path | None) -> PlanResult:

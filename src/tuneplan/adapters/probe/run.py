@@ -10,11 +10,12 @@ from __future__ import annotations
 import importlib.metadata
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tuneplan.core.job.strategy import Strategy
 from tuneplan.errors import InvalidValueError
 
 Report = Callable[[str, int, int], None]  # (what, done, total)
@@ -24,7 +25,7 @@ _WEIGHT_FILES = ("*.safetensors", "*.bin")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProbeRequest:
     model: str
-    job_args: tuple[str, ...] = ()
+    strategy: Strategy = field(default_factory=Strategy)
     steps: int = 10
     device: str = "auto"          # auto | cpu | cuda
     random_weights: bool = False
@@ -78,12 +79,11 @@ def run_probe(req: ProbeRequest, report: Report | None = None) -> dict[str, Any]
     """Measure (or simulate) the job, compare with the estimate, save; the JSON document."""
     from tuneplan.adapters.hub import load_model_config
     from tuneplan.core.models import parse_model_config
-    from tuneplan.service.jobflags import default_sharding, parse_job_args, strategy_from_flags
 
     if req.steps < 1:
         raise InvalidValueError("--steps must be at least 1")
     started = time.perf_counter()
-    strategy = strategy_from_flags(default_sharding(parse_job_args(list(req.job_args))))
+    strategy = req.strategy
     config, label = load_model_config(req.model)  # read once: the spec and the real model
     spec = parse_model_config(config, name=label)
     device = pick_device(req.device, req.simulate)

@@ -212,8 +212,9 @@ class Job:
             problems.append("epochs must be > 0")
         if self.tokens is not None and self.tokens < 1:
             problems.append("tokens must be at least 1")
-        if (self.dataset_rows is None) != (self.avg_tokens is None) and self.tokens is None:
-            problems.append("give --dataset-rows together with --avg-tokens")
+        # --avg-tokens alone is meaningful (padding of unpacked batches); rows need it.
+        if self.dataset_rows is not None and self.avg_tokens is None and self.tokens is None:
+            problems.append("give --avg-tokens together with --dataset-rows")
         for name in ("dataset_rows", "avg_tokens", "max_gpus"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -1,0 +1,105 @@
+"""Options every command shares: ``--json``, the model argument, and the job flags.
+
+``job_flags(command)`` turns ``service.jobflags.FLAGS`` into real Typer options on a command,
+so ``--help`` lists every job flag with its choices and default, a misspelled flag is refused by
+the parser with the closest valid name, and no help text is written twice. The decorated
+command receives a ``JobRequest`` (the given flags and the ``--job`` file) instead of one
+parameter per flag.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from collections.abc import Callable
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from tuneplan.service.jobflags import PANELS, Flag, flags_for
+from tuneplan.service.jobs import JobRequest
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+ModelArg = Annotated[str, typer.Argument(help="Bundled name, HF id, folder or config.json.")]
+F = TypeVar("F", bound=Callable[..., Any])
+console = Console()
+
+
+def emit_json(document: Any) -> None:
+    """Print one JSON document on stdout (Decimals as strings keep money exact)."""
+    from tuneplan.service.jsondoc import dumps
+
+    sys.stdout.write(dumps(document, indent=2, ascii_only=True) + "\n")
+
+
+def _default_text(flag: Flag) -> str | None:
+    default = flag.default
+    if flag.name == "gradient-checkpointing":
+        return "on"
+    if default is None or default == ():
+        return None
+    if isinstance(default, tuple):
+        return ",".join(default)
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    return default.value if isinstance(default, StrEnum) else str(default)
+
+
+def _option(flag: Flag) -> inspect.Parameter:
+    default = _default_text(flag)
+    text = flag.help
+    if flag.kind.choices:
+        text += f" One of: {', '.join(flag.kind.choices)}."
+    shown: bool | str = default if default else False
+    if flag.kind.switch:
+        decls = [f"--{flag.name}/--no-{flag.name}"]
+        annotation: Any = bool | None
+        info = typer.Option(None, *decls, help=text, rich_help_panel=PANELS[flag.group],
+                            show_default=shown)
+    else:
+        annotation = str | None
+        info = typer.Option(None, f"--{flag.name}", help=text, metavar=flag.kind.metavar,
+                            rich_help_panel=PANELS[flag.group], show_default=shown)
+    return inspect.Parameter(_param(flag), inspect.Parameter.KEYWORD_ONLY, default=info,
+                             annotation=annotation)
+
+
+def _param(flag: Flag) -> str:
+    return "jobflag_" + flag.key
+
+
+def job_flags(command: str) -> Callable[[F], F]:
+    """Give the decorated command every job flag of ``command`` plus ``--job FILE``; it is
+    called with ``request=JobRequest(...)`` in their place."""
+    flags = flags_for(command)
+
+    def decorate(fn: F) -> F:
+        own = inspect.signature(fn, eval_str=True)
+        kept = [p for p in own.parameters.values() if p.name != "request"]
+        job_file = inspect.Parameter(
+            "jobflag_file", inspect.Parameter.KEYWORD_ONLY,
+            default=typer.Option(None, "--job", help="A YAML/JSON file of job flags "
+                                 "(flag: value); flags given here override it.",
+                                 metavar="FILE", rich_help_panel=PANELS[flags[0].group]),
+            annotation=Path | None)
+        params = [*kept, *(_option(f) for f in flags), job_file]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            values = {f.name: kwargs.pop(_param(f)) for f in flags}
+            path = kwargs.pop("jobflag_file")
+            model = kwargs.get("model", "")
+            request = JobRequest(model=model, command=command,
+                                 values={k: v for k, v in values.items() if v is not None},
+                                 job_file=path)
+            return fn(*args, request=request, **kwargs)
+
+        wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
