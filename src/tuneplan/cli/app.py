@@ -47,11 +47,11 @@ def models_command(as_json: Annotated[bool, typer.Option(
     """List the bundled model registry with exact parameter counts."""
     from rich.table import Table
 
-    from tuneplan.adapters.hub import list_bundled_models
     from tuneplan.cli.options import console, emit_json
+    from tuneplan.service.catalog import models_document
     from tuneplan.units import format_count
 
-    rows = list_bundled_models()
+    rows = models_document()
     if as_json:
         emit_json(rows)
         return

@@ -22,7 +22,6 @@ from rich.table import Table
 from tuneplan.core.catalog.offers import (
     OFFER_RECORD_FIELDS,
     Offer,
-    OfferFilter,
     OfferSort,
     offer_record,
 )
@@ -34,8 +33,6 @@ from tuneplan.units import (
     format_bytes,
     format_duration,
     format_usd,
-    parse_size,
-    parse_usd,
 )
 
 if TYPE_CHECKING:
@@ -65,12 +62,11 @@ def gpus_command(
     as_json: JsonFlag = False,
 ) -> None:
     """GPU specifications: memory (exact bytes), bandwidth, dense TFLOP/s, links, TDP."""
-    from tuneplan.adapters.bundled import load_gpu_specs
+    from tuneplan.service.catalog import gpu_specs, gpus_document
 
-    floor = parse_size(min_memory) if min_memory else 0
-    specs = [s for s in load_gpu_specs() if s.memory_bytes >= floor]
+    specs = gpu_specs(min_memory)
     if as_json:
-        _emit([asdict(s) | {"usable_memory_bytes": s.usable_memory_bytes} for s in specs])
+        _emit(gpus_document(specs))
         return
     table = Table(title=f"GPUs ({len(specs)}); dense peak rates, '-' = not published")
     for column in ("gpu", "memory", "device reports", "type", "bandwidth", "BF16 TFLOP/s",
@@ -93,11 +89,12 @@ def _rate(value: float | None, scale: float, unit: str = "") -> str:
 
 def providers_command(as_json: JsonFlag = False) -> None:
     """Provider features: billing, spot notice, storage, egress, access, multi-node fabric."""
-    from tuneplan.adapters.bundled import load_providers
+    from tuneplan.service.catalog import providers as bundled_providers
+    from tuneplan.service.catalog import providers_document
 
-    providers = load_providers()
+    providers = bundled_providers()
     if as_json:
-        _emit([asdict(p) for p in providers])
+        _emit(providers_document(providers))
         return
     table = Table(title=f"Providers ({len(providers)}); '?' = unknown, never guessed")
     for column in ("provider", "billing", "minimum", "spot", "notice", "storage $/GB-mo",
@@ -149,21 +146,16 @@ def offers_command(
     as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV on stdout.")] = False,
 ) -> None:
     """Rentable GPU offers from the catalog, cheapest first; prices per instance and per GPU."""
-    from tuneplan.adapters.store import CatalogStore
+    from tuneplan.service.catalog import find_offers, offer_filter, offers_document
 
-    query = OfferFilter(
-        gpu=gpu, min_gpu_memory_bytes=parse_size(min_gpu_memory) if min_gpu_memory else None,
-        gpu_count=count, providers=tuple(p for p in (provider or "").split(",") if p.strip()),
-        region=region, spot=spot, max_price_per_hour=parse_usd(max_price) if max_price else None)
-    if count is not None and count < 1:
-        raise InvalidValueError(f"--count must be >= 1, got {count}")
-    with CatalogStore.open() as store:
-        offers = store.offers(query, sort=sort)
-        statuses = store.status()
+    query = offer_filter(gpu=gpu, min_gpu_memory=min_gpu_memory, count=count,
+                         provider=provider, region=region, spot=spot, max_price=max_price)
+    found = find_offers(query, sort)
+    offers, statuses = found.offers, found.statuses
     if limit is not None:
         offers = offers[:limit]
     if as_json:
-        _emit([offer_record(o) for o in offers])
+        _emit(offers_document(offers))
     elif as_csv:
         _write_csv(offers)
     else:
@@ -226,24 +218,21 @@ def _age_line(statuses: list[SourceStatus]) -> str:
 @catalog_app.command("status")
 def catalog_status_command(as_json: JsonFlag = False) -> None:
     """Age and offer count of each source; warns when a source is older than 7 days."""
-    from tuneplan.adapters.store import CatalogStore
+    from tuneplan.service.catalog import catalog_document
 
-    with CatalogStore.open() as store:
-        statuses = store.status()
-        path = store.path
+    document = catalog_document()
     if as_json:
-        _emit({"path": str(path), "stale_after_days": _stale_after_days(),
-               "sources": [asdict(s) for s in statuses]})
+        _emit(document)
         return
-    table = Table(title=f"Catalog {path}")
+    table = Table(title=f"Catalog {document['path']}")
     for column in ("source", "fetched at (UTC)", "age", "offers", "snapshots", "note"):
         table.add_column(column)
-    for s in statuses:
-        table.add_row(s.source, f"{s.fetched_at:%Y-%m-%d %H:%M}", f"{s.age_s / DAY_S:.1f} d",
-                      str(s.offers), str(s.snapshots),
-                      "[yellow]stale[/]" if s.stale else "")
+    for s in document["sources"]:
+        table.add_row(s["source"], f"{s['fetched_at']:%Y-%m-%d %H:%M}",
+                      f"{s['age_s'] / DAY_S:.1f} d", str(s["offers"]), str(s["snapshots"]),
+                      "[yellow]stale[/]" if s["stale"] else "")
     _console().print(table)
-    stale = [s.source for s in statuses if s.stale]
+    stale = [s["source"] for s in document["sources"] if s["stale"]]
     if stale:
         _console().print(f"[yellow]warning:[/] {len(stale)} sources older than "
                          f"{_stale_after_days()} days "

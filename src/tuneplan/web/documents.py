@@ -6,79 +6,63 @@ it. No estimating or filtering logic lives here: that is the core's and the adap
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from decimal import Decimal
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-from tuneplan.core.catalog.offers import OfferFilter, OfferSort, offer_record
+from tuneplan.core.catalog.offers import OfferFilter, OfferSort
 from tuneplan.core.models import ModelSpec
 from tuneplan.errors import BadInputError
-from tuneplan.units import parse_size
 from tuneplan.web.inputs import FieldError, OfferQuery, job_request
 
 
 def offer_filter(query: OfferQuery) -> OfferFilter:
     """The core filter for a query, as ``tuneplan offers`` builds it from its flags."""
-    try:
-        floor = parse_size(query.min_gpu_memory) if query.min_gpu_memory else None
-    except BadInputError as exc:
-        raise FieldError("min_gpu_memory", str(exc)) from exc
-    providers = tuple(p.strip() for p in (query.provider or "").split(",") if p.strip())
-    price = None if query.max_price is None else Decimal(str(query.max_price))
-    return OfferFilter(gpu=query.gpu or None, min_gpu_memory_bytes=floor,
-                       gpu_count=query.count, providers=providers, region=query.region or None,
-                       spot=query.spot, max_price_per_hour=price)
+    from tuneplan.service.catalog import offer_filter as service_filter
+
+    return service_filter(gpu=query.gpu, min_gpu_memory=query.min_gpu_memory,
+                          count=query.count, provider=query.provider, region=query.region,
+                          spot=query.spot, max_price=query.max_price)
 
 
 def offers_document(query: OfferQuery, store_path: Path | None) -> list[dict[str, Any]]:
     """``tuneplan offers --json``: the filtered, sorted offers (at most ``limit``)."""
-    from tuneplan.adapters.store import CatalogStore
+    from tuneplan.service import catalog
 
-    with CatalogStore.open(store_path) as store:
-        offers = store.offers(offer_filter(query), sort=OfferSort(query.sort))
-    return [offer_record(o) for o in offers[:query.limit]]
+    found = catalog.find_offers(offer_filter(query), OfferSort(query.sort), store_path)
+    return catalog.offers_document(found.offers[:query.limit])
 
 
 def catalog_document(store_path: Path | None) -> dict[str, Any]:
-    """``tuneplan catalog status --json``: per-source age, counts and the stale flag."""
-    from tuneplan.adapters.store import STALE_AFTER_S, CatalogStore
+    """``tuneplan catalog status --json``."""
+    from tuneplan.service.catalog import catalog_document as document
 
-    with CatalogStore.open(store_path) as store:
-        statuses = store.status()
-        path = store.path
-    return {"path": str(path), "stale_after_days": STALE_AFTER_S // 86_400,
-            "sources": [asdict(s) for s in statuses]}
+    return document(store_path)
 
 
 def gpus_document(min_memory: str | None = None) -> list[dict[str, Any]]:
     """``tuneplan gpus --json``: every bundled GPU spec plus its usable memory."""
-    from tuneplan.adapters.bundled import load_gpu_specs
+    from tuneplan.service.catalog import gpu_specs
+    from tuneplan.service.catalog import gpus_document as document
 
-    try:
-        floor = parse_size(min_memory) if min_memory else 0
-    except BadInputError as exc:
-        raise FieldError("min_memory", str(exc)) from exc
-    return [asdict(s) | {"usable_memory_bytes": s.usable_memory_bytes}
-            for s in load_gpu_specs() if s.memory_bytes >= floor]
+    return document(gpu_specs(min_memory))
 
 
 @cache
 def models_document() -> list[dict[str, Any]]:
     """``tuneplan models --json`` (cached: the bundled registry never changes in a process)."""
-    from tuneplan.adapters.hub import list_bundled_models
+    from tuneplan.service.catalog import models_document as document
 
-    return list_bundled_models()
+    return document()
 
 
 def providers_by_name() -> dict[str, Any]:
     """Bundled provider features keyed by lower-case name (billing, storage persistence)."""
-    from tuneplan.adapters.bundled import load_providers
+    from tuneplan.service.catalog import providers
 
-    return {p.name.lower(): p for p in load_providers()}
+    return {p.name.lower(): p for p in providers()}
 
 
 def memory_document(job: BaseModel, model: ModelSpec) -> dict[str, Any]:

@@ -1,0 +1,108 @@
+"""Catalog use cases both faces share: find offers, GPU specs, providers, models, catalog
+status, each with its JSON document (the CLI's ``--json`` is the web's ``/api/*``).
+
+Filters arrive as the user typed them (strings, numbers); a bad one raises JobFlagError naming
+the filter, so the CLI prints one line and the web answers 422 on that field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tuneplan.core.catalog.offers import Offer, OfferFilter, OfferSort, offer_record
+from tuneplan.errors import BadInputError
+from tuneplan.service.jobflags import JobFlagError
+from tuneplan.units import parse_size, parse_usd
+
+if TYPE_CHECKING:
+    from tuneplan.adapters.store import SourceStatus
+
+MAX_COUNT = 1_024  # GPUs per instance: no machine has more
+
+
+def offer_filter(*, gpu: str | None = None, min_gpu_memory: str | None = None,
+                 count: int | None = None, provider: str | None = None,
+                 region: str | None = None, spot: bool = False,
+                 max_price: str | float | None = None) -> OfferFilter:
+    """The core's filter from the filters of ``tuneplan offers`` (and ``/api/offers``)."""
+    try:
+        floor = parse_size(min_gpu_memory) if min_gpu_memory else None
+    except BadInputError as exc:
+        raise JobFlagError("min-gpu-memory", f"--min-gpu-memory: {exc}") from exc
+    if count is not None and not 1 <= count <= MAX_COUNT:
+        raise JobFlagError("count", f"--count must be between 1 and {MAX_COUNT}, got {count}")
+    try:
+        price = parse_usd(str(max_price)) if max_price is not None else None
+    except BadInputError as exc:
+        raise JobFlagError("max-price", f"--max-price: {exc}") from exc
+    providers = tuple(p.strip() for p in (provider or "").split(",") if p.strip())
+    return OfferFilter(gpu=gpu or None, min_gpu_memory_bytes=floor, gpu_count=count,
+                       providers=providers, region=region or None, spot=spot,
+                       max_price_per_hour=price)
+
+
+@dataclass(frozen=True, slots=True)
+class OfferSearch:
+    offers: list[Offer]            # every match, sorted
+    statuses: list[SourceStatus]   # the catalog's sources and their ages
+
+
+def find_offers(query: OfferFilter, sort: OfferSort = OfferSort.PRICE,
+                store_path: str | Path | None = None) -> OfferSearch:
+    """Offers of the catalog matching ``query``, sorted, with the catalog's source ages."""
+    from tuneplan.adapters.store import CatalogStore
+
+    with CatalogStore.open(store_path) as store:
+        return OfferSearch(offers=store.offers(query, sort=sort), statuses=store.status())
+
+
+def offers_document(offers: list[Offer]) -> list[dict[str, Any]]:
+    """``tuneplan offers --json``."""
+    return [offer_record(o) for o in offers]
+
+
+def catalog_document(store_path: str | Path | None = None) -> dict[str, Any]:
+    """``tuneplan catalog status --json``: per-source age, counts and the stale flag."""
+    from tuneplan.adapters.store import STALE_AFTER_S, CatalogStore
+
+    with CatalogStore.open(store_path) as store:
+        statuses = store.status()
+        path = store.path
+    return {"path": str(path), "stale_after_days": STALE_AFTER_S // 86_400,
+            "sources": [asdict(s) for s in statuses]}
+
+
+def gpu_specs(min_memory: str | None = None) -> list[Any]:
+    """Bundled GPU specs with at least ``min_memory`` per GPU."""
+    from tuneplan.adapters.bundled import load_gpu_specs
+
+    try:
+        floor = parse_size(min_memory) if min_memory else 0
+    except BadInputError as exc:
+        raise JobFlagError("min-memory", f"--min-memory: {exc}") from exc
+    return [s for s in load_gpu_specs() if s.memory_bytes >= floor]
+
+
+def gpus_document(specs: list[Any]) -> list[dict[str, Any]]:
+    """``tuneplan gpus --json``: every spec plus its usable memory."""
+    return [asdict(s) | {"usable_memory_bytes": s.usable_memory_bytes} for s in specs]
+
+
+def models_document() -> list[dict[str, Any]]:
+    """``tuneplan models --json``: the bundled registry with exact parameter counts."""
+    from tuneplan.adapters.hub import list_bundled_models
+
+    return list_bundled_models()
+
+
+def providers() -> list[Any]:
+    from tuneplan.adapters.bundled import load_providers
+
+    return list(load_providers())
+
+
+def providers_document(found: list[Any]) -> list[dict[str, Any]]:
+    """``tuneplan providers --json``."""
+    return [asdict(p) for p in found]
