@@ -9,12 +9,11 @@ An impossible job exits 2 with the fit solver's cheapest changes in its one-line
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from tuneplan.cli.options import JsonFlag, ModelArg, emit_json, job_flags
-from tuneplan.errors import InfeasibleJobError, InvalidValueError
 from tuneplan.service.jobs import JobRequest
 
 TopOpt = Annotated[int, typer.Option("--top", min=1, max=1000,
@@ -28,41 +27,17 @@ def plan_command(model: ModelArg, request: JobRequest, top: TopOpt = 10,
     from rich.console import Console
 
     from tuneplan.adapters.hub import resolve_model
-    from tuneplan.adapters.plans import catalog_info, plan, save_last_plan
-    from tuneplan.service.plan_report import plan_document, render_plans
+    from tuneplan.adapters.plans import catalog_info
+    from tuneplan.cli.render import render_plans
+    from tuneplan.service.planning import plan_and_keep
 
     job = request.job()
     now = datetime.now(UTC)
-    spec = resolve_model(job.model)
-    result = plan(job, now=now, model=spec)
-    if not result.plans:
-        raise InfeasibleJobError(_infeasible_message(job, result, spec))
-    info = catalog_info(now)
-    document = plan_document(result, info, top)
-    save_last_plan(document)
+    result, document = plan_and_keep(job, resolve_model(job.model), top, now=now)
     if as_json:
         emit_json(document)
         return
-    render_plans(result, info, top, now, Console(width=200))
-
-
-def _infeasible_message(job: Any, result: Any, model: Any) -> str:
-    """Why nothing fits, and the fit solver's cheapest changes on the largest card tried."""
-    from tuneplan.adapters.bundled import load_gpu_spec
-    from tuneplan.core.planner.fit import describe_suggestions, fit
-    from tuneplan.core.planner.search import StrategySearch
-
-    if not result.rejected:
-        return (f"no offer passes the job's filters ({result.considered} considered); "
-                "loosen --provider/--region/--gpu/--max-gpus")
-    worst = max(result.rejected, key=lambda r: r.offer.gpu_memory_bytes)
-    gpu = load_gpu_spec(worst.offer.gpu)
-    search = StrategySearch(model=model, base=job.strategy,
-                            tokens=job.tokens_per_epoch, epochs=job.epochs)
-    report = fit(search, gpu)  # changes may break --max-gpus: that is a change too
-    hint = describe_suggestions(report) or "no single change makes it fit"
-    return (f"no plan: {len(result.rejected)} offers rejected, e.g. {worst.offer.gpu_count}x "
-            f"{gpu.name}: {worst.reason}. Changes on {gpu.name}: {hint}")
+    render_plans(result, catalog_info(now), top, now, Console(width=200))
 
 
 @job_flags("fit")
@@ -70,21 +45,14 @@ def fit_command(model: ModelArg, request: JobRequest, as_json: JsonFlag = False)
     """Largest micro-batch and sequence per method on one GPU, and changes that make it fit."""
     from rich.console import Console
 
-    from tuneplan.adapters.bundled import resolve_gpu_spec
     from tuneplan.adapters.hub import resolve_model
-    from tuneplan.core.planner.fit import fit
-    from tuneplan.core.planner.search import StrategySearch
-    from tuneplan.service.plan_report import render_fit
+    from tuneplan.cli.render import render_fit
+    from tuneplan.service.planning import fit_document, fit_job
 
-    job = request.job()
-    if not job.gpu:
-        raise InvalidValueError("fit needs --gpu NAME (see `tuneplan gpus`)")
-    gpu = resolve_gpu_spec(job.gpu)
-    search = StrategySearch(model=resolve_model(model), base=job.strategy,
-                            tokens=job.tokens_per_epoch, epochs=job.epochs)
-    report = fit(search, gpu, max_gpus=job.max_gpus or 64)
+    spec = resolve_model(model)
+    report = fit_job(request.job(), spec)
     if as_json:
-        emit_json({"model": search.model.name, **report.as_dict()})
+        emit_json(fit_document(spec, report))
         return
     render_fit(report, Console())
 

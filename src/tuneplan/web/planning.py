@@ -8,7 +8,6 @@ The model comes already resolved (``inputs.resolve_web_model``: never a path); t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,21 +27,18 @@ def build_job(form: BaseModel, model: ModelSpec) -> Job:
     return job_request(form, "plan", model.name).job()
 
 
-def run_plan(form: PlanInput, model: ModelSpec, store_path: Path | None) -> PlanResult:
-    """Plans over the app's catalog: ``adapters.plans.plan`` with the web-resolved model."""
-    from tuneplan.adapters.plans import plan
-    from tuneplan.adapters.store import load_catalog
+def run_plan(form: BaseModel, model: ModelSpec, store_path: Path | None) -> PlanResult:
+    """Plans over the app's catalog, by the service's planning use case."""
+    from tuneplan.service.planning import plan_job
 
-    return plan(build_job(form, model), model=model, offers=load_catalog(path=store_path),
-                now=datetime.now(UTC))
+    return plan_job(build_job(form, model), model, store_path=store_path)
 
 
 def plan_document(result: PlanResult, top: int, store_path: Path | None) -> dict[str, Any]:
-    """``tuneplan plan --json`` for a result, by the CLI's own document function."""
-    from tuneplan.adapters.plans import catalog_info
-    from tuneplan.service.plan_report import plan_document as cli_document
+    """``tuneplan plan --json`` for a result, by the service's own document function."""
+    from tuneplan.service.planning import plan_json
 
-    return cli_document(result, catalog_info(path=store_path), top)
+    return plan_json(result, top, store_path=store_path)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
