@@ -160,6 +160,9 @@ def test_api_memory_takes_a_config_object(client: TestClient) -> None:
     ({"model": "llama-3.1-8b", "lora_targets": "q_proj;rm -rf"}, "lora_targets"),
     ({"model": "llama-3.1-8b", "gpu": "Quantum 9000"}, "gpu"),
     ({"model": "llama-3.1-8b", "unknown_knob": 1}, "unknown_knob"),
+    ({"model": "llama-3.1-8b", "lora_dropout": 1.0}, "lora_dropout"),   # the registry's [0, 1)
+    ({"model": "llama-3.1-8b", "seq_len": 2**63}, "seq_len"),
+    ({"model": "llama-3.1-8b", "budget": 100}, "budget"),   # memory cannot honour a budget
     ({"model": HOSTILE}, "model"),
     ({"model": "/etc/passwd"}, "model"),        # absolute paths never match
     ({"model": "../../etc/passwd"}, "model"),

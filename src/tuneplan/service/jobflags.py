@@ -418,7 +418,8 @@ def job_from_values(model: str, values: Mapping[str, Any], *, command: str,
             fields[flag.owner][flag.field] = value
     _derive(fields[Strategy], given)
     strategy = _build(Strategy, fields[Strategy])
-    return _build(Job, {"model": model, "strategy": strategy, **fields[Job]})
+    job: Job = _build(Job, {"model": model, "strategy": strategy, **fields[Job]})
+    return job
 
 
 def _derive(strategy: dict[str, Any], given: Mapping[str, Any]) -> None:

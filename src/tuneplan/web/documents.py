@@ -70,11 +70,12 @@ def memory_document(job: BaseModel, model: ModelSpec) -> dict[str, Any]:
     from tuneplan.service.memory_report import memory_document as cli_document
     from tuneplan.service.memory_report import run_memory
 
-    if job.gpu:  # checked first so that an unknown name is reported against its field
+    gpu_name = getattr(job, "gpu", None)
+    if gpu_name:  # checked first so that an unknown name is reported against its field
         from tuneplan.adapters.bundled import resolve_gpu_spec
 
         try:
-            resolve_gpu_spec(job.gpu)
+            resolve_gpu_spec(gpu_name)
         except BadInputError as exc:
             raise FieldError("gpu", str(exc)) from exc
     estimate, spec, gpu = run_memory(job_request(job, "memory", model.name), model=model)

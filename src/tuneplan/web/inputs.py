@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
 
@@ -76,7 +76,7 @@ def _form_field(flag: Flag) -> tuple[Any, Any]:
     if kind.switch:
         kind_type: Any = bool
     elif kind.choices:
-        kind_type = Literal[kind.choices]  # type: ignore[valid-type]
+        kind_type = Literal[kind.choices]
     elif kind.number is int:
         return int | None, Field(default, ge=kind.low, le=kind.high, description=flag.help)
     elif kind.number is float:
@@ -86,27 +86,38 @@ def _form_field(flag: Flag) -> tuple[Any, Any]:
     return kind_type | None, Field(default, description=flag.help)
 
 
-def _job_model(name: str, command: str, doc: str, **extra: Any) -> type[BaseModel]:
-    """A pydantic model of ``command``'s job flags (``service.jobflags.FLAGS``: names, help,
-    choices, bounds and defaults all come from there), plus the web's own fields."""
-    fields: dict[str, Any] = {
-        "model": (ModelName | None, Field(
-            None, description="bundled name or alias, or a hub id (org/name); never a path")),
-        "config": (dict[str, Any] | None, Field(
-            None, description="a config.json object, instead of a model name")),
-    }
-    fields |= {flag.key: _form_field(flag) for flag in flags_for(command)}
-    fields |= extra
-    model: type[BaseModel] = create_model(  # type: ignore[call-overload]
-        name, __config__=ConfigDict(extra="forbid"), __doc__=doc, **fields)
+class JobForm(BaseModel):
+    """What every job form has beside the job flags: the model, by name or as a config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: ModelName | None = Field(
+        None, description="bundled name or alias, or a hub id (org/name); never a path")
+    config: dict[str, Any] | None = Field(
+        None, description="a config.json object, instead of a model name")
+
+
+class PlanForm(JobForm):
+    top: int = Field(10, ge=1, le=50, description="how many ranked plans to return")
+
+
+def _job_model(name: str, base: type[JobForm], command: str, doc: str) -> type[JobForm]:
+    """``base`` plus a field for each of ``command``'s job flags (``service.jobflags.FLAGS``:
+    names, help, choices, bounds and defaults all come from there)."""
+    fields = {flag.key: _form_field(flag) for flag in flags_for(command)}
+    model: type[JobForm] = create_model(  # type: ignore[call-overload]
+        name, __base__=base, __doc__=doc, **fields)
     return model
 
 
-JobInput = _job_model("JobInput", "memory",
-                      "A job as the CLI's job flags; every default is the CLI's.")
-PlanInput = _job_model(
-    "PlanInput", "plan", "A job plus the planner's data and constraints (`tuneplan plan`).",
-    top=(int, Field(10, ge=1, le=50, description="how many ranked plans to return")))
+if TYPE_CHECKING:  # the generated classes have these bases; their flag fields are dynamic
+    JobInput = JobForm
+    PlanInput = PlanForm
+else:
+    JobInput = _job_model("JobInput", JobForm, "memory",
+                          "A job as the CLI's job flags; every default is the CLI's.")
+    PlanInput = _job_model("PlanInput", PlanForm, "plan",
+                           "A job plus the planner's data and constraints (`tuneplan plan`).")
 _WEB_ONLY = {"model", "config", "top"}
 
 
