@@ -17,10 +17,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tuneplan.core.compute.communication import NodeLinks
 from tuneplan.core.compute.step import trainable_params
 from tuneplan.core.compute.throughput import (
     Throughput,
-    compute_job_from_strategy,
     estimate_throughput,
     model_shape_from_spec,
 )
@@ -61,17 +61,16 @@ def _throughput(model_name: str, gpu: Any, flags: dict[str, Any], strategy: Any,
     from tuneplan.adapters.hub import resolve_model
 
     avg = flags.get("avg-tokens")
-    job = compute_job_from_strategy(strategy, avg_tokens=int(avg) if avg else None,
-                                    intra_node_link=fabric,
-                                    inter_node_bytes_per_s=inter_node_bytes_per_s)
+    links = NodeLinks(intra=fabric, inter_node_bytes_per_s=inter_node_bytes_per_s)
     shape = model_shape_from_spec(resolve_model(model_name))
     tokens = parse_count(str(flags["tokens"])) if flags.get("tokens") else None
     epochs = _positive(flags.get("epochs", 1), "epochs")
     from tuneplan.adapters.calibration import calibration_for  # saved probes (issue 9)
 
-    result = estimate_throughput(shape, job, gpu, tokens=tokens, epochs=epochs,
+    result = estimate_throughput(shape, strategy, gpu, avg_tokens=int(avg) if avg else None,
+                                 links=links, tokens=tokens, epochs=epochs,
                                  assumptions=calibration_for(gpu).throughput)
-    return shape, result, job
+    return shape, result, strategy
 
 
 def _positive(value: Any, name: str) -> float:
@@ -134,13 +133,13 @@ def _offer_and_provider(offer_id: str) -> tuple[Any, Any]:
     return offer, provider
 
 
-def _cost_inputs(shape: Any, result: Throughput, job: Any, offer: Any, provider: Any,
+def _cost_inputs(shape: Any, result: Throughput, strategy: Any, offer: Any, provider: Any,
                  options: dict[str, Any], a: CostAssumptions) -> CostInputs:
     if result.hours is None:
         raise InvalidValueError("cost needs the training length: add --tokens (e.g. 50M)")
     with_opt, without = checkpoint_bytes(
-        method=job.method, precision=job.precision, optimizer=job.optimizer,
-        total_params=shape.total_params, trainable_params=trainable_params(shape, job))
+        method=strategy.method, precision=strategy.precision, optimizer=strategy.optimizer,
+        total_params=shape.total_params, trainable_params=trainable_params(shape, strategy))
     dataset = (parse_size(options["dataset_size"]) if options["dataset_size"]
                else round(options["tokens"] * a.dataset_bytes_per_token))
     every = options["checkpoint_every"]

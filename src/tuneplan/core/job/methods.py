@@ -54,6 +54,22 @@ class Method(StrEnum):
     def is_prompt_learning(self) -> bool:
         return self in (Method.PREFIX, Method.PROMPT)
 
+    @property
+    def is_low_rank(self) -> bool:
+        """Adapters on the targeted linears (the LoRA family and PEFT's other weight adapters:
+        AdaLoRA, LoHa, LoKr, VeRA, LoRA-FA, OFT, BOFT): the speed model's adapter FLOPs."""
+        return self in _LOW_RANK
+
+    @property
+    def adds_virtual_tokens(self) -> bool:
+        """Prompt tuning and P-tuning prepend ``num_virtual_tokens`` positions to every input."""
+        return self in (Method.PROMPT, Method.P_TUNING)
+
+
+_LOW_RANK = frozenset({Method.LORA, Method.DORA, Method.QLORA, Method.LORA8BIT, Method.ADALORA,
+                       Method.LOHA, Method.LOKR, Method.VERA, Method.LORA_FA, Method.OFT,
+                       Method.BOFT})
+
 
 class Quant(StrEnum):
     NF4 = "nf4"
