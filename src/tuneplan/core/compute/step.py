@@ -31,6 +31,7 @@ from tuneplan.core.job.strategy import (
     Sharding,
     Strategy,
 )
+from tuneplan.core.models import LinearRole
 from tuneplan.errors import UnsupportedError
 from tuneplan.explain import Breakdown, Term
 
@@ -158,10 +159,12 @@ def _host_seconds(model: ModelShape, s: Strategy,
 
 
 def _adapted_weight_params(model: ModelShape, s: Strategy) -> int:
+    """Weights whose column norms DoRA recomputes: the adapted linears but fused experts,
+    which get no magnitude vector (``core.job.methods``)."""
     from tuneplan.core.compute.throughput import adapted_linears
 
     return sum(lin.in_features * lin.out_features * lin.stored
-               for lin in adapted_linears(model, s))
+               for lin in adapted_linears(model, s) if lin.role is not LinearRole.EXPERT)
 
 
 def _optimizer_term(model: ModelShape, s: Strategy, gpu: GpuSpec,

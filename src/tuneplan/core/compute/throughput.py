@@ -53,6 +53,7 @@ class AdaptedLinear:
     active: int
     stored: int
     modules: int
+    role: LinearRole = LinearRole.ATTENTION
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -139,7 +140,7 @@ def adapted_linears(model: ModelShape, strategy: Strategy) -> tuple[AdaptedLinea
                     active=group.count * _active_copies(lin.role, lin.copies,
                                                         group.experts_per_token),
                     stored=group.count * lin.copies,
-                    modules=group.count * (1 if expert else lin.copies)))
+                    modules=group.count * (1 if expert else lin.copies), role=lin.role))
         found = model._cache[key] = tuple(out)
     assert isinstance(found, tuple)
     return found
