@@ -241,6 +241,11 @@ def _adapter_matrices(model: ModelSpec, strategy: Strategy) -> list[tuple[int, i
                 mats.append((1, size, n))
                 continue
             if lin.role is LinearRole.EXPERT:
+                if method is Method.DORA:  # peft 0.21: ValueError from get_peft_model
+                    raise UnsupportedError(
+                        f"DoRA cannot wrap {model.name}'s fused experts (peft's "
+                        "lora.ParamWrapper does not work with use_dora): use --method lora, or "
+                        "--lora-targets naming the attention linears")
                 # lora.ParamWrapper: A (r·E, in), B (out, r·E) per stacked expert parameter.
                 wide = lora_rank_of(lin, strategy) * lin.copies
                 mats += [(wide, lin.in_features, layer.count),
