@@ -19,34 +19,59 @@ from typing import Any
 
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
 from tuneplan.core.compute.throughput import (
-    ComputeJob,
-    LinearShape,
     ModelShape,
     estimate_throughput,
+    model_shape_from_spec,
 )
-from tuneplan.errors import TuneplanError
+from tuneplan.core.job.methods import Method, Quant
+from tuneplan.core.job.recipes import Recipe
+from tuneplan.core.job.strategy import (
+    Attention,
+    Checkpointing,
+    Loss,
+    Offload,
+    Optimizer,
+    Precision,
+    Sharding,
+    Strategy,
+    Task,
+)
+from tuneplan.core.models import LayerSpec, Linear, LinearRole, MlpKind, ModelSpec, NormKind
+from tuneplan.errors import TuneplanError, UnsupportedError
 
 DEFAULT_CASES = Path(__file__).resolve().parent / "calibration" / "cases.jsonl"
+_ATTENTION_LINEARS = ("c_attn", "query", "key", "value")
 
 
-def _block(name: str, layers: int, linears: list[tuple[str, int, int]],
-           hidden: int, vocab: int, extra: int, heads_dim: int, causal: bool = True) -> ModelShape:
-    shapes = tuple(LinearShape(name=n, in_features=i, out_features=o, active=layers,
-                               stored=layers, role="attention" if n in ("c_attn", "query", "key",
-                                                                         "value") else "mlp")
-                   for n, i, o in linears)
-    total = sum(i * o for _, i, o in linears) * layers + extra
-    return ModelShape(name=name, total_params=total, num_layers=layers, hidden_size=hidden,
-                      attention_dim=heads_dim, vocab_size=vocab, linears=shapes, causal=causal)
+def _block(name: str, layers: int, linears: list[tuple[str, int, int, bool]],
+           hidden: int, vocab: int, embedding: int, heads: int, *, model_type: str,
+           tied: bool, causal: bool = True) -> ModelShape:
+    """One kind of block; ``embedding`` and the untied head hold every parameter outside the
+    blocks' linears (norms are not counted: the figures below reproduce published totals)."""
+    block = LayerSpec(
+        kind="decoder" if causal else "encoder", count=layers, norm_params=0,
+        linears=tuple(Linear(name=n, in_features=i, out_features=o, bias=bias,
+                             role=LinearRole.ATTENTION if n.rsplit(".", 1)[-1]
+                             in _ATTENTION_LINEARS else LinearRole.MLP)
+                      for n, i, o, bias in linears))
+    spec = ModelSpec(
+        name=name, model_type=model_type, hidden_size=hidden, num_layers=layers,
+        num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
+        intermediate_size=max(o for _, _, o, _ in linears), vocab_size=vocab,
+        max_position_embeddings=None, tie_word_embeddings=tied, norm_kind=NormKind.LAYERNORM,
+        mlp_kind=MlpKind.PLAIN, hidden_act="gelu", layers=(block,),
+        embedding_params=embedding, final_norm_params=0)
+    return model_shape_from_spec(spec)
 
 
 def _qwen1(name: str, layers: int, hidden: int, mlp: int, vocab: int) -> ModelShape:
     # Qwen-1 config.json (QWenLMHeadModel): c_attn (h -> 3h, bias), attn c_proj (h -> h),
     # w1/w2 (h -> intermediate_size/2), mlp c_proj (intermediate_size/2 -> h); untied head.
-    linears = [("c_attn", hidden, 3 * hidden), ("c_proj", hidden, hidden),
-               ("w1", hidden, mlp), ("w2", hidden, mlp), ("c_proj", mlp, hidden)]
-    return _block(name, layers, linears, hidden, vocab, 2 * vocab * hidden + layers * 3 * hidden,
-                  hidden)
+    linears = [("attn.c_attn", hidden, 3 * hidden, True), ("attn.c_proj", hidden, hidden, False),
+               ("mlp.w1", hidden, mlp, False), ("mlp.w2", hidden, mlp, False),
+               ("mlp.c_proj", mlp, hidden, False)]
+    return _block(name, layers, linears, hidden, vocab, vocab * hidden, hidden // 128,
+                  model_type="qwen", tied=False)
 
 
 # Models the calibration uses that tuneplan does not bundle: dimensions from their config.json
@@ -58,9 +83,11 @@ LOCAL_SHAPES: dict[str, ModelShape] = {
     "Qwen/Qwen-72B": _qwen1("Qwen/Qwen-72B", 80, 8192, 24_576, 152_064),
     "google-bert/bert-large-uncased": _block(
         "google-bert/bert-large-uncased", 24,
-        [("query", 1024, 1024), ("key", 1024, 1024), ("value", 1024, 1024),
-         ("dense", 1024, 1024), ("intermediate", 1024, 4096), ("output", 4096, 1024)],
-        1024, 30_522, 30_522 * 1024 + 512 * 1024, 1024, causal=False),
+        [("query", 1024, 1024, False), ("key", 1024, 1024, False),
+         ("value", 1024, 1024, False), ("dense", 1024, 1024, False),
+         ("intermediate", 1024, 4096, False), ("output", 4096, 1024, False)],
+        1024, 30_522, 30_522 * 1024 + 512 * 1024, 16, model_type="bert", tied=True,
+        causal=False),
 }
 
 
@@ -69,34 +96,44 @@ def model_shape(case: dict[str, Any]) -> ModelShape:
     if name in LOCAL_SHAPES:
         return LOCAL_SHAPES[name]
     from tuneplan.adapters.hub import resolve_model
-    from tuneplan.core.compute.throughput import model_shape_from_spec
 
     return model_shape_from_spec(resolve_model(case.get("model_fallback") or name))
 
 
-def compute_job(case: dict[str, Any]) -> ComputeJob:
-    """The case's CLI flags as a ComputeJob; settings without a flag read from the case."""
+def case_strategy(case: dict[str, Any]) -> tuple[Strategy, int | None]:
+    """(Strategy, avg_tokens) of the case's CLI flags; settings without a flag read from the
+    case. Raises UnsupportedError for a value tuneplan has no word for."""
     args = case["args"]
     settings = " ".join(case.get("settings_not_in_cli") or [])
     targets = str(args.get("lora-targets", "all-linear"))
     virtual = re.search(r"(\d+) virtual tokens", settings)
-    return ComputeJob(
-        method=args.get("method", "lora"), lora_rank=int(args.get("lora-rank", 16)),
-        lora_targets=tuple(targets.split(",")),
-        virtual_tokens=int(virtual.group(1)) if virtual else 20,
-        precision=args.get("precision", "bf16-mixed"),
-        optimizer=args.get("optimizer", "adamw"), batch_size=int(args.get("batch-size", 1)),
-        grad_accum=int(args.get("grad-accum", 1)), seq_len=int(args.get("seq-len", 2048)),
-        avg_tokens=args.get("avg-tokens"), packing=bool(args.get("packing", False)),
-        gradient_checkpointing=bool(args.get("gradient-checkpointing", True))
-        and not args.get("offload-activations"),
-        offload_activations=bool(args.get("offload-activations", False)),
-        attention=args.get("attention", "sdpa"),
-        compile=bool(args.get("compile", False)) or "torch.compile enabled" in settings,
-        gpus=int(args.get("gpus", 1)), nodes=int(args.get("nodes", 1)),
-        sharding=args.get("sharding", "ddp"), offload=args.get("offload", "none"),
-        recipe=args.get("recipe", "hf"),
-        task="seq-cls" if "sequence-classification" in settings else args.get("task", "causal-lm"))
+    checkpointing = (Checkpointing.OFFLOAD if args.get("offload-activations") else
+                     Checkpointing.FULL if args.get("gradient-checkpointing", True) else
+                     Checkpointing.NONE)
+    try:
+        strategy = Strategy(
+            method=Method(args.get("method", "lora")), lora_rank=int(args.get("lora-rank", 16)),
+            lora_alpha=int(args.get("lora-alpha", 32)), lora_targets=tuple(targets.split(",")),
+            num_virtual_tokens=int(virtual.group(1)) if virtual else 20,
+            quant=Quant(args.get("quant", "nf4")),
+            double_quant=bool(args.get("double-quant", True)),
+            precision=Precision(args.get("precision", "bf16-mixed")),
+            optimizer=Optimizer(args.get("optimizer", "adamw")),
+            batch_size=int(args.get("batch-size", 1)), grad_accum=int(args.get("grad-accum", 1)),
+            seq_len=int(args.get("seq-len", 2048)), packing=bool(args.get("packing", False)),
+            checkpointing=checkpointing, attention=Attention(args.get("attention", "sdpa")),
+            compile=bool(args.get("compile", False)) or "torch.compile enabled" in settings,
+            gpus=int(args.get("gpus", 1)), nodes=int(args.get("nodes", 1)),
+            sharding=Sharding(args.get("sharding", "ddp")),
+            offload=Offload(args.get("offload", "none")),
+            recipe=Recipe(args.get("recipe", "hf")),
+            loss=Loss(args["loss"]) if args.get("loss") else None,
+            task=Task.SEQ_CLS if "sequence-classification" in settings
+            else Task(args.get("task", "causal-lm")))
+    except ValueError as exc:
+        raise UnsupportedError(f"no tuneplan setting for this case: {exc}") from exc
+    avg = args.get("avg-tokens")
+    return strategy, int(avg) if avg is not None else None
 
 
 def evaluate(cases_path: Path, assumptions: ThroughputAssumptions | None = None,
@@ -115,8 +152,9 @@ def evaluate(cases_path: Path, assumptions: ThroughputAssumptions | None = None,
                                "error_pct": None, "supported": case.get("cli_supported")}
         try:
             gpu = load_gpu_spec(normalise_gpu_name(case["args"]["gpu"]))
-            result = estimate_throughput(model_shape(case), compute_job(case), gpu,
-                                         assumptions=assumptions)
+            strategy, avg_tokens = case_strategy(case)
+            result = estimate_throughput(model_shape(case), strategy, gpu,
+                                         avg_tokens=avg_tokens, assumptions=assumptions)
             row["predicted"] = result.tokens_per_second
             row["error_pct"] = 100 * (result.tokens_per_second - expected) / expected
         except TuneplanError as exc:

@@ -20,11 +20,7 @@ from tuneplan.adapters.calibration import (
 )
 from tuneplan.adapters.store import _MIGRATIONS, CatalogStore
 from tuneplan.cli.app import app
-from tuneplan.core.compute.throughput import (
-    compute_job_from_strategy,
-    estimate_throughput,
-    model_shape_from_spec,
-)
+from tuneplan.core.compute.throughput import estimate_throughput, model_shape_from_spec
 from tuneplan.core.job.strategy import Strategy
 from tuneplan.errors import InvalidValueError
 from tuneplan.service.memory_report import run_memory
@@ -101,7 +97,7 @@ def test_throughput_uses_the_measured_efficiency() -> None:
     from tuneplan.adapters.hub import resolve_model
 
     shape = model_shape_from_spec(resolve_model("meta-llama/Llama-3.1-8B"))
-    job = compute_job_from_strategy(Strategy(seq_len=1024))
+    job = Strategy(seq_len=1024)
     plain = estimate_throughput(shape, job, gpu)
     cal = calibrate(h100_probe(matmul_efficiency=0.22), gpu)  # default Hopper is 0.44
     slower = estimate_throughput(shape, job, gpu, assumptions=cal.throughput)

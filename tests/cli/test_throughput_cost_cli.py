@@ -93,3 +93,26 @@ def test_throughput_reads_a_job_file_like_memory(tmp_path) -> None:  # type: ign
 def test_throughput_without_gpu_is_bad_input() -> None:
     result = runner.invoke(app, ["throughput", "meta-llama/Llama-3.2-1B"])
     assert isinstance(result.exception, InvalidValueError)
+
+
+def test_cost_sizes_moe_lora_checkpoints_from_the_memory_models_count() -> None:
+    """Qwen3-30B-A3B all-linear LoRA trains 996,507,648 parameters (routers and fused experts
+    as PEFT 0.21 wraps them): the checkpoint holds them in fp32 plus AdamW's 8 B each, as
+    ``tuneplan plan`` sizes it; the speed model's adapter FLOPs read the same targets."""
+    from tuneplan.adapters.store import CatalogStore
+    from tuneplan.core.catalog.offers import OfferFilter
+
+    trainable = 996_507_648
+    with CatalogStore.open() as store:
+        offers = store.offers(OfferFilter(gpu="H100", gpu_count=8))
+    offer = next(o for o in offers if o.price_per_hour is not None)
+    result = runner.invoke(app, ["cost", "Qwen/Qwen3-30B-A3B", "--offer", offer.id,
+                                 "--method", "lora", "--tokens", "20M", "--json"])
+    assert result.exit_code == 0, result.output
+    checkpoint = json.loads(result.stdout)["checkpoint"]
+    assert checkpoint["bytes_with_optimizer"] == trainable * (4 + 8)
+    speed = runner.invoke(app, ["throughput", "Qwen/Qwen3-30B-A3B", "--gpu", "H100 SXM",
+                                "--method", "lora", "--json"])
+    assert speed.exit_code == 0, speed.output
+    terms = {t["name"]: t for t in json.loads(speed.stdout)["flops_per_token"]["terms"]}
+    assert terms["adapters"]["inputs"]["adapter_params"] == trainable

@@ -13,33 +13,54 @@ from hypothesis import strategies as st
 
 from tuneplan.adapters.bundled import load_gpu_spec
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
-from tuneplan.core.compute.communication import KNOWN_SHARDING, communication_per_step
+from tuneplan.core.compute.communication import (
+    KNOWN_SHARDING,
+    NodeLinks,
+    communication_per_step,
+)
 from tuneplan.core.compute.throughput import (
-    ComputeJob,
-    LinearShape,
     ModelShape,
     estimate_throughput,
     flops_per_token,
     model_flops,
+    model_shape_from_spec,
+    tokens_per_sequence,
 )
+from tuneplan.core.job.methods import Method
+from tuneplan.core.job.strategy import Attention, Checkpointing, Sharding, Strategy
+from tuneplan.core.models import LayerSpec, Linear, LinearRole, MlpKind, ModelSpec, NormKind
 from tuneplan.errors import UnsupportedError
 
 A = ThroughputAssumptions()
+NO_RECOMPUTE = Checkpointing.NONE
+
+
+def _spec(layers: int, hidden: int, vocab: int, linears: tuple[Linear, ...], *,
+          model_type: str = "llama", experts: int = 0, per_token: int = 0) -> ModelSpec:
+    block = LayerSpec(kind="decoder", count=layers, linears=linears, norm_params=0,
+                      num_experts=experts, experts_per_token=per_token)
+    return ModelSpec(
+        name="tiny", model_type=model_type, hidden_size=hidden, num_layers=layers,
+        num_heads=hidden // 64, num_kv_heads=hidden // 64, head_dim=64,
+        intermediate_size=max(lin.out_features for lin in linears), vocab_size=vocab,
+        max_position_embeddings=None, tie_word_embeddings=False, norm_kind=NormKind.RMSNORM,
+        mlp_kind=MlpKind.PLAIN, hidden_act="silu", layers=(block,),
+        embedding_params=vocab * hidden, final_norm_params=0, num_experts=experts,
+        num_experts_per_token=per_token)
 
 
 def _model(layers: int = 4, hidden: int = 256, mlp: int = 512, vocab: int = 1000) -> ModelShape:
     linears = tuple(
-        LinearShape(name=name, in_features=i, out_features=o, active=layers, stored=layers,
-                    role=role)
-        for name, i, o, role in (("q_proj", hidden, hidden, "attention"),
-                                 ("k_proj", hidden, hidden, "attention"),
-                                 ("v_proj", hidden, hidden, "attention"),
-                                 ("o_proj", hidden, hidden, "attention"),
-                                 ("up_proj", hidden, mlp, "mlp"),
-                                 ("down_proj", mlp, hidden, "mlp")))
-    total = sum(lin.in_features * lin.out_features * layers for lin in linears) + 2 * vocab * hidden
-    return ModelShape(name="tiny", total_params=total, num_layers=layers, hidden_size=hidden,
-                      attention_dim=hidden, vocab_size=vocab, linears=linears)
+        Linear(name=name, in_features=i, out_features=o, bias=False, role=role)
+        for name, i, o, role in (("q_proj", hidden, hidden, LinearRole.ATTENTION),
+                                 ("k_proj", hidden, hidden, LinearRole.ATTENTION),
+                                 ("v_proj", hidden, hidden, LinearRole.ATTENTION),
+                                 ("o_proj", hidden, hidden, LinearRole.ATTENTION),
+                                 ("up_proj", hidden, mlp, LinearRole.MLP),
+                                 ("down_proj", mlp, hidden, LinearRole.MLP)))
+    shape = model_shape_from_spec(_spec(layers, hidden, vocab, linears))
+    assert shape.total_params == sum(lin.params for lin in linears) * layers + 2 * vocab * hidden
+    return shape
 
 
 def _non_attention(breakdown) -> float:  # type: ignore[no-untyped-def]
@@ -49,7 +70,7 @@ def _non_attention(breakdown) -> float:  # type: ignore[no-untyped-def]
 
 def test_full_training_is_6n_per_token_without_recompute() -> None:
     model = _model()
-    job = ComputeJob(method="full", gradient_checkpointing=False)
+    job = Strategy(method=Method.FULL, checkpointing=NO_RECOMPUTE)
     flops = flops_per_token(model, job, A, context=2048)
     assert _non_attention(flops) == 6 * model.matmul_params
     # N counts the output head (vocab x hidden) but not the embedding lookup.
@@ -58,7 +79,7 @@ def test_full_training_is_6n_per_token_without_recompute() -> None:
 
 def test_recompute_adds_one_forward_8n() -> None:
     model = _model()
-    job = ComputeJob(method="full", gradient_checkpointing=True)
+    job = Strategy(method=Method.FULL, checkpointing=Checkpointing.FULL)
     flops = flops_per_token(model, job, A, context=512)
     attn = flops.value("forward/attention")
     assert flops.total - 4 * attn == 8 * model.matmul_params  # attention: fwd, bwd 2x, recompute
@@ -67,8 +88,8 @@ def test_recompute_adds_one_forward_8n() -> None:
 
 def test_lora_is_4n_plus_adapter_terms() -> None:
     model = _model()
-    job = ComputeJob(method="lora", lora_rank=8, lora_targets=("q_proj", "v_proj"),
-                     gradient_checkpointing=False)
+    job = Strategy(method=Method.LORA, lora_rank=8, lora_targets=("q_proj", "v_proj"),
+                   checkpointing=NO_RECOMPUTE)
     flops = flops_per_token(model, job, A, context=128)
     adapters = 4 * 2 * 8 * (256 + 256)  # layers x targets x r x (in + out)
     assert _non_attention(flops) == 4 * model.matmul_params + 6 * adapters
@@ -77,23 +98,59 @@ def test_lora_is_4n_plus_adapter_terms() -> None:
 
 def test_attention_term_uses_the_causal_factor() -> None:
     model = _model()
-    flops = flops_per_token(model, ComputeJob(method="full"), A, context=1024)
+    flops = flops_per_token(model, Strategy(method=Method.FULL), A, context=1024)
     assert flops.value("forward/attention") == 4 * 4 * 1024 * 256 * 0.5
-    eager = flops_per_token(model, ComputeJob(method="full", attention="eager"), A, context=1024)
+    eager = flops_per_token(model, Strategy(method=Method.FULL, attention=Attention.EAGER), A,
+                            context=1024)
     assert eager.value("forward/attention") == 4 * 4 * 1024 * 256 * 1.0
 
 
+def _moe(model_type: str) -> ModelShape:
+    """2 blocks: attention q_proj, a router over 8 experts, fused experts (2 of 8 per token)."""
+    linears = (
+        Linear(name="q_proj", in_features=64, out_features=64, bias=False,
+               role=LinearRole.ATTENTION),
+        Linear(name="gate", in_features=64, out_features=8, bias=False, role=LinearRole.ROUTER),
+        Linear(name="experts.gate_up_proj", in_features=64, out_features=256, bias=False,
+               role=LinearRole.EXPERT, copies=8),
+        Linear(name="experts.down_proj", in_features=128, out_features=64, bias=False,
+               role=LinearRole.EXPERT, copies=8))
+    return model_shape_from_spec(_spec(2, 64, 10, linears, model_type=model_type, experts=8,
+                                       per_token=2))
+
+
 def test_moe_counts_only_routed_experts() -> None:
-    expert = LinearShape(name="w1", in_features=64, out_features=128, active=2 * 2, stored=2 * 8,
-                         role="expert")
-    model = ModelShape(name="moe", total_params=10**6, num_layers=2, hidden_size=64,
-                       attention_dim=64, vocab_size=10, linears=(expert,))
-    assert model.block_matmul_params == 4 * 64 * 128
-    assert model.stored_block_params == 16 * 64 * 128
+    model = _moe("mixtral")
+    per_block = 64 * 64 + 64 * 8
+    assert model.block_matmul_params == 2 * (per_block + 2 * (64 * 256 + 128 * 64))
+    assert model.stored_block_params == 2 * (per_block + 8 * (64 * 256 + 128 * 64))
+
+
+def test_moe_all_linear_lora_adapts_routers_and_routed_experts() -> None:
+    """PEFT 0.21 on a converted MoE type wraps the router and the fused experts (2r on
+    gate_up): FLOPs count the experts a token is routed to, trainable counts all of them."""
+    from tuneplan.core.compute.step import trainable_params
+    from tuneplan.core.job.methods import count_trainable
+
+    strategy = Strategy(method=Method.LORA, lora_rank=4, checkpointing=NO_RECOMPUTE)
+    model = _moe("mixtral")
+    flops = flops_per_token(model, strategy, A, context=16)
+    q, router = 4 * (64 + 64), 4 * (64 + 8)
+    gate_up, down = 8 * (64 + 256), 4 * (128 + 64)
+    per_token = 2 * (q + router + 2 * (gate_up + down))
+    stored = 2 * (q + router + 8 * (gate_up + down))
+    assert flops.value("adapters") == 6 * per_token
+    term = flops.get("adapters")
+    assert term is not None and term.inputs["adapter_params"] == stored
+    assert trainable_params(model, strategy) == stored == count_trainable(model.spec,
+                                                                          strategy).total
+    # a type PEFT does not convert: all-linear leaves the fused experts and the router alone
+    plain = _moe("granitemoe")
+    assert flops_per_token(plain, strategy, A, context=16).value("adapters") == 6 * 2 * q
 
 
 def test_step_terms_sum_and_tokens_per_second() -> None:
-    result = estimate_throughput(_model(), ComputeJob(method="full", batch_size=2, seq_len=512),
+    result = estimate_throughput(_model(), Strategy(method=Method.FULL, batch_size=2, seq_len=512),
                                  load_gpu_spec("A100 80GB SXM4"), tokens=10**6, epochs=2)
     assert result.step_seconds == pytest.approx(sum(t.value for t in result.step))
     assert result.tokens_per_second == pytest.approx(2 * 512 / result.step_seconds)
@@ -104,14 +161,21 @@ def test_step_terms_sum_and_tokens_per_second() -> None:
 
 def test_bf16_on_a_gpu_without_bf16_falls_back_to_fp16() -> None:
     v100 = load_gpu_spec("V100 SXM2 16GB")
-    result = estimate_throughput(_model(), ComputeJob(method="lora"), v100)
+    result = estimate_throughput(_model(), Strategy(method=Method.LORA), v100)
     assert any("FP16" in note for note in result.notes)
     assert result.peak_flops_per_s == 125e12
 
 
-def test_unknown_method_is_refused() -> None:
-    with pytest.raises(UnsupportedError):
-        ComputeJob(method="magic")
+def test_auto_method_and_bad_rank_are_refused() -> None:
+    gpu = load_gpu_spec("A100 80GB SXM4")
+    with pytest.raises(UnsupportedError, match="auto"):
+        estimate_throughput(_model(), Strategy(method=Method.AUTO), gpu)
+    with pytest.raises(UnsupportedError, match="lora-rank"):
+        estimate_throughput(_model(), Strategy(lora_rank=0), gpu)
+    with pytest.raises(UnsupportedError, match="matches --lora-targets"):
+        estimate_throughput(_model(), Strategy(lora_targets=("w_missing",)), gpu)
+    with pytest.raises(UnsupportedError, match="inside a node"):
+        NodeLinks(intra="infiniband")
 
 
 @settings(max_examples=60, deadline=None)
@@ -135,16 +199,17 @@ def test_pcie_node_never_faster_than_nvswitch_under_zero3(
         layers: int, hidden: int, seq: int, batch: int, method: str, gpu: str) -> None:
     model = _model(layers=layers, hidden=hidden, mlp=4 * hidden, vocab=32_000)
     spec = load_gpu_spec(gpu)
-    jobs = {link: ComputeJob(method=method, gpus=8, sharding="zero3", seq_len=seq,
-                             batch_size=batch, intra_node_link=link) for link in ("pcie", "nvlink")}
-    pcie = estimate_throughput(model, jobs["pcie"], spec).tokens_per_second
-    nvlink = estimate_throughput(model, jobs["nvlink"], spec).tokens_per_second
+    job = Strategy(method=Method(method), gpus=8, sharding=Sharding.ZERO3, seq_len=seq,
+                   batch_size=batch)
+    pcie = estimate_throughput(model, job, spec, links=NodeLinks(intra="pcie")).tokens_per_second
+    nvlink = estimate_throughput(model, job, spec,
+                                 links=NodeLinks(intra="nvlink")).tokens_per_second
     assert pcie <= nvlink
 
 
 def test_faster_efficiency_gives_more_tokens() -> None:
     faster = dataclasses.replace(A, matmul_efficiency_by_architecture=(("Ampere", 0.9),))
-    job = ComputeJob(method="full", seq_len=4096, batch_size=4)
+    job = Strategy(method=Method.FULL, seq_len=4096, batch_size=4)
     gpu = load_gpu_spec("A100 80GB SXM4")
     base = estimate_throughput(_model(hidden=4096, layers=8), job, gpu)
     quick = estimate_throughput(_model(hidden=4096, layers=8), job, gpu, assumptions=faster)
@@ -172,7 +237,6 @@ def test_calibration_median_error_within_15_percent() -> None:
 @pytest.mark.parametrize("name", ["meta-llama/Llama-3.1-8B", "Qwen/Qwen3-30B-A3B"])
 def test_shape_from_spec_keeps_exact_totals(name: str) -> None:
     from tuneplan.adapters.hub import resolve_model
-    from tuneplan.core.compute.throughput import model_shape_from_spec
     from tuneplan.core.models import count_parameters
 
     spec = resolve_model(name)
@@ -184,14 +248,15 @@ def test_shape_from_spec_keeps_exact_totals(name: str) -> None:
         assert shape.matmul_params == 8_030_261_248 - 128_256 * 4096 - 65 * 4096
 
 
-def test_strategy_maps_to_the_speed_model() -> None:
-    from tuneplan.core.compute.throughput import compute_job_from_strategy
-    from tuneplan.core.job.methods import Method
-    from tuneplan.core.job.strategy import Checkpointing, Sharding, Strategy
+def test_checkpointing_and_padding_are_read_from_the_strategy() -> None:
+    from tuneplan.core.compute.step import recomputes
 
-    strategy = Strategy(method=Method.QLORA, checkpointing=Checkpointing.OFFLOAD, gpus=4,
-                        sharding=Sharding.ZERO3, lora_rank=64)
-    job = compute_job_from_strategy(strategy, avg_tokens=300)
-    assert (job.method, job.lora_rank, job.sharding, job.ranks) == ("qlora", 64, "zero3", 4)
-    assert job.offload_activations and not job.gradient_checkpointing and job.recompute
-    assert job.tokens_per_sequence(A) == (300, round(300 * A.padding_factor))
+    offload = Strategy(method=Method.QLORA, checkpointing=Checkpointing.OFFLOAD, gpus=4,
+                       sharding=Sharding.ZERO3, lora_rank=64)
+    assert recomputes(offload) and not recomputes(Strategy(checkpointing=NO_RECOMPUTE))
+    assert tokens_per_sequence(offload, 300, A) == (300, round(300 * A.padding_factor))
+    assert tokens_per_sequence(offload, None, A) == (2048, 2048)
+    prompt = Strategy(method=Method.PROMPT, num_virtual_tokens=50, packing=True)
+    assert tokens_per_sequence(prompt, 300, A) == (2048, 2098)
+    flops = flops_per_token(_model(), offload, A, context=128)
+    assert flops.value("recompute/forward") > 0

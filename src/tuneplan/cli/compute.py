@@ -18,10 +18,10 @@ from rich.console import Console
 from rich.table import Table
 
 from tuneplan.cli.options import JsonFlag, ModelArg, emit_json, job_flags
+from tuneplan.core.compute.communication import NodeLinks
 from tuneplan.core.compute.step import trainable_params
 from tuneplan.core.compute.throughput import (
     Throughput,
-    compute_job_from_strategy,
     estimate_throughput,
     model_shape_from_spec,
 )
@@ -45,13 +45,12 @@ def _throughput(model_name: str, gpu: Any, job: Any, fabric: str,
     from tuneplan.adapters.calibration import calibration_for  # saved probes (issue 9)
     from tuneplan.adapters.hub import resolve_model
 
-    speed = compute_job_from_strategy(job.strategy, avg_tokens=job.avg_tokens,
-                                      intra_node_link=fabric,
-                                      inter_node_bytes_per_s=inter_node_bytes_per_s)
+    links = NodeLinks(intra=fabric, inter_node_bytes_per_s=inter_node_bytes_per_s)
     shape = model_shape_from_spec(resolve_model(model_name))
-    result = estimate_throughput(shape, speed, gpu, tokens=job.tokens_per_epoch,
-                                 epochs=job.epochs, assumptions=calibration_for(gpu).throughput)
-    return shape, result, speed
+    result = estimate_throughput(shape, job.strategy, gpu, avg_tokens=job.avg_tokens,
+                                 links=links, tokens=job.tokens_per_epoch, epochs=job.epochs,
+                                 assumptions=calibration_for(gpu).throughput)
+    return shape, result, job.strategy
 
 
 @job_flags("throughput")
@@ -103,13 +102,13 @@ def _offer_and_provider(offer_id: str) -> tuple[Any, Any]:
     return offer, provider
 
 
-def _cost_inputs(shape: Any, result: Throughput, job: Any, offer: Any, provider: Any,
+def _cost_inputs(shape: Any, result: Throughput, strategy: Any, offer: Any, provider: Any,
                  options: dict[str, Any], a: CostAssumptions) -> CostInputs:
     if result.hours is None:
         raise InvalidValueError("cost needs the training length: add --tokens (e.g. 50M)")
     with_opt, without = checkpoint_bytes(
-        method=job.method, precision=job.precision, optimizer=job.optimizer,
-        total_params=shape.total_params, trainable_params=trainable_params(shape, job))
+        method=strategy.method, precision=strategy.precision, optimizer=strategy.optimizer,
+        total_params=shape.total_params, trainable_params=trainable_params(shape, strategy))
     dataset = (parse_size(options["dataset_size"]) if options["dataset_size"]
                else round(options["tokens"] * a.dataset_bytes_per_token))
     every = options["checkpoint_every"]

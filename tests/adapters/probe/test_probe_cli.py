@@ -143,22 +143,18 @@ def test_implied_efficiency_inverts_the_step_model() -> None:
     from tuneplan.adapters.calibration import calibration_for
     from tuneplan.adapters.hub import resolve_model
     from tuneplan.adapters.probe.report_cuda import implied_efficiency
-    from tuneplan.core.compute.throughput import (
-        compute_job_from_strategy,
-        estimate_throughput,
-        model_shape_from_spec,
-    )
+    from tuneplan.core.compute.throughput import estimate_throughput, model_shape_from_spec
     from tuneplan.core.job.strategy import Strategy
 
     gpu = resolve_gpu_spec("H100")
     cal = calibration_for(None)
     shape = model_shape_from_spec(resolve_model("meta-llama/Llama-3.1-8B"))
-    tp = estimate_throughput(shape, compute_job_from_strategy(Strategy(batch_size=4)), gpu)
+    tp = estimate_throughput(shape, Strategy(batch_size=4), gpu)
     same = implied_efficiency(tp, tp.step_seconds, gpu, cal)
     assert same["matmul_efficiency"] == pytest.approx(0.44, abs=1e-3)  # Hopper default
     assert implied_efficiency(tp, 2 * tp.step_seconds, gpu, cal)["matmul_efficiency"] < 0.23
     small = estimate_throughput(model_shape_from_spec(resolve_model(SMOL)),
-                                compute_job_from_strategy(Strategy(seq_len=512)), gpu)
+                                Strategy(seq_len=512), gpu)
     assert implied_efficiency(small, small.step_seconds, gpu, cal) == {}  # host-bound
 
 

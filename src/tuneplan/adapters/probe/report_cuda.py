@@ -14,11 +14,7 @@ from tuneplan.adapters.calibration import calibration_for
 from tuneplan.adapters.probe import setup as ps
 from tuneplan.adapters.probe.measure import CudaMeasured, Timing, measure_cuda
 from tuneplan.core.catalog.hardware import GpuSpec
-from tuneplan.core.compute.throughput import (
-    compute_job_from_strategy,
-    estimate_throughput,
-    model_shape_from_spec,
-)
+from tuneplan.core.compute.throughput import estimate_throughput
 from tuneplan.core.job.strategy import Strategy
 from tuneplan.core.memory import estimate_memory
 from tuneplan.core.models import ModelSpec
@@ -95,8 +91,7 @@ def _speed(spec: ModelSpec, strategy: Strategy, gpu: GpuSpec | None, cal: Any,
     """Estimated vs measured tokens/s and MFU; the matmul efficiency they imply."""
     if gpu is None:
         return {"record": {}, "estimated": {}, "rows": []}
-    tp = estimate_throughput(model_shape_from_spec(spec), compute_job_from_strategy(strategy),
-                             gpu, assumptions=cal.throughput)
+    tp = estimate_throughput(spec, strategy, gpu, assumptions=cal.throughput)
     ratio = timing.tokens_per_second / tp.tokens_per_second_per_gpu
     rows = ps.compare({"tokens/s": round(timing.tokens_per_second)},
                       {"tokens/s": round(tp.tokens_per_second_per_gpu)})

@@ -12,11 +12,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
+from tuneplan.errors import UnsupportedError
 from tuneplan.explain import Breakdown, Term
 
 SHARDED_PARAMS = frozenset({"zero3", "fsdp", "hybrid"})
 PER_MICROBATCH_GRADS = frozenset({"zero2", "fsdp-grad-op", "zero3", "fsdp", "hybrid"})
 KNOWN_SHARDING = frozenset({"ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hybrid"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeLinks:
+    """Hardware facts of the node a job runs on that the GPU's spec does not hold: ``intra``
+    forces the link between its GPUs (``auto``, ``nvlink`` or ``pcie``), and the fabric
+    between nodes in bytes/s (None: ``ThroughputAssumptions.inter_node_bytes_per_s``)."""
+
+    intra: str = "auto"
+    inter_node_bytes_per_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.intra not in ("auto", "nvlink", "pcie"):
+            raise UnsupportedError(f"unknown link inside a node {self.intra!r}: "
+                                   "use auto, nvlink or pcie")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

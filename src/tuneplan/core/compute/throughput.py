@@ -1,8 +1,11 @@
 """Training speed: FLOPs per token per method, achievable FLOP/s, memory-bound phases, and
 communication -> tokens/s, step time, MFU and hours, each as an explainable Breakdown.
 
-Pure: takes a ``ModelShape`` (from a ModelSpec), a ``ComputeJob`` (plain job settings), a
-``GpuSpec`` and ``ThroughputAssumptions``. Does not estimate memory (``core.memory``) or cost.
+Pure: takes a ``ModelShape`` (a cached view of a ModelSpec) or the ModelSpec itself, the job's
+``Strategy``, a ``GpuSpec`` and ``ThroughputAssumptions``; the Job's ``avg_tokens`` and the
+node's ``NodeLinks`` come as keyword arguments. Which linears carry adapters, and how many
+parameters train, is the memory model's rule (``core.job.methods.targeted_linears`` and
+``count_trainable``, PEFT 0.21). Does not estimate memory (``core.memory``) or cost.
 FLOPs convention: a matmul of an m x k by k x n product costs 2mkn; backward costs twice the
 forward (activation grads + weight grads); attention scores cost 4 x s x d_attn per token per
 layer forward, times a causal factor (0.5 for flash/SDPA, 1 for eager).
@@ -11,24 +14,17 @@ layer forward, times a causal factor (0.5 for flash/SDPA, 1 for eager).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from tuneplan.core.catalog.hardware import GpuSpec
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
-from tuneplan.core.compute.step import step_time
+from tuneplan.core.compute.communication import NodeLinks
+from tuneplan.core.compute.step import recomputes, step_time
+from tuneplan.core.job.methods import Method, lora_rank_of, targeted_linears
+from tuneplan.core.job.strategy import Attention, Precision, Strategy, Task
 from tuneplan.core.models import LinearRole, ModelSpec
 from tuneplan.errors import UnsupportedError
 from tuneplan.explain import Breakdown, Term
 from tuneplan.units import HOUR_S
-
-if TYPE_CHECKING:
-    from tuneplan.core.job.strategy import Strategy
-
-LOW_RANK_METHODS = frozenset({"lora", "dora", "qlora", "lora8bit", "adalora", "loha", "lokr",
-                              "vera", "lora-fa", "oft", "boft"})
-FROZEN_BASE_METHODS = LOW_RANK_METHODS | {"prefix", "prompt", "p-tuning", "ia3", "adapter",
-                                          "llama-adapter", "layernorm"}
-METHODS = FROZEN_BASE_METHODS | {"full", "freeze"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,14 +37,32 @@ class LinearShape:
     out_features: int
     active: int
     stored: int
-    role: str = "attention"
+    role: LinearRole = LinearRole.ATTENTION
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ModelShape:
-    """What the speed model needs of an architecture."""
+class AdaptedLinear:
+    """A linear that carries an adapter (``targeted_linears``) at PEFT's ``rank`` for it:
+    ``active`` copies a token passes through, ``stored`` copies trained, ``modules`` adapter
+    modules the host launches (a fused expert parameter is one ``ParamWrapper`` per block)."""
 
     name: str
+    in_features: int
+    out_features: int
+    rank: int
+    active: int
+    stored: int
+    modules: int
+    role: LinearRole = LinearRole.ATTENTION
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class ModelShape:
+    """What the speed model needs of an architecture: a view of ``spec`` computed once (build
+    it with ``model_shape_from_spec``). Adapter targets and trainable counts are not part of
+    the view: they come from ``spec`` through ``core.job.methods`` (cached per strategy)."""
+
+    spec: ModelSpec
     total_params: int
     num_layers: int
     hidden_size: int
@@ -56,6 +70,11 @@ class ModelShape:
     vocab_size: int
     linears: tuple[LinearShape, ...]
     causal: bool = True
+    _cache: dict[tuple[object, ...], object] = field(default_factory=dict, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
 
     @property
     def block_matmul_params(self) -> int:
@@ -71,111 +90,104 @@ class ModelShape:
     def stored_block_params(self) -> int:
         return sum(lin.in_features * lin.out_features * lin.stored for lin in self.linears)
 
-    def adapted_linears(self, targets: tuple[str, ...]) -> list[LinearShape]:
-        """The linears LoRA-like adapters wrap: those named in ``targets``, or with
-        ``all-linear`` every one but MoE routers and experts."""
-        every = "all-linear" in targets
-        return [lin for lin in self.linears
-                if (every and lin.role not in ("router", "expert")) or lin.name in targets]
-
 
 def model_shape_from_spec(spec: ModelSpec) -> ModelShape:
-    """ModelShape of a ModelSpec: routed experts are active ``experts_per_token`` times."""
+    """ModelShape of a ModelSpec: routed experts are active ``experts_per_token`` times;
+    bidirectional (not causal) when every block is an encoder block."""
     linears: list[LinearShape] = []
     total = spec.embedding_params + spec.final_norm_params + spec.head_params
     for group in spec.layers:
         total += group.params * group.count
         for lin in group.linears:
-            routed = lin.role == LinearRole.EXPERT and group.experts_per_token > 0
-            per_block = group.experts_per_token if routed else lin.copies
             linears.append(LinearShape(
                 name=lin.name, in_features=lin.in_features, out_features=lin.out_features,
-                active=group.count * per_block, stored=group.count * lin.copies,
-                role=str(lin.role)))
+                active=group.count * _active_copies(lin.role, lin.copies, group.experts_per_token),
+                stored=group.count * lin.copies, role=lin.role))
     return ModelShape(
-        name=spec.name, total_params=total, num_layers=spec.num_layers,
+        spec=spec, total_params=total, num_layers=spec.num_layers,
         hidden_size=spec.hidden_size, attention_dim=spec.num_heads * spec.head_dim,
-        vocab_size=spec.vocab_size, linears=tuple(linears))
+        vocab_size=spec.vocab_size, linears=tuple(linears),
+        causal=not spec.layers or any(group.kind != "encoder" for group in spec.layers))
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ComputeJob:
-    """The job settings the speed model reads (CLI job flags, plain values)."""
-
-    method: str = "lora"
-    lora_rank: int = 16
-    lora_targets: tuple[str, ...] = ("all-linear",)
-    trainable_layers: int | None = None
-    trainable_modules: tuple[str, ...] = ()
-    virtual_tokens: int = 20
-    precision: str = "bf16-mixed"
-    optimizer: str = "adamw"
-    batch_size: int = 1
-    grad_accum: int = 1
-    seq_len: int = 2048
-    avg_tokens: int | None = None
-    packing: bool = False
-    gradient_checkpointing: bool = True
-    offload_activations: bool = False
-    attention: str = "sdpa"
-    compile: bool = False
-    gpus: int = 1
-    nodes: int = 1
-    sharding: str = "ddp"
-    offload: str = "none"
-    recipe: str = "hf"
-    task: str = "causal-lm"
-    intra_node_link: str = "auto"
-    inter_node_bytes_per_s: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise UnsupportedError(f"no speed model for method {self.method!r}; "
-                                   f"use one of {', '.join(sorted(METHODS))}")
-        for label, value in (("batch-size", self.batch_size), ("grad-accum", self.grad_accum),
-                             ("seq-len", self.seq_len), ("gpus", self.gpus),
-                             ("nodes", self.nodes), ("lora-rank", self.lora_rank)):
-            if value < 1:
-                raise UnsupportedError(f"--{label} must be at least 1, got {value}")
-
-    @property
-    def ranks(self) -> int:
-        return self.gpus * self.nodes
-
-    @property
-    def recompute(self) -> bool:
-        """Checkpointing (or offloading checkpoints, which also recomputes) adds a forward."""
-        return self.gradient_checkpointing or self.offload_activations
-
-    def tokens_per_sequence(self, a: ThroughputAssumptions) -> tuple[int, int]:
-        """(real tokens, computed tokens) per sequence: padding when unpacked with avg_tokens;
-        prompt tuning and P-tuning prepend ``virtual_tokens`` positions to every sequence."""
-        extra = self.virtual_tokens if self.method in ("prompt", "p-tuning") else 0
-        if self.avg_tokens is None or self.packing:
-            return self.seq_len, self.seq_len + extra
-        real = min(self.avg_tokens, self.seq_len)
-        return real, min(self.seq_len, round(real * a.padding_factor)) + extra
+def _active_copies(role: LinearRole, copies: int, experts_per_token: int) -> int:
+    routed = role is LinearRole.EXPERT and experts_per_token > 0
+    return experts_per_token if routed else copies
 
 
-def adapter_params_per_token(model: ModelShape, job: ComputeJob) -> int:
-    """r x (in + out) summed over the adapted linears a token passes (0 for non-LoRA)."""
-    if job.method not in LOW_RANK_METHODS:
-        return 0
-    return sum(job.lora_rank * (lin.in_features + lin.out_features) * lin.active
-               for lin in model.adapted_linears(job.lora_targets))
+def as_shape(model: ModelShape | ModelSpec) -> ModelShape:
+    """``model`` as a ModelShape (a ModelSpec is viewed afresh; pass a ModelShape to reuse
+    its caches across calls)."""
+    return model if isinstance(model, ModelShape) else model_shape_from_spec(model)
 
 
-def flops_per_token(model: ModelShape, job: ComputeJob, a: ThroughputAssumptions,
+def adapted_linears(model: ModelShape, strategy: Strategy) -> tuple[AdaptedLinear, ...]:
+    """The linears low-rank adapters wrap under ``strategy``: ``targeted_linears`` of every
+    block group (PEFT 0.21, MoE routers and fused experts included where PEFT wraps them),
+    each at ``lora_rank_of`` (2r on fused gate_up experts). Empty for other methods."""
+    if not strategy.method.is_low_rank:
+        return ()
+    key = ("adapted", strategy.lora_targets, strategy.lora_rank)
+    found = model._cache.get(key)
+    if found is None:
+        spec, out = model.spec, []
+        for group in spec.layers:
+            for lin in targeted_linears(spec, strategy, group):
+                expert = lin.role is LinearRole.EXPERT
+                out.append(AdaptedLinear(
+                    name=lin.name, in_features=lin.in_features, out_features=lin.out_features,
+                    rank=lora_rank_of(lin, strategy),
+                    active=group.count * _active_copies(lin.role, lin.copies,
+                                                        group.experts_per_token),
+                    stored=group.count * lin.copies,
+                    modules=group.count * (1 if expert else lin.copies), role=lin.role))
+        found = model._cache[key] = tuple(out)
+    assert isinstance(found, tuple)
+    return found
+
+
+def adapter_params(model: ModelShape, strategy: Strategy) -> tuple[int, int]:
+    """(per token, stored) low-rank adapter weights: rank x (in + out) summed over the adapted
+    linears, counted by ``active`` copies (the FLOPs) and by ``stored`` copies (what trains)."""
+    adapted = adapted_linears(model, strategy)
+    return (sum(a.rank * (a.in_features + a.out_features) * a.active for a in adapted),
+            sum(a.rank * (a.in_features + a.out_features) * a.stored for a in adapted))
+
+
+def tokens_per_sequence(strategy: Strategy, avg_tokens: int | None,
+                        a: ThroughputAssumptions) -> tuple[int, int]:
+    """(real tokens, computed tokens) per sequence: padding when unpacked with avg_tokens;
+    prompt tuning and P-tuning prepend ``num_virtual_tokens`` positions to every sequence."""
+    extra = strategy.num_virtual_tokens if strategy.method.adds_virtual_tokens else 0
+    if avg_tokens is None or strategy.packing:
+        return strategy.seq_len, strategy.seq_len + extra
+    real = min(avg_tokens, strategy.seq_len)
+    return real, min(strategy.seq_len, round(real * a.padding_factor)) + extra
+
+
+def check_speed_strategy(strategy: Strategy) -> None:
+    """Refuse what the speed model cannot speak to (UnsupportedError)."""
+    if strategy.method is Method.AUTO:
+        raise UnsupportedError("no speed model for method 'auto': the planner picks a method; "
+                               "name one of " + ", ".join(m.value for m in Method
+                                                          if m is not Method.AUTO))
+    if strategy.lora_rank < 1:
+        raise UnsupportedError(f"--lora-rank must be at least 1, got {strategy.lora_rank}")
+
+
+def flops_per_token(model: ModelShape | ModelSpec, strategy: Strategy, a: ThroughputAssumptions,
                     context: int) -> Breakdown:
     """FLOPs per token of one training step, unit ``FLOP``; ``recompute/*`` are the terms
     that model FLOPs (MFU) leave out. ``context`` is the attended sequence length."""
+    model = as_shape(model)
+    s = strategy
     head = model.vocab_size * model.hidden_size
-    n = model.matmul_params if job.task == "causal-lm" else model.block_matmul_params
+    n = model.matmul_params if s.task is Task.CAUSAL_LM else model.block_matmul_params
     causal = a.causal_attention_factor if model.causal else 1.0
-    factor = a.eager_attention_factor if job.attention == "eager" else causal
+    factor = a.eager_attention_factor if s.attention is Attention.EAGER else causal
     attn = 4 * model.num_layers * context * model.attention_dim * factor
-    backprop, weight = _backward_params(model, job)
-    adapters = adapter_params_per_token(model, job)
+    backprop, weight = _backward_params(model, s)
+    adapters, adapters_stored = adapter_params(model, s)
     terms = [
         Term(path="forward/matmuls", value=2 * n, unit="FLOP", formula="2 x N",
              inputs={"N": n}, source="N = block matmul weights used per token + output head"),
@@ -195,28 +207,34 @@ def flops_per_token(model: ModelShape, job: ComputeJob, a: ThroughputAssumptions
     ]
     if adapters:
         terms.append(Term(path="adapters", value=6 * adapters, unit="FLOP",
-                          formula="6 x r x (in + out) summed over adapted linears",
-                          inputs={"rank": job.lora_rank, "targets": ",".join(job.lora_targets)},
-                          source="low-rank A and B: forward 2, backward 4 (activation + weight)"))
-    if "lm_head" in job.trainable_modules and job.method != "full":
+                          formula="6 x rank x (in + out) x active copies, summed over adapted "
+                                  "linears",
+                          inputs={"rank": s.lora_rank, "targets": ",".join(s.lora_targets),
+                                  "adapter_params_per_token": adapters,
+                                  "adapter_params": adapters_stored},
+                          source="low-rank A and B: forward 2, backward 4 (activation + weight); "
+                                 "targets as PEFT 0.21 wraps them (core.job.methods), routed "
+                                 "experts by the tokens routed to them, 2r on fused gate_up"))
+    if "lm_head" in s.trainable_modules and s.method is not Method.FULL:
         terms.append(Term(path="backward/head-weight-grads", value=2 * head, unit="FLOP",
                           formula="2 x V x h", inputs={"V": model.vocab_size},
                           source="--trainable-modules lm_head trains the head in full"))
-    if job.recompute:
+    if recomputes(s):
         terms.append(Term(path="recompute/forward", value=2 * n + attn + 2 * adapters,
                           unit="FLOP", formula="one more forward (2N + attention + adapters)",
                           inputs={}, source="activation checkpointing recomputes each block"))
     return Breakdown("FLOP", tuple(terms))
 
 
-def _backward_params(model: ModelShape, job: ComputeJob) -> tuple[int, int]:
+def _backward_params(model: ModelShape, strategy: Strategy) -> tuple[int, int]:
     """(params backprop passes through, params that get weight gradients)."""
-    n = model.matmul_params if job.task == "causal-lm" else model.block_matmul_params
-    head = model.vocab_size * model.hidden_size if job.task == "causal-lm" else 0
-    if job.method == "full":
+    causal_lm = strategy.task is Task.CAUSAL_LM
+    n = model.matmul_params if causal_lm else model.block_matmul_params
+    head = model.vocab_size * model.hidden_size if causal_lm else 0
+    if strategy.method is Method.FULL:
         return n, n
-    if job.method == "freeze":
-        layers = min(job.trainable_layers or 1, model.num_layers)
+    if strategy.method is Method.FREEZE:
+        layers = min(strategy.trainable_layers or 1, model.num_layers)
         share = model.block_matmul_params * layers // model.num_layers + head
         return share, share
     return n, 0
@@ -227,15 +245,14 @@ def model_flops(breakdown: Breakdown) -> float:
     return float(breakdown.total - breakdown.subtotal("recompute"))
 
 
-def peak_flops_per_s(gpu: GpuSpec, precision: str) -> tuple[float, list[str]]:
+def peak_flops_per_s(gpu: GpuSpec, precision: Precision) -> tuple[float, list[str]]:
     """Dense peak for the precision and notes (no BF16 -> FP16 with loss scaling)."""
     notes: list[str] = []
-    if precision == "fp32":
+    if precision is Precision.FP32:
         peak = gpu.fp32_flops_per_s
-    elif precision.startswith("fp8") and gpu.supports_fp8 and gpu.fp8_flops_per_s:
-        peak = gpu.fp8_flops_per_s
     else:
-        if precision.startswith("bf16") and gpu.supports_bf16 is False:
+        bf16 = precision in (Precision.BF16, Precision.BF16_MIXED)
+        if bf16 and gpu.supports_bf16 is False:
             notes.append(f"{gpu.name} has no BF16 tensor cores: runs FP16 with loss scaling "
                          "at the FP16 peak")
         peak = gpu.bf16_flops_per_s
@@ -280,53 +297,39 @@ class Throughput:
         }
 
 
-def estimate_throughput(model: ModelShape, job: ComputeJob, gpu: GpuSpec, *,
+def estimate_throughput(model: ModelShape | ModelSpec, strategy: Strategy, gpu: GpuSpec, *,
+                        avg_tokens: int | None = None, links: NodeLinks | None = None,
                         assumptions: ThroughputAssumptions | None = None,
                         tokens: int | None = None, epochs: float = 1) -> Throughput:
-    """Tokens/s, step time, MFU and communication of ``job`` on GPUs of type ``gpu``.
+    """Tokens/s, step time, MFU and communication of ``strategy`` on GPUs of type ``gpu``.
 
+    ``avg_tokens`` is the Job's real tokens per unpacked sequence (None: every sequence fills
+    ``seq_len``); ``links`` the node's links (None: ``NodeLinks()``, chosen from the GPU).
     hours = tokens x epochs / tokens_per_second / 3600 when ``tokens`` is given.
-    Raises UnsupportedError for a method or precision the model cannot speak to.
+    Raises UnsupportedError for a method, precision or target the model cannot speak to.
     """
+    check_speed_strategy(strategy)
+    shape = as_shape(model)
+    s = strategy
     a = assumptions or ThroughputAssumptions()
-    real, computed = job.tokens_per_sequence(a)
-    context = job.seq_len if job.packing else computed
-    if job.method == "prefix":  # every layer attends to the prefix's keys and values too
-        context += job.virtual_tokens
-    flops = flops_per_token(model, job, a, context)
-    peak, notes = peak_flops_per_s(gpu, job.precision)
+    real, computed = tokens_per_sequence(s, avg_tokens, a)
+    context = s.seq_len if s.packing else computed
+    if s.method is Method.PREFIX:  # every layer attends to the prefix's keys and values too
+        context += s.num_virtual_tokens
+    flops = flops_per_token(shape, s, a, context)
+    peak, notes = peak_flops_per_s(gpu, s.precision)
     step, comm, comm_s, more = step_time(
-        model=model, job=job, gpu=gpu, assumptions=a, peak=peak, flops_per_token=flops.total,
-        computed_tokens=computed * job.batch_size)
+        model=shape, strategy=s, links=links or NodeLinks(), gpu=gpu, assumptions=a, peak=peak,
+        flops_per_token=flops.total, computed_tokens=computed * s.batch_size)
     step_s = float(step.total)
-    tokens_per_step = real * job.batch_size * job.grad_accum * job.ranks
+    tokens_per_step = real * s.batch_size * s.grad_accum * s.world_size
     tps = tokens_per_step / step_s
-    computed_per_gpu = computed * job.batch_size * job.grad_accum
+    computed_per_gpu = computed * s.batch_size * s.grad_accum
     mfu = model_flops(flops) * computed_per_gpu / (step_s * peak)
     hours = None if tokens is None else tokens * epochs / tps / HOUR_S
     return Throughput(
-        tokens_per_second=tps, tokens_per_second_per_gpu=tps / job.ranks, step_seconds=step_s,
-        mfu=mfu, comm_seconds_per_step=comm_s, comm_bytes_per_step_per_gpu=float(comm.total),
-        tokens_per_step=tokens_per_step, hours=hours, flops_per_token=flops, step=step,
-        communication=comm, peak_flops_per_s=peak, assumptions=a,
-        notes=tuple(notes + more))
-
-
-def compute_job_from_strategy(strategy: Strategy, *, avg_tokens: int | None = None,
-                              intra_node_link: str = "auto",
-                              inter_node_bytes_per_s: float | None = None) -> ComputeJob:
-    """The speed model's view of the memory model's ``Strategy`` (same job flags)."""
-    return ComputeJob(
-        method=str(strategy.method), lora_rank=strategy.lora_rank,
-        lora_targets=tuple(strategy.lora_targets),
-        trainable_layers=strategy.trainable_layers or None,
-        trainable_modules=tuple(strategy.trainable_modules),
-        virtual_tokens=strategy.num_virtual_tokens, precision=str(strategy.precision),
-        optimizer=str(strategy.optimizer), batch_size=strategy.batch_size,
-        grad_accum=strategy.grad_accum, seq_len=strategy.seq_len, avg_tokens=avg_tokens,
-        packing=strategy.packing, gradient_checkpointing=str(strategy.checkpointing) == "full",
-        offload_activations=str(strategy.checkpointing) == "offload",
-        attention=str(strategy.attention), compile=strategy.compile, gpus=strategy.gpus,
-        nodes=strategy.nodes, sharding=str(strategy.sharding), offload=str(strategy.offload),
-        recipe=str(strategy.recipe), task=str(strategy.task), intra_node_link=intra_node_link,
-        inter_node_bytes_per_s=inter_node_bytes_per_s)
+        tokens_per_second=tps, tokens_per_second_per_gpu=tps / s.world_size,
+        step_seconds=step_s, mfu=mfu, comm_seconds_per_step=comm_s,
+        comm_bytes_per_step_per_gpu=float(comm.total), tokens_per_step=tokens_per_step,
+        hours=hours, flops_per_token=flops, step=step, communication=comm,
+        peak_flops_per_s=peak, assumptions=a, notes=tuple(notes + more))

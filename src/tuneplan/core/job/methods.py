@@ -54,6 +54,22 @@ class Method(StrEnum):
     def is_prompt_learning(self) -> bool:
         return self in (Method.PREFIX, Method.PROMPT)
 
+    @property
+    def is_low_rank(self) -> bool:
+        """Adapters on the targeted linears (the LoRA family and PEFT's other weight adapters:
+        AdaLoRA, LoHa, LoKr, VeRA, LoRA-FA, OFT, BOFT): the speed model's adapter FLOPs."""
+        return self in _LOW_RANK
+
+    @property
+    def adds_virtual_tokens(self) -> bool:
+        """Prompt tuning and P-tuning prepend ``num_virtual_tokens`` positions to every input."""
+        return self in (Method.PROMPT, Method.P_TUNING)
+
+
+_LOW_RANK = frozenset({Method.LORA, Method.DORA, Method.QLORA, Method.LORA8BIT, Method.ADALORA,
+                       Method.LOHA, Method.LOKR, Method.VERA, Method.LORA_FA, Method.OFT,
+                       Method.BOFT})
+
 
 class Quant(StrEnum):
     NF4 = "nf4"
@@ -225,6 +241,11 @@ def _adapter_matrices(model: ModelSpec, strategy: Strategy) -> list[tuple[int, i
                 mats.append((1, size, n))
                 continue
             if lin.role is LinearRole.EXPERT:
+                if method is Method.DORA:  # peft 0.21: ValueError from get_peft_model
+                    raise UnsupportedError(
+                        f"DoRA cannot wrap {model.name}'s fused experts (peft's "
+                        "lora.ParamWrapper does not work with use_dora): use --method lora, or "
+                        "--lora-targets naming the attention linears")
                 # lora.ParamWrapper: A (r·E, in), B (out, r·E) per stacked expert parameter.
                 wide = lora_rank_of(lin, strategy) * lin.copies
                 mats += [(wide, lin.in_features, layer.count),

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field, replace
 
 from tuneplan.core.catalog.hardware import GpuSpec
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
+from tuneplan.core.compute.communication import NodeLinks
 from tuneplan.core.compute.throughput import (
     ModelShape,
     Throughput,
-    compute_job_from_strategy,
     estimate_throughput,
     model_shape_from_spec,
 )
@@ -171,11 +171,11 @@ class StrategySearch:
         found = self._speed.get(key)
         if found is None:
             try:
-                job = compute_job_from_strategy(
-                    strategy, avg_tokens=self.avg_tokens, intra_node_link=node.intra_link,
-                    inter_node_bytes_per_s=node.inter_node_bytes_per_s)
+                links = NodeLinks(intra=node.intra_link,
+                                  inter_node_bytes_per_s=node.inter_node_bytes_per_s)
                 assert self._shape is not None
-                found = estimate_throughput(self._shape, job, node.gpu,
+                found = estimate_throughput(self._shape, strategy, node.gpu,
+                                            avg_tokens=self.avg_tokens, links=links,
                                             assumptions=self.throughput_assumptions,
                                             tokens=self.tokens, epochs=self.epochs)
             except TuneplanError as exc:
