@@ -44,8 +44,10 @@ def probe_command(
     """Measure a short run (or simulate it) and set it beside the estimate, term by term."""
     from tuneplan.adapters.probe.run import ProbeRequest, run_probe
     from tuneplan.cli.app import emit_json
+    from tuneplan.service.jobflags import default_sharding, parse_job_args, strategy_from_flags
 
-    req = ProbeRequest(model=model, job_args=tuple(ctx.args), steps=steps, device=device,
+    strategy = strategy_from_flags(default_sharding(parse_job_args(ctx.args)))
+    req = ProbeRequest(model=model, strategy=strategy, steps=steps, device=device,
                        random_weights=random_weights, simulate=simulate, download=download)
     with _progress() as report:
         doc = run_probe(req, report)

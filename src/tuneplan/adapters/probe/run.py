@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tuneplan.core.job.strategy import Strategy
 from tuneplan.errors import InvalidValueError
 
 Report = Callable[[str, int, int], None]  # (what, done, total)
@@ -23,8 +24,10 @@ _WEIGHT_FILES = ("*.safetensors", "*.bin")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProbeRequest:
+    """One probe: the job (``strategy``) on ``model`` (bundled name, HF id or folder)."""
+
     model: str
-    job_args: tuple[str, ...] = ()
+    strategy: Strategy
     steps: int = 10
     device: str = "auto"          # auto | cpu | cuda
     random_weights: bool = False
@@ -77,13 +80,13 @@ def library_versions() -> dict[str, str]:
 def run_probe(req: ProbeRequest, report: Report | None = None) -> dict[str, Any]:
     """Measure (or simulate) the job, compare with the estimate, save; the JSON document."""
     from tuneplan.adapters.hub import load_model_config
+    from tuneplan.adapters.probe.harness import refuse_unrunnable
     from tuneplan.core.models import parse_model_config
-    from tuneplan.service.jobflags import default_sharding, parse_job_args, strategy_from_flags
 
     if req.steps < 1:
         raise InvalidValueError("--steps must be at least 1")
     started = time.perf_counter()
-    strategy = strategy_from_flags(default_sharding(parse_job_args(list(req.job_args))))
+    refuse_unrunnable(req.strategy)  # before reading the model: the job decides first
     config, label = load_model_config(req.model)  # read once: the spec and the real model
     spec = parse_model_config(config, name=label)
     device = pick_device(req.device, req.simulate)
@@ -92,11 +95,11 @@ def run_probe(req: ProbeRequest, report: Report | None = None) -> dict[str, Any]
     if device == "cuda":
         from tuneplan.adapters.probe.report_cuda import probe_cuda
 
-        doc = probe_cuda(req, spec, strategy, config, weights, say)
+        doc = probe_cuda(req, spec, config, weights, say)
     else:
         from tuneplan.adapters.probe.report_cpu import probe_cpu
 
-        doc = probe_cpu(req, spec, strategy, config, weights, device, say)
+        doc = probe_cpu(req, spec, config, weights, device, say)
     doc["seconds"] = round(time.perf_counter() - started, 2)
     doc["versions"] = library_versions()
     if req.save:
