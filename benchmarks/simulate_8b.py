@@ -12,6 +12,8 @@ import json
 from importlib import resources
 
 from tuneplan.adapters.probe.harness import StepSetup, measure_step
+from tuneplan.core.job.methods import Method
+from tuneplan.core.job.strategy import Checkpointing, Optimizer, Precision, Strategy
 from tuneplan.units import GiB
 
 
@@ -19,27 +21,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq", type=int, default=2048)
-    parser.add_argument("--method", default="lora")
+    parser.add_argument("--method", default="lora", type=Method)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--gc", action="store_true", help="gradient checkpointing")
     parser.add_argument("--steps", type=int, default=2)
     args = parser.parse_args()
     path = resources.files("tuneplan") / "data" / "models" / "meta-llama__Llama-3.1-8B.json"
     config = json.loads(path.read_text())
-    setup = StepSetup(
-        config=config,
+    strategy = Strategy(
         method=args.method,
         lora_rank=args.rank,
         lora_alpha=2 * args.rank,
         batch_size=args.batch,
         seq_len=args.seq,
-        gradient_checkpointing=args.gc,
-        param_dtype="bfloat16",
-        optimizer="adamw",
-        optimizer_impl="fused",
-        steps=args.steps,
-        fake=True,
+        checkpointing=Checkpointing.FULL if args.gc else Checkpointing.NONE,
+        precision=Precision.BF16,
+        optimizer=Optimizer.ADAMW,
     )
+    setup = StepSetup(config=config, strategy=strategy, optimizer_impl="fused",
+                      steps=args.steps, fake=True)
     m = measure_step(setup)
     print(
         f"Llama-3.1-8B {args.method} r{args.rank} batch {args.batch} seq {args.seq}"

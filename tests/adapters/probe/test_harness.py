@@ -20,6 +20,19 @@ from tuneplan.adapters.probe.harness import (  # noqa: E402
     run_steps,
 )
 from tuneplan.adapters.probe.tracker import StorageTracker  # noqa: E402
+from tuneplan.core.job.methods import Method, Quant  # noqa: E402
+from tuneplan.core.job.recipes import Recipe  # noqa: E402
+from tuneplan.core.job.strategy import (  # noqa: E402
+    Attention,
+    Checkpointing,
+    Loss,
+    Offload,
+    Optimizer,
+    Precision,
+    Sharding,
+    Strategy,
+    Task,
+)
 from tuneplan.errors import UnsupportedError  # noqa: E402
 
 pytestmark = pytest.mark.probe
@@ -57,6 +70,23 @@ def tiny(name: str, **overrides: Any) -> dict[str, Any]:
 
 
 LLAMA = tiny("meta-llama__Llama-3.1-8B")
+# StepSetup's own knobs; every other keyword of ``step`` is a Strategy field.
+_HARNESS_KNOBS = ("config", "optimizer_impl", "steps", "fake", "seed")
+
+
+def job(**fields: Any) -> Strategy:
+    """The tests' job, small and fast unless told: full fine-tuning in fp32, no
+    checkpointing, seq 128, LoRA rank 8 / alpha 16, 8 virtual tokens."""
+    small: dict[str, Any] = {
+        "method": Method.FULL, "precision": Precision.FP32, "checkpointing": Checkpointing.NONE,
+        "seq_len": 128, "lora_rank": 8, "lora_alpha": 16, "num_virtual_tokens": 8}
+    return Strategy(**(small | fields))
+
+
+def step(**kw: Any) -> StepSetup:
+    """A StepSetup on tiny Llama: harness knobs from ``kw``, the rest is the job."""
+    knobs = {k: kw.pop(k) for k in _HARNESS_KNOBS if k in kw}
+    return StepSetup(**({"config": LLAMA} | knobs), strategy=job(**kw))
 
 
 def test_tracker_counts_a_storage_once_across_views() -> None:
@@ -89,7 +119,7 @@ def test_linear_sgd_step_by_hand() -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(64, 32)
     x = torch.randn(4, 64)
-    setup = StepSetup(config={}, optimizer="sgd", optimizer_impl="single", steps=1)
+    setup = step(config={}, optimizer=Optimizer.SGD, optimizer_impl="single", steps=1)
     tracker = StorageTracker()
     register_model(tracker, model, {"x": x})
     run_steps(model, lambda: model(x).sum(), setup, tracker)
@@ -107,7 +137,7 @@ def test_linear_sgd_step_by_hand() -> None:
 
 
 def test_full_adamw_categories_are_exact() -> None:
-    m = measure_step(StepSetup(config=LLAMA, seq_len=16, batch_size=2))
+    m = measure_step(step(seq_len=16, batch_size=2))
     n = m.total_params
     tensors = 2 * (4 + 2 + 3) + 2 + 1  # per layer: q k v o, 2 norms, 3 mlp; embed, norm, head
     assert m.trainable_params == n == 106_816
@@ -121,28 +151,34 @@ def test_full_adamw_categories_are_exact() -> None:
 
 QWEN2 = tiny("Qwen__Qwen2.5-0.5B")  # biases on q/k/v, tied embeddings
 
+CKPT = Checkpointing.FULL
 VARIANTS: list[dict[str, Any]] = [
-    {"method": "full"},
-    {"method": "lora"},
-    {"method": "lora", "lora_dropout": 0.1, "autocast_dtype": "bfloat16"},
-    {"method": "dora", "param_dtype": "bfloat16", "gradient_checkpointing": True},
-    {"method": "prefix"},
-    {"method": "prompt", "gradient_checkpointing": True},
-    {"method": "ia3", "optimizer": "sgd", "optimizer_impl": "foreach"},
-    {"method": "lora", "task": "seq-cls", "attention": "eager"},
-    {"method": "full", "config": QWEN2, "attention": "eager", "optimizer_impl": "single"},
+    {"method": Method.FULL},
+    {"method": Method.FULL, "precision": Precision.BF16_MIXED},  # fp32 weights, bf16 autocast
+    {"method": Method.LORA},
+    # bf16-mixed LoRA is a bf16 base under bf16 autocast (fp32 adapters); an fp32 base under
+    # autocast is no Strategy (the estimate cannot describe it), so it is not run here.
+    {"method": Method.LORA, "lora_dropout": 0.1, "precision": Precision.BF16_MIXED},
+    {"method": Method.DORA, "precision": Precision.BF16, "checkpointing": CKPT},
+    {"method": Method.PREFIX},
+    {"method": Method.PROMPT, "checkpointing": CKPT},
+    {"method": Method.IA3, "optimizer": Optimizer.SGD, "optimizer_impl": "foreach"},
+    {"method": Method.LORA, "task": Task.SEQ_CLS, "attention": Attention.EAGER},
+    {"method": Method.FULL, "config": QWEN2, "attention": Attention.EAGER,
+     "optimizer_impl": "single"},
 ]
 
 
 def _variant_id(v: dict[str, Any]) -> str:
-    return "-".join("qwen2" if k == "config" else str(x) for k, x in v.items())
+    names = {"config": "qwen2", "checkpointing": "ckpt"}
+    return "-".join(names.get(k, str(x)) for k, x in v.items())
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=_variant_id)
 def test_fake_matches_real_to_the_byte(variant: dict[str, Any]) -> None:
-    kw: dict[str, Any] = {"config": LLAMA, "seq_len": 32, "batch_size": 2, **variant}
-    real = measure_step(StepSetup(**kw))
-    fake = measure_step(StepSetup(**kw, fake=True))
+    kw: dict[str, Any] = {"seq_len": 32, "batch_size": 2, **variant}
+    real = measure_step(step(**kw))
+    fake = measure_step(step(**kw, fake=True))
     assert real.peak_bytes == fake.peak_bytes
     assert dict(real.peak_by_category) == dict(fake.peak_by_category)
     assert dict(real.max_by_category) == dict(fake.max_by_category)
@@ -150,7 +186,7 @@ def test_fake_matches_real_to_the_byte(variant: dict[str, Any]) -> None:
 
 
 def test_lora_freezes_the_base_and_keeps_adapters_fp32() -> None:
-    m = measure_step(StepSetup(config=LLAMA, method="lora", param_dtype="bfloat16", seq_len=16))
+    m = measure_step(step(method=Method.LORA, precision=Precision.BF16, seq_len=16))
     base = 106_816
     assert m.total_params - m.trainable_params == base
     # 7 targets × 2 layers: A (r×in) + B (out×r), r = 8; adapters stay fp32 on a bf16 base.
@@ -159,27 +195,28 @@ def test_lora_freezes_the_base_and_keeps_adapters_fp32() -> None:
 
 
 def test_checkpointing_lowers_the_peak() -> None:
-    kw: dict[str, Any] = {"config": LLAMA, "method": "lora", "seq_len": 64, "batch_size": 2}
-    plain = measure_step(StepSetup(**kw))
-    ckpt = measure_step(StepSetup(**kw, gradient_checkpointing=True))
+    kw: dict[str, Any] = {"method": Method.LORA, "seq_len": 64, "batch_size": 2}
+    plain = measure_step(step(**kw))
+    ckpt = measure_step(step(**kw, checkpointing=Checkpointing.FULL))
     assert ckpt.max_by_category["activations"] < plain.max_by_category["activations"]
     assert ckpt.peak_bytes < plain.peak_bytes
 
 
 def test_moe_runs_real_and_fake() -> None:
     cfg = tiny("mistralai__Mixtral-8x7B-v0.1", num_local_experts=4)
-    kw: dict[str, Any] = {"config": cfg, "param_dtype": "bfloat16", "seq_len": 16}
-    real = measure_step(StepSetup(**kw))
-    fake = measure_step(StepSetup(**kw, fake=True))
+    kw: dict[str, Any] = {"config": cfg, "precision": Precision.BF16, "seq_len": 16}
+    real = measure_step(step(**kw))
+    fake = measure_step(step(**kw, fake=True))
     assert real.peak_bytes == fake.peak_bytes
     assert real.max_by_category["parameters"] == 2 * real.total_params
 
 
 def test_gemma2_eager_runs_real_and_fake() -> None:
     cfg = tiny("google__gemma-2-2b", sliding_window=16)
-    kw: dict[str, Any] = {"config": cfg, "attention": "eager", "method": "lora", "seq_len": 32}
-    real = measure_step(StepSetup(**kw))
-    fake = measure_step(StepSetup(**kw, fake=True))
+    kw: dict[str, Any] = {"config": cfg, "attention": Attention.EAGER, "method": Method.LORA,
+                          "seq_len": 32}
+    real = measure_step(step(**kw))
+    fake = measure_step(step(**kw, fake=True))
     assert real.peak_bytes == fake.peak_bytes
     # Tied embeddings are counted once.
     assert real.max_by_category["parameters"] == 4 * real.total_params
@@ -187,9 +224,10 @@ def test_gemma2_eager_runs_real_and_fake() -> None:
 
 def test_qlora_real_and_fake_agree_and_weights_are_packed() -> None:
     pytest.importorskip("bitsandbytes")
-    kw: dict[str, Any] = {"config": LLAMA, "method": "qlora", "param_dtype": "bfloat16"}
-    real = measure_step(StepSetup(**kw, seq_len=16))
-    fake = measure_step(StepSetup(**kw, seq_len=16, fake=True))
+    kw: dict[str, Any] = {"method": Method.QLORA, "precision": Precision.BF16,
+                          "recipe": Recipe.HF}  # HF: prepare_model_for_kbit_training
+    real = measure_step(step(**kw, seq_len=16))
+    fake = measure_step(step(**kw, seq_len=16, fake=True))
     assert real.peak_bytes == fake.peak_bytes
     assert dict(real.max_by_category) == dict(fake.max_by_category)
     # 2 layers × (q 64·64 + k, v 32·64 + o 64·64 + 3 mlp 64·128) = 73,728 4-bit values → 36,864 B;
@@ -204,24 +242,89 @@ def test_qlora_real_and_fake_agree_and_weights_are_packed() -> None:
     assert real.total_params == 106_816 + real.trainable_params
 
 
-@pytest.mark.parametrize("optimizer", ["adamw8bit", "lion"])
-def test_bitsandbytes_optimizers_real_and_fake_agree(optimizer: str) -> None:
+@pytest.mark.parametrize("optimizer", [Optimizer.ADAMW8BIT, Optimizer.LION])
+def test_bitsandbytes_optimizers_real_and_fake_agree(optimizer: Optimizer) -> None:
     pytest.importorskip("bitsandbytes")
-    kw: dict[str, Any] = {"config": LLAMA, "optimizer": optimizer, "seq_len": 16}
-    real = measure_step(StepSetup(**kw))
-    fake = measure_step(StepSetup(**kw, fake=True))
+    kw: dict[str, Any] = {"optimizer": optimizer, "seq_len": 16}
+    real = measure_step(step(**kw))
+    fake = measure_step(step(**kw, fake=True))
     assert real.peak_bytes == fake.peak_bytes
     assert dict(real.max_by_category) == dict(fake.max_by_category)
-    if optimizer == "lion":  # one fp32 moment per parameter, no step tensor
+    if optimizer is Optimizer.LION:  # one fp32 moment per parameter, no step tensor
         assert real.max_by_category["optimizer"] == 4 * real.trainable_params
 
 
-def test_unknown_method_is_refused_with_a_reason() -> None:
-    with pytest.raises(UnsupportedError, match="adapter"):
-        measure_step(StepSetup(config=LLAMA, method="adapter"))
+def test_unrunnable_method_is_refused_with_a_reason() -> None:
+    with pytest.raises(UnsupportedError, match="--method adapter"):
+        step(method=Method.ADAPTER)
+
+
+# Strategy settings the harness cannot run: each refused when the StepSetup is made, naming
+# the flag (none may be silently measured as something else).
+REFUSED: list[tuple[dict[str, Any], str]] = [
+    ({"sharding": Sharding.ZERO3}, "--sharding zero3"),
+    ({"sharding": Sharding.FSDP}, "--sharding fsdp"),
+    ({"gpus": 2}, "more than one GPU"),
+    ({"offload": Offload.OPTIMIZER}, "--offload optimizer"),
+    ({"checkpointing": Checkpointing.OFFLOAD}, "--offload-activations"),
+    ({"recipe": Recipe.UNSLOTH}, "--recipe unsloth"),
+    ({"recipe": Recipe.TORCHTUNE}, "--recipe torchtune"),
+    ({"precision": Precision.FP16_MIXED}, "--precision fp16-mixed"),
+    ({"optimizer": Optimizer.PAGED_ADAMW8BIT}, "--optimizer paged-adamw8bit"),
+    ({"optimizer_in_backward": True}, "--optimizer-in-backward"),
+    ({"grad_accum": 4}, "--grad-accum"),
+    ({"packing": True}, "--packing"),
+    ({"attention": Attention.FLASH}, "--attention flash"),
+    ({"compile": True}, "--compile"),
+    ({"loss": Loss.CHUNKED}, "--loss chunked"),
+    ({"num_labels": 3, "task": Task.SEQ_CLS}, "--num-labels"),
+    ({"method": Method.QLORA, "quant": Quant.GPTQ_INT4}, "--quant gptq-int4"),
+    ({"method": Method.FREEZE, "trainable_layers": 1}, "--method freeze"),
+]
+
+
+@pytest.mark.parametrize(("fields", "flag"), REFUSED, ids=[f for _, f in REFUSED])
+def test_strategy_the_harness_cannot_run_is_refused_naming_the_flag(
+        fields: dict[str, Any], flag: str) -> None:
+    with pytest.raises(UnsupportedError, match=flag):
+        step(**fields)
+
+
+@pytest.mark.parametrize(("precision", "method", "param", "autocast"), [
+    (Precision.FP32, Method.FULL, torch.float32, None),
+    (Precision.FP32, Method.LORA, torch.float32, None),
+    (Precision.BF16, Method.FULL, torch.bfloat16, None),
+    (Precision.BF16, Method.QLORA, torch.bfloat16, None),
+    (Precision.BF16_MIXED, Method.FULL, torch.float32, torch.bfloat16),  # fp32 master weights
+    (Precision.BF16_MIXED, Method.LORA, torch.bfloat16, torch.bfloat16),  # bf16 frozen base
+    (Precision.BF16_MIXED, Method.PREFIX, torch.bfloat16, torch.bfloat16),
+])
+def test_dtypes_come_from_the_strategy_precision(
+        precision: Precision, method: Method, param: Any, autocast: Any) -> None:
+    setup = step(precision=precision, method=method)
+    assert setup.param_dtype is param
+    assert setup.autocast_dtype is autocast
+
+
+def test_job_derived_knobs_follow_the_strategy() -> None:
+    assert step(recipe=Recipe.HF, method=Method.QLORA).kbit_prepare
+    assert not step(recipe=Recipe.PLAIN, method=Method.QLORA).kbit_prepare
+    assert step(checkpointing=Checkpointing.FULL).checkpointing
+    assert not step(checkpointing=Checkpointing.NONE).checkpointing
+    assert step().impl == "fused"
+    assert step(optimizer=Optimizer.ADAFACTOR).impl == "foreach"  # torch has no fused one
+    assert step(optimizer=Optimizer.ADAFACTOR, optimizer_impl="single").impl == "single"
+
+
+def test_trainable_modules_train_with_prompt_tuning() -> None:
+    # --trainable-modules is honoured for prompt learning too (PEFT modules_to_save): the
+    # lm_head copy (256×64) trains beside the 8×64 prompt embedding.
+    m = measure_step(step(method=Method.PROMPT, trainable_modules=("lm_head",), seq_len=16,
+                          fake=True))
+    assert m.trainable_params == 256 * 64 + 8 * 64
 
 
 def test_fake_moe_in_fp32_is_refused_with_a_reason() -> None:
     cfg = tiny("mistralai__Mixtral-8x7B-v0.1", num_local_experts=4)
     with pytest.raises(UnsupportedError, match="bfloat16"):
-        measure_step(StepSetup(config=cfg, fake=True))
+        measure_step(step(config=cfg, fake=True))

@@ -91,6 +91,19 @@ def test_probe_refuses_what_it_cannot_run(args: list[str], error: type, words: s
         assert store.records() == []
 
 
+def test_run_probe_takes_a_strategy_and_refuses_before_reading_the_model() -> None:
+    from tuneplan.adapters.probe.run import ProbeRequest, run_probe
+    from tuneplan.core.job.strategy import Sharding, Strategy
+
+    # No such model anywhere: the refusal comes from the job, before the model is looked up.
+    req = ProbeRequest(model="no-such/model", strategy=Strategy(sharding=Sharding.ZERO2),
+                       random_weights=True)
+    with pytest.raises(UnsupportedError, match="--sharding zero2"):
+        run_probe(req)
+    with CalibrationStore.open() as store:
+        assert store.records() == []
+
+
 @pytest.mark.gpu
 def test_cuda_probe_calibrates_the_next_estimate() -> None:
     if not torch.cuda.is_available():
@@ -172,8 +185,11 @@ def test_a_local_folder_with_weights_is_loaded_not_randomised(tmp_path: Any) -> 
     model.save_pretrained(tmp_path)
     from tuneplan.adapters.probe.harness import StepSetup
     from tuneplan.adapters.probe.measure import load_pretrained
+    from tuneplan.core.job.methods import Method
+    from tuneplan.core.job.strategy import Checkpointing, Precision, Strategy
 
-    loaded = load_pretrained(StepSetup(config={}, method="lora"), tmp_path)
+    job = Strategy(method=Method.LORA, precision=Precision.FP32, checkpointing=Checkpointing.NONE)
+    loaded = load_pretrained(StepSetup(config={}, strategy=job), tmp_path)
     embed = loaded.get_input_embeddings().weight
     assert bool((embed == 0.25).all())
     doc = probe(str(tmp_path), "--method", "lora", "--steps", "2", "--device", "cpu",

@@ -44,63 +44,64 @@ IA3_TARGETS = ("k_proj", "v_proj", "down_proj")
 ATTN_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")  # "mixtral-moe": attention-only LoRA
 
 # (architecture, method, batch, seq, checkpointing, attention, optimizer, precision) where
-# precision "mixed" is the HF Trainer's bf16 autocast (fp32 weights for full fine-tuning, a
-# bf16 base with fp32 adapters for PEFT methods).
-Case = tuple[str, str, int, int, bool, str, str, str]
+# bf16-mixed is the HF Trainer's bf16 autocast (fp32 weights for full fine-tuning, a bf16 base
+# with fp32 adapters for PEFT methods) and bf16 is bf16 weights without autocast.
+FP32, BF16, MIXED = Precision.FP32, Precision.BF16, Precision.BF16_MIXED
+Case = tuple[str, str, int, int, bool, str, str, Precision]
 CASES: list[Case] = [
-    ("llama-gqa", "full", 2, 64, False, "sdpa", "adamw", "float32"),
-    ("llama-gqa", "full", 1, 512, False, "eager", "adamw", "bfloat16"),
-    ("llama-gqa", "full", 4, 128, True, "sdpa", "sgd", "float32"),
-    ("llama-gqa", "lora", 2, 64, False, "sdpa", "adamw", "float32"),
-    ("llama-gqa", "lora", 3, 128, True, "sdpa", "adamw", "bfloat16"),
-    ("llama-gqa", "lora", 2, 64, False, "eager", "sgd", "float32"),
-    ("llama-gqa", "dora", 2, 64, False, "sdpa", "adamw", "float32"),
-    ("llama-gqa", "dora", 1, 256, False, "sdpa", "adamw", "bfloat16"),
-    ("llama-gqa", "ia3", 2, 64, False, "sdpa", "adamw", "float32"),
-    ("llama-gqa", "prefix", 2, 64, False, "sdpa", "adamw", "float32"),
-    ("llama-gqa", "prompt", 2, 64, False, "sdpa", "adamw", "float32"),
-    ("llama-gqa", "full", 4, 512, True, "sdpa", "adamw", "float32"),
-    ("qwen2-tied-bias", "full", 2, 64, False, "sdpa", "adamw", "float32"),
-    ("qwen2-tied-bias", "full", 1, 256, True, "sdpa", "sgd", "bfloat16"),
-    ("qwen2-tied-bias", "full", 1, 256, True, "eager", "sgd", "bfloat16"),
-    ("llama-gqa", "lora", 4, 256, True, "eager", "adamw", "float32"),
-    ("qwen2-tied-bias", "lora", 2, 128, False, "sdpa", "adamw", "float32"),
-    ("qwen2-tied-bias", "dora", 2, 64, True, "sdpa", "adamw", "float32"),
-    ("qwen2-tied-bias", "ia3", 3, 64, False, "eager", "adamw", "float32"),
-    ("qwen2-tied-bias", "prefix", 1, 128, False, "sdpa", "sgd", "float32"),
-    ("mistral", "full", 2, 128, False, "sdpa", "adamw", "bfloat16"),
-    ("mistral", "lora", 4, 64, False, "eager", "adamw", "float32"),
-    ("mistral", "prompt", 2, 128, True, "sdpa", "adamw", "float32"),
-    ("mixtral-moe", "full", 2, 64, False, "sdpa", "adamw", "float32"),
-    ("mixtral-moe", "lora", 2, 64, False, "sdpa", "adamw", "float32"),  # attention targets
-    ("mixtral-moe", "full", 1, 128, False, "sdpa", "sgd", "float32"),
-    ("llama-gqa", "lora", 1, 64, False, "sdpa", "adamw", "bfloat16"),
-    ("mixtral-moe", "full", 1, 128, True, "sdpa", "sgd", "float32"),
-    ("llama-gqa", "full", 2, 128, False, "sdpa", "adamw", "mixed"),
-    ("qwen2-tied-bias", "lora", 2, 128, True, "sdpa", "adamw", "mixed"),
-    ("mistral", "dora", 1, 256, False, "eager", "adamw", "mixed"),
-    ("llama-small-vocab", "full", 2, 256, True, "sdpa", "adamw", "float32"),
-    ("llama-small-vocab", "lora", 2, 256, True, "sdpa", "adamw", "float32"),
-    ("llama-small-vocab", "lora", 2, 256, False, "eager", "adamw", "float32"),
-    ("llama-small-vocab", "dora", 2, 256, False, "sdpa", "adamw", "bfloat16"),
-    ("llama-small-vocab", "prefix", 2, 256, False, "sdpa", "adamw", "float32"),
-    ("llama-small-vocab", "full", 2, 256, True, "eager", "sgd", "float32"),
-    ("llama-small-vocab", "full", 2, 256, False, "sdpa", "adamw", "mixed"),
-    ("llama-gqa", "qlora", 2, 128, True, "sdpa", "adamw", "mixed"),     # real bitsandbytes NF4
-    ("qwen2-tied-bias", "qlora", 2, 128, False, "sdpa", "adamw", "mixed"),
-    ("llama-small-vocab", "qlora", 2, 256, False, "sdpa", "adamw", "mixed"),
-    ("llama-small-vocab", "ia3", 2, 256, True, "sdpa", "adamw", "float32"),
+    ("llama-gqa", "full", 2, 64, False, "sdpa", "adamw", FP32),
+    ("llama-gqa", "full", 1, 512, False, "eager", "adamw", BF16),
+    ("llama-gqa", "full", 4, 128, True, "sdpa", "sgd", FP32),
+    ("llama-gqa", "lora", 2, 64, False, "sdpa", "adamw", FP32),
+    ("llama-gqa", "lora", 3, 128, True, "sdpa", "adamw", BF16),
+    ("llama-gqa", "lora", 2, 64, False, "eager", "sgd", FP32),
+    ("llama-gqa", "dora", 2, 64, False, "sdpa", "adamw", FP32),
+    ("llama-gqa", "dora", 1, 256, False, "sdpa", "adamw", BF16),
+    ("llama-gqa", "ia3", 2, 64, False, "sdpa", "adamw", FP32),
+    ("llama-gqa", "prefix", 2, 64, False, "sdpa", "adamw", FP32),
+    ("llama-gqa", "prompt", 2, 64, False, "sdpa", "adamw", FP32),
+    ("llama-gqa", "full", 4, 512, True, "sdpa", "adamw", FP32),
+    ("qwen2-tied-bias", "full", 2, 64, False, "sdpa", "adamw", FP32),
+    ("qwen2-tied-bias", "full", 1, 256, True, "sdpa", "sgd", BF16),
+    ("qwen2-tied-bias", "full", 1, 256, True, "eager", "sgd", BF16),
+    ("llama-gqa", "lora", 4, 256, True, "eager", "adamw", FP32),
+    ("qwen2-tied-bias", "lora", 2, 128, False, "sdpa", "adamw", FP32),
+    ("qwen2-tied-bias", "dora", 2, 64, True, "sdpa", "adamw", FP32),
+    ("qwen2-tied-bias", "ia3", 3, 64, False, "eager", "adamw", FP32),
+    ("qwen2-tied-bias", "prefix", 1, 128, False, "sdpa", "sgd", FP32),
+    ("mistral", "full", 2, 128, False, "sdpa", "adamw", BF16),
+    ("mistral", "lora", 4, 64, False, "eager", "adamw", FP32),
+    ("mistral", "prompt", 2, 128, True, "sdpa", "adamw", FP32),
+    ("mixtral-moe", "full", 2, 64, False, "sdpa", "adamw", FP32),
+    ("mixtral-moe", "lora", 2, 64, False, "sdpa", "adamw", FP32),  # attention targets
+    ("mixtral-moe", "full", 1, 128, False, "sdpa", "sgd", FP32),
+    ("llama-gqa", "lora", 1, 64, False, "sdpa", "adamw", BF16),
+    ("mixtral-moe", "full", 1, 128, True, "sdpa", "sgd", FP32),
+    ("llama-gqa", "full", 2, 128, False, "sdpa", "adamw", MIXED),
+    ("qwen2-tied-bias", "lora", 2, 128, True, "sdpa", "adamw", MIXED),
+    ("mistral", "dora", 1, 256, False, "eager", "adamw", MIXED),
+    ("llama-small-vocab", "full", 2, 256, True, "sdpa", "adamw", FP32),
+    ("llama-small-vocab", "lora", 2, 256, True, "sdpa", "adamw", FP32),
+    ("llama-small-vocab", "lora", 2, 256, False, "eager", "adamw", FP32),
+    ("llama-small-vocab", "dora", 2, 256, False, "sdpa", "adamw", BF16),
+    ("llama-small-vocab", "prefix", 2, 256, False, "sdpa", "adamw", FP32),
+    ("llama-small-vocab", "full", 2, 256, True, "eager", "sgd", FP32),
+    ("llama-small-vocab", "full", 2, 256, False, "sdpa", "adamw", MIXED),
+    ("llama-gqa", "qlora", 2, 128, True, "sdpa", "adamw", MIXED),     # real bitsandbytes NF4
+    ("qwen2-tied-bias", "qlora", 2, 128, False, "sdpa", "adamw", MIXED),
+    ("llama-small-vocab", "qlora", 2, 256, False, "sdpa", "adamw", MIXED),
+    ("llama-small-vocab", "ia3", 2, 256, True, "sdpa", "adamw", FP32),
     # The peak is in the recomputed block's down projection: its unsaved residual sum, norm
     # output and MLP product plus the block's cached bf16 LoRA weights (was −8.8 %).
-    ("llama-small-vocab", "lora", 2, 256, True, "sdpa", "adamw", "mixed"),
+    ("llama-small-vocab", "lora", 2, 256, True, "sdpa", "adamw", MIXED),
     # enable_input_require_grads keeps the embedding output the prompt is prepended to (was −3.5 %).
-    ("llama-small-vocab", "prompt", 2, 256, True, "sdpa", "adamw", "float32"),
-    ("llama-small-vocab", "full", 2, 256, True, "sdpa", "adamw", "mixed"),
+    ("llama-small-vocab", "prompt", 2, 256, True, "sdpa", "adamw", FP32),
+    ("llama-small-vocab", "full", 2, 256, True, "sdpa", "adamw", MIXED),
     # MoE LoRA all-linear: merged expert weights saved per block, their gradients in backward.
-    ("mixtral-small-vocab", "lora", 2, 256, True, "sdpa", "adamw", "bfloat16"),
-    ("mixtral-small-vocab", "lora", 2, 256, False, "sdpa", "adamw", "float32"),
-    ("mixtral-small-vocab", "lora", 1, 256, True, "sdpa", "sgd", "float32"),
-    ("mixtral-small-vocab", "full", 2, 256, True, "sdpa", "adamw", "bfloat16"),
+    ("mixtral-small-vocab", "lora", 2, 256, True, "sdpa", "adamw", BF16),
+    ("mixtral-small-vocab", "lora", 2, 256, False, "sdpa", "adamw", FP32),
+    ("mixtral-small-vocab", "lora", 1, 256, True, "sdpa", "sgd", FP32),
+    ("mixtral-small-vocab", "full", 2, 256, True, "sdpa", "adamw", BF16),
 ]
 
 
@@ -110,22 +111,15 @@ def _targets(arch: str, method: str) -> tuple[str, ...]:
     return ATTN_TARGETS if arch == "mixtral-moe" else ("all-linear",)
 
 
-def _strategy(method: str, b: int, s: int, ckpt: bool, attn: str, opt: str, dtype: str,
-              targets: tuple[str, ...]) -> Strategy:
-    precision = {"float32": Precision.FP32, "bfloat16": Precision.BF16,
-                 "mixed": Precision.BF16_MIXED}[dtype]
-    return Strategy(method=Method(method), recipe=Recipe.HF if dtype == "mixed" else Recipe.PLAIN,
+def _strategy(method: str, b: int, s: int, ckpt: bool, attn: str, opt: str,
+              precision: Precision, targets: tuple[str, ...]) -> Strategy:
+    return Strategy(method=Method(method),
+                    recipe=Recipe.HF if precision is MIXED else Recipe.PLAIN,
                     precision=precision,
                     optimizer=Optimizer(opt), batch_size=b, seq_len=s,
                     checkpointing=Checkpointing.FULL if ckpt else Checkpointing.NONE,
                     attention=Attention(attn), lora_rank=8, lora_alpha=16, lora_targets=targets,
                     num_virtual_tokens=8)
-
-
-def _param_dtype(method: str, precision: str) -> str:
-    if precision != "mixed":
-        return precision
-    return "float32" if method == "full" else "bfloat16"
 
 
 def _case_id(case: Case) -> str:
@@ -138,16 +132,12 @@ def test_allocated_peak_matches_simulation(case: Case) -> None:
 
     if case[1] == "qlora":
         pytest.importorskip("bitsandbytes")
-    arch, method, b, s, ckpt, attn, opt, dtype = case
+    arch, method, b, s, ckpt, attn, opt, precision = case
     config = CONFIGS[arch]
     targets = _targets(arch, method)
-    strategy = _strategy(method, b, s, ckpt, attn, opt, dtype, targets)
-    measured = measure_step(StepSetup(
-        config=config, method=method, batch_size=b, seq_len=s, gradient_checkpointing=ckpt,
-        attention=attn, optimizer=opt, param_dtype=_param_dtype(method, dtype),
-        autocast_dtype="bfloat16" if dtype == "mixed" else None, lora_rank=8, lora_alpha=16,
-        lora_targets="all-linear" if targets == ("all-linear",) else targets,
-        num_virtual_tokens=8))
+    strategy = _strategy(method, b, s, ckpt, attn, opt, precision, targets)
+    # The simulated step is the estimated job itself (fused optimizers, as assumed below).
+    measured = measure_step(StepSetup(config=config, strategy=strategy, optimizer_impl="fused"))
     spec = parse_model_config(config, name=arch)
     estimate = estimate_memory(spec, strategy, MemoryAssumptions(adamw_impl="fused"))
     tensors = estimate.allocated_peak_bytes - int(
@@ -159,40 +149,40 @@ def test_allocated_peak_matches_simulation(case: Case) -> None:
 
 
 # Full-size models under fake tensors (no real memory): (bundled name, method, checkpointing,
-# param dtype, autocast). Batch 1, sequence 2048, LoRA r16 all-linear.
+# precision). Batch 1, sequence 2048, LoRA r16 all-linear. bf16: bf16 weights, no autocast;
+# bf16-mixed QLoRA: a bf16 base under bf16 autocast (HF recipe: kbit preparation).
 FULL_SIZE = [
-    ("meta-llama/Llama-3.1-8B", "full", False, "bfloat16", None),
-    ("meta-llama/Llama-3.1-8B", "qlora", True, "bfloat16", "bfloat16"),
+    ("meta-llama/Llama-3.1-8B", Method.FULL, False, Precision.BF16),
+    ("meta-llama/Llama-3.1-8B", Method.QLORA, True, Precision.BF16_MIXED),
     # Without checkpointing the peak is at the start of backward, while autocast's bf16 copy
     # of the fp32-upcast lm_head (V·H·2 = 1.05 GB) is still saved for the head's backward.
-    ("meta-llama/Llama-3.1-8B", "qlora", False, "bfloat16", "bfloat16"),
+    ("meta-llama/Llama-3.1-8B", Method.QLORA, False, Precision.BF16_MIXED),
 ]
 
 
 @pytest.mark.parametrize("case", FULL_SIZE, ids=lambda c: f"{c[0]}-{c[1]}-ckpt{c[2]}")
-def test_full_size_peak_matches_fake_simulation(case: tuple[str, str, bool, str, str | None]
+def test_full_size_peak_matches_fake_simulation(case: tuple[str, Method, bool, Precision]
                                                 ) -> None:
     from tuneplan.adapters.hub import find_bundled, load_bundled_config, resolve_model
     from tuneplan.adapters.probe.harness import StepSetup, measure_step
 
-    name, method, ckpt, dtype, autocast = case
-    if method == "qlora":
+    name, method, ckpt, precision = case
+    if method is Method.QLORA:
         pytest.importorskip("bitsandbytes")
     bundled = find_bundled(name)
     assert bundled is not None
-    measured = measure_step(StepSetup(
-        config=load_bundled_config(bundled), method=method, lora_rank=16, lora_alpha=32,
-        batch_size=1, seq_len=2048, gradient_checkpointing=ckpt, param_dtype=dtype,
-        autocast_dtype=autocast, fake=True))
-    precision = Precision.BF16_MIXED if autocast else Precision.BF16
-    strategy = Strategy(method=Method(method), recipe=Recipe.HF if autocast else Recipe.PLAIN,
+    strategy = Strategy(method=method,
+                        recipe=Recipe.HF if precision.is_mixed else Recipe.PLAIN,
                         precision=precision, batch_size=1, seq_len=2048, lora_rank=16,
+                        lora_alpha=32,
                         checkpointing=Checkpointing.FULL if ckpt else Checkpointing.NONE)
+    measured = measure_step(StepSetup(config=load_bundled_config(bundled), strategy=strategy,
+                                      fake=True))
     estimate = estimate_memory(resolve_model(name), strategy)
     tensors = estimate.allocated_peak_bytes - int(
         estimate.breakdown.value("overheads/cublas_workspace"))
     assert abs(tensors - measured.peak_bytes) / measured.peak_bytes <= 0.03
-    if method == "qlora" and not ckpt:  # the fp32 head's bf16 copy is part of the peak
+    if method is Method.QLORA and not ckpt:  # the fp32 head's bf16 copy is part of the peak
         assert estimate.peak_phase == "backward-start"
         assert estimate.breakdown.value("weights/autocast_copies") >= 128256 * 4096 * 2
 
@@ -206,13 +196,12 @@ def test_full_size_moe_lora_all_linear_matches_fake_simulation() -> None:
     name = "Qwen/Qwen3-30B-A3B"
     bundled = find_bundled(name)
     assert bundled is not None
-    measured = measure_step(StepSetup(
-        config=load_bundled_config(bundled), method="lora", lora_rank=16, lora_alpha=32,
-        batch_size=1, seq_len=256, param_dtype="bfloat16", autocast_dtype="bfloat16",
-        fake=True))
+    # bf16-mixed LoRA: a bf16 base (fp32 adapters) under bf16 autocast.
     strategy = Strategy(method=Method.LORA, recipe=Recipe.HF, precision=Precision.BF16_MIXED,
                         batch_size=1, seq_len=256, lora_rank=16, lora_alpha=32,
                         checkpointing=Checkpointing.NONE)
+    measured = measure_step(StepSetup(config=load_bundled_config(bundled), strategy=strategy,
+                                      fake=True))
     estimate = estimate_memory(resolve_model(name), strategy)
     tensors = estimate.allocated_peak_bytes - int(
         estimate.breakdown.value("overheads/cublas_workspace"))

@@ -15,24 +15,19 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch import nn
 
+from tuneplan.core.job.methods import Method
+from tuneplan.core.job.strategy import ALL_LINEAR, Optimizer, Task
 from tuneplan.errors import ProbeError, UnsupportedError
 
 if TYPE_CHECKING:
     from tuneplan.adapters.probe.harness import StepSetup
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-PEFT_METHODS = ("lora", "dora", "prefix", "prompt", "ia3")
+# Methods that wrap the model with ``peft.get_peft_model`` (QLoRA does so after 4-bit loading).
+PEFT_METHODS = frozenset({Method.LORA, Method.DORA, Method.PREFIX, Method.PROMPT, Method.IA3})
 _DROP_KEYS = ("torch_dtype", "dtype", "transformers_version", "quantization_config")
 
 
-def dtype_of(name: str) -> torch.dtype:
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise UnsupportedError(f"dtype {name!r} is not one of {sorted(DTYPES)}") from None
-
-
-def make_config(config: Mapping[str, Any], task: str) -> Any:
+def make_config(config: Mapping[str, Any], task: Task) -> Any:
     """A transformers config object from a config.json dict (no hub access)."""
     from transformers import AutoConfig
 
@@ -41,8 +36,8 @@ def make_config(config: Mapping[str, Any], task: str) -> Any:
         raise UnsupportedError("the config has no model_type")
     hf = AutoConfig.for_model(**cfg)
     hf.use_cache = False  # training: no KV cache (Trainer also turns it off with checkpointing)
-    if task == "seq-cls":
-        hf.num_labels = 2
+    if task is Task.SEQ_CLS:
+        hf.num_labels = 2  # --num-labels other than 2 is refused (harness.refuse_unrunnable)
         if getattr(hf, "pad_token_id", None) is None:
             hf.pad_token_id = 0
     return hf
@@ -54,46 +49,49 @@ def is_moe(config: Mapping[str, Any]) -> bool:
 
 
 def check_supported(setup: StepSetup) -> None:
-    """Refuse, with the reason, what the harness cannot run (seen failing, see FIELD-NOTES)."""
-    if setup.task not in ("causal-lm", "seq-cls"):
-        raise UnsupportedError(f"task {setup.task!r} is not causal-lm or seq-cls")
-    if setup.attention not in ("sdpa", "eager"):
-        raise UnsupportedError(f"attention {setup.attention!r} is not sdpa or eager")
+    """Refuse, with the reason, what fake tensors cannot run (seen failing, see FIELD-NOTES);
+    the job's own unrunnable flags were refused when ``setup`` was made."""
     if not setup.fake:
         return
-    if is_moe(setup.config) and setup.param_dtype != "bfloat16":
+    if is_moe(setup.config) and setup.param_dtype is not torch.bfloat16:
         raise UnsupportedError(
             "MoE under fake tensors needs bfloat16 params (grouped_mm is bf16-only)"
         )
-    if is_moe(setup.config) and setup.method == "qlora" and setup.kbit_prepare:
+    if is_moe(setup.config) and setup.strategy.method is Method.QLORA and setup.kbit_prepare:
         raise UnsupportedError(
             "MoE qlora under fake tensors: kbit preparation upcasts the unquantized 3-D"
-            " experts to fp32, and grouped_mm is bf16-only (use kbit_prepare=False)"
+            " experts to fp32, and grouped_mm is bf16-only (use --recipe plain)"
         )
-    if setup.optimizer == "adafactor":
+    if setup.strategy.optimizer is Optimizer.ADAFACTOR:
         raise UnsupportedError(
             "torch Adafactor reads tensor values (.item()): not under fake tensors"
         )
 
 
-def build_base(setup: StepSetup) -> nn.Module:
-    """The transformers model from the config, random weights, on CPU or meta."""
+def auto_class(task: Task) -> Any:
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+    return AutoModelForCausalLM if task is Task.CAUSAL_LM else AutoModelForSequenceClassification
+
+
+def build_base(setup: StepSetup, *, checkpointing: bool = True) -> nn.Module:
+    """The transformers model from the config, random weights, on CPU or meta, in
+    ``setup.param_dtype``; with the job's checkpointing unless ``checkpointing`` is False."""
     check_supported(setup)
-    auto = AutoModelForCausalLM if setup.task == "causal-lm" else AutoModelForSequenceClassification
-    hf = make_config(setup.config, setup.task)
+    s = setup.strategy
+    auto = auto_class(s.task)
+    hf = make_config(setup.config, s.task)
     torch.manual_seed(setup.seed)
     device = torch.device("meta") if setup.fake else torch.device("cpu")
     try:
         with device:
-            model: Any = auto.from_config(  # type: ignore[no-untyped-call]
-                hf, attn_implementation=setup.attention, dtype=dtype_of(setup.param_dtype)
+            model: Any = auto.from_config(
+                hf, attn_implementation=str(s.attention), dtype=setup.param_dtype
             )
     except ValueError as exc:  # e.g. "Gemma2ForCausalLM does not support ... sdpa yet"
         raise UnsupportedError(f"transformers cannot build it: {exc}") from exc
-    if setup.gradient_checkpointing:
-        enable_checkpointing(model, input_grads=setup.method in PEFT_METHODS)
+    if checkpointing and setup.checkpointing:
+        enable_checkpointing(model, input_grads=s.method in PEFT_METHODS)
     return cast(nn.Module, model)
 
 
@@ -110,39 +108,40 @@ def enable_checkpointing(model: Any, *, input_grads: bool) -> None:
 
 
 def peft_config(setup: StepSetup) -> Any:
+    """The PEFT config of the job's method (QLoRA: its LoRA adapters)."""
     import peft
 
-    task_type = "CAUSAL_LM" if setup.task == "causal-lm" else "SEQ_CLS"
-    targets: Any = setup.lora_targets
-    if isinstance(targets, tuple):
-        targets = list(targets)
-    to_save = list(setup.trainable_modules) or None
-    if setup.method in ("lora", "dora"):
+    s = setup.strategy
+    task_type = "CAUSAL_LM" if s.task is Task.CAUSAL_LM else "SEQ_CLS"
+    # PEFT takes the string "all-linear" or a list of module names.
+    targets: Any = ALL_LINEAR if s.all_linear else list(s.lora_targets)
+    to_save = list(s.trainable_modules) or None
+    if s.method in (Method.LORA, Method.DORA, Method.QLORA):
         return peft.LoraConfig(
-            r=setup.lora_rank,
-            lora_alpha=setup.lora_alpha,
-            lora_dropout=setup.lora_dropout,
+            r=s.lora_rank,
+            lora_alpha=s.lora_alpha,
+            lora_dropout=s.lora_dropout,
             target_modules=targets,
-            use_dora=setup.method == "dora",
+            use_dora=s.method is Method.DORA,
             modules_to_save=to_save,
             task_type=task_type,
         )
-    if setup.method == "ia3":
+    if s.method is Method.IA3:
         # "all-linear" is LoRA's default; IA3 uses PEFT's per-architecture default targets.
-        explicit = None if targets == "all-linear" else targets
+        explicit = None if s.all_linear else targets
         return peft.IA3Config(target_modules=explicit, modules_to_save=to_save, task_type=task_type)
-    cls = peft.PrefixTuningConfig if setup.method == "prefix" else peft.PromptTuningConfig
-    return cls(num_virtual_tokens=setup.num_virtual_tokens, task_type=task_type)
+    cls = peft.PrefixTuningConfig if s.method is Method.PREFIX else peft.PromptTuningConfig
+    return cls(num_virtual_tokens=s.num_virtual_tokens, modules_to_save=to_save,
+               task_type=task_type)
 
 
 def apply_method(model: nn.Module, setup: StepSetup) -> nn.Module:
     """Full fine-tuning leaves the model as is; PEFT methods wrap it like Trainer users do."""
-    if setup.method == "full":
-        return model
-    if setup.method == "qlora":
-        return model  # built by qlora.build_qlora, adapters included
-    if setup.method not in PEFT_METHODS:
-        raise UnsupportedError(f"method {setup.method!r} is not one of full, {PEFT_METHODS}")
+    method = setup.strategy.method
+    if method in (Method.FULL, Method.QLORA):
+        return model  # QLoRA: built by qlora.build_qlora, adapters included
+    if method not in PEFT_METHODS:
+        raise UnsupportedError(f"method {method} is not full, qlora or a PEFT method")
     import peft
 
     try:
@@ -151,7 +150,7 @@ def apply_method(model: nn.Module, setup: StepSetup) -> nn.Module:
         )
         return wrapped
     except (ValueError, TypeError) as exc:
-        raise UnsupportedError(f"peft cannot apply {setup.method}: {exc}") from exc
+        raise UnsupportedError(f"peft cannot apply {method}: {exc}") from exc
 
 
 def fakeify_(model: nn.Module, mode: Any) -> None:
@@ -225,43 +224,43 @@ def make_inputs(setup: StepSetup, vocab_size: int) -> dict[str, torch.Tensor]:
     """Random token ids (never 0, the seq-cls pad id) and labels, as the step's batch."""
     # Fake inputs are made inside fake mode: no generator there, and values are never read.
     gen = None if setup.fake else torch.Generator().manual_seed(setup.seed)
-    shape = (setup.batch_size, setup.seq_len)
+    s = setup.strategy
+    shape = (s.batch_size, s.seq_len)
     ids = torch.randint(1, vocab_size, shape, generator=gen)
-    labels = ids.clone() if setup.task == "causal-lm" else torch.randint(
+    labels = ids.clone() if s.task is Task.CAUSAL_LM else torch.randint(
         0, 2, shape[:1], generator=gen)
     return {"input_ids": ids, "labels": labels}
 
 
 def make_optimizer(params: list[nn.Parameter], setup: StepSetup) -> torch.optim.Optimizer:
     """The optimizer with its implementation chosen explicitly (it sets the step temporary)."""
-    impl = setup.optimizer_impl
-    if impl not in ("fused", "foreach", "single"):
-        raise UnsupportedError(f"optimizer_impl {impl!r} is not fused, foreach or single")
+    impl = setup.impl
     flags: dict[str, Any] = {"foreach": impl == "foreach"}
     if impl == "fused":
         flags = {"fused": True, "foreach": False}
-    if setup.optimizer == "adamw":
+    optimizer = setup.strategy.optimizer
+    if optimizer is Optimizer.ADAMW:
         return torch.optim.AdamW(params, lr=1e-4, **flags)
-    if setup.optimizer == "sgd":
+    if optimizer is Optimizer.SGD:
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9, **flags)
-    if setup.optimizer in ("adamw8bit", "lion"):
-        return _bnb_optimizer(params, setup.optimizer)
-    if setup.optimizer == "adafactor":
+    if optimizer in (Optimizer.ADAMW8BIT, Optimizer.LION):
+        return _bnb_optimizer(params, optimizer)
+    if optimizer is Optimizer.ADAFACTOR:
         if impl == "fused":
             raise UnsupportedError("torch Adafactor has no fused implementation")
         return torch.optim.Adafactor(params, lr=1e-2, foreach=flags["foreach"])
-    raise UnsupportedError(
-        f"optimizer {setup.optimizer!r} is not adamw, sgd, adafactor, adamw8bit or lion"
+    raise UnsupportedError(  # refused when the StepSetup was made; kept for safety
+        f"--optimizer {optimizer} is not adamw, sgd, adafactor, adamw8bit or lion"
     )
 
 
-def _bnb_optimizer(params: list[nn.Parameter], name: str) -> torch.optim.Optimizer:
+def _bnb_optimizer(params: list[nn.Parameter], name: Optimizer) -> torch.optim.Optimizer:
     """bitsandbytes' AdamW8bit or (32-bit) Lion; under fake tensors its code tables are
     computed from real values first (FIELD-NOTES), then made fake."""
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
     bnb: Any = _import_bnb(name)
-    cls = bnb.optim.Lion if name == "lion" else bnb.optim.AdamW8bit
+    cls = bnb.optim.Lion if name is Optimizer.LION else bnb.optim.AdamW8bit
     mode = next((p.fake_mode for p in params if isinstance(p, FakeTensor)), None)
     if mode is None:
         return cast(torch.optim.Optimizer, cls(params, lr=1e-4))

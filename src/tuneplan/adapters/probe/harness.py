@@ -1,8 +1,11 @@
 """Measure the live tensor bytes of real (or fake) training steps, by category.
 
 ``measure_step(StepSetup)`` builds the transformers model from a config (random weights),
-applies the PEFT method (or bitsandbytes 4-bit + LoRA), and runs the HF Trainer's step under
-``StorageTracker``. Tensor bytes only: no allocator reserve, CUDA context or workspaces.
+applies the job's PEFT method (or bitsandbytes 4-bit + LoRA), and runs the HF Trainer's step
+under ``StorageTracker``. Tensor bytes only: no allocator reserve, CUDA context or workspaces.
+
+The job is the memory model's ``Strategy``; ``StepSetup`` adds only the harness's own knobs.
+What the harness cannot run is refused (``refuse_unrunnable``) with the flag that asks for it.
 """
 
 from __future__ import annotations
@@ -12,43 +15,123 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
 
 from tuneplan.adapters.probe import build, qlora
 from tuneplan.adapters.probe.tracker import StorageTracker, TrackerResult
-from tuneplan.errors import ProbeError
+from tuneplan.core.job.methods import Method, Quant
+from tuneplan.core.job.recipes import Recipe
+from tuneplan.core.job.strategy import (
+    Attention,
+    Checkpointing,
+    Loss,
+    Offload,
+    Optimizer,
+    Precision,
+    Sharding,
+    Strategy,
+)
+from tuneplan.errors import InvalidValueError, ProbeError, UnsupportedError
+
+OptimizerImpl = Literal["fused", "foreach", "single"]
+RUNNABLE_METHODS = frozenset({Method.FULL, Method.LORA, Method.DORA, Method.QLORA,
+                              Method.PREFIX, Method.PROMPT, Method.IA3})
+RUNNABLE_OPTIMIZERS = frozenset({Optimizer.ADAMW, Optimizer.SGD, Optimizer.ADAFACTOR,
+                                 Optimizer.ADAMW8BIT, Optimizer.LION})
+
+
+def refuse_unrunnable(s: Strategy) -> None:
+    """Raise UnsupportedError naming the first flag of ``s`` the harness cannot honour: it runs
+    the HF Trainer's step in one process (hf or plain recipe), one micro-batch, unpacked rows."""
+    reasons = [
+        (s.method not in RUNNABLE_METHODS,
+         f"--method {s.method} (probe runs full, lora, dora, qlora, prefix, prompt, ia3)"),
+        (s.recipe not in (Recipe.HF, Recipe.PLAIN),
+         f"--recipe {s.recipe} (probe runs the HF Trainer step: hf or plain)"),
+        (s.method is Method.QLORA and s.quant not in (Quant.NF4, Quant.FP4),
+         f"--quant {s.quant} (probe quantizes with bitsandbytes 4-bit: nf4 or fp4)"),
+        (s.precision is Precision.FP16_MIXED, "--precision fp16-mixed (use bf16-mixed)"),
+        (s.optimizer not in RUNNABLE_OPTIMIZERS,
+         f"--optimizer {s.optimizer} (paged optimizers need CUDA unified memory)"),
+        (s.optimizer_in_backward, "--optimizer-in-backward"),
+        (s.world_size > 1, "--gpus/--nodes: more than one GPU (the probe is one process)"),
+        (s.sharding is not Sharding.DDP,
+         f"--sharding {s.sharding} (the probe is one process without DeepSpeed or FSDP)"),
+        (s.offload is not Offload.NONE, f"--offload {s.offload}"),
+        (s.grad_accum > 1, "--grad-accum > 1 (measure one micro-batch)"),
+        (s.checkpointing is Checkpointing.OFFLOAD, "--offload-activations"),
+        (s.packing, "--packing (the probe's rows are one sequence each)"),
+        (s.attention is Attention.FLASH,
+         "--attention flash (use sdpa: no s×s scores either, and it runs on the CPU)"),
+        (s.compile, "--compile"),
+        (s.loss is Loss.CHUNKED, "--loss chunked"),
+        (s.num_labels != 2, "--num-labels other than 2"),
+    ]
+    for bad, what in reasons:
+        if bad:
+            raise UnsupportedError(f"the probe cannot run {what}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepSetup:
-    """One training step to measure (the interface agreed with core/memory; see README.md)."""
+    """One training step to measure: the job (``strategy``) on a model (``config``), plus the
+    harness's own knobs, none of them a job setting.
+
+    ``optimizer_impl`` None is the fastest implementation torch has (fused; foreach for
+    Adafactor); bitsandbytes optimizers ignore it. Refuses, at construction, a ``strategy``
+    the harness cannot run (``refuse_unrunnable``).
+    """
 
     config: Mapping[str, Any]
-    method: str = "full"  # full | lora | dora | prefix | prompt | ia3 | qlora (bitsandbytes)
-    lora_rank: int = 8
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_targets: tuple[str, ...] | str = "all-linear"
-    num_virtual_tokens: int = 8
-    trainable_modules: tuple[str, ...] = ()
-    batch_size: int = 1
-    seq_len: int = 128
-    gradient_checkpointing: bool = False
-    attention: str = "sdpa"  # sdpa | eager
-    optimizer: str = "adamw"  # adamw | sgd (momentum .9) | adafactor | adamw8bit, lion (bnb)
-    optimizer_impl: str = "fused"  # fused | foreach | single
-    param_dtype: str = "float32"  # float32 | bfloat16 | float16
-    autocast_dtype: str | None = None  # "bfloat16": torch.autocast("cpu") around forward+loss
-    task: str = "causal-lm"  # causal-lm | seq-cls
+    strategy: Strategy
     steps: int = 2
     fake: bool = False
     seed: int = 0
-    quant_type: str = "nf4"  # qlora: nf4 | fp4
-    double_quant: bool = True  # qlora: quantize the absmax constants too
-    kbit_prepare: bool = True  # qlora: peft.prepare_model_for_kbit_training (upcasts to fp32)
+    optimizer_impl: OptimizerImpl | None = None
+
+    def __post_init__(self) -> None:
+        refuse_unrunnable(self.strategy)
+        if self.steps < 1:
+            raise InvalidValueError("steps must be at least 1")
+        if self.optimizer_impl is not None and self.optimizer_impl not in get_args(OptimizerImpl):
+            raise InvalidValueError(
+                f"optimizer_impl {self.optimizer_impl!r} is not fused, foreach or single")
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        """The dtype weights are built in: fp32 or bf16 as ``--precision`` says; under
+        bf16-mixed fp32 when the base trains and a bf16 base for adapter methods (the HF
+        convention the estimate's ``precision_plan`` follows; PEFT keeps adapters fp32)."""
+        s = self.strategy
+        if s.precision is Precision.BF16:
+            return torch.bfloat16
+        if s.precision is Precision.BF16_MIXED and not s.method.trains_base:
+            return torch.bfloat16
+        return torch.float32
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """bf16 ``torch.autocast`` around forward + loss under bf16-mixed, else None."""
+        return torch.bfloat16 if self.strategy.precision is Precision.BF16_MIXED else None
+
+    @property
+    def checkpointing(self) -> bool:
+        return self.strategy.checkpointing is Checkpointing.FULL
+
+    @property
+    def kbit_prepare(self) -> bool:
+        """QLoRA: the HF recipe runs ``peft.prepare_model_for_kbit_training`` (fp32 upcasts);
+        ``--recipe plain`` does not."""
+        return self.strategy.recipe is Recipe.HF
+
+    @property
+    def impl(self) -> OptimizerImpl:
+        if self.optimizer_impl is not None:
+            return self.optimizer_impl
+        return "foreach" if self.strategy.optimizer is Optimizer.ADAFACTOR else "fused"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,7 +159,7 @@ def _unique_params(model: nn.Module) -> list[nn.Parameter]:
 def _autocast(setup: StepSetup) -> contextlib.AbstractContextManager[Any]:
     if setup.autocast_dtype is None:
         return contextlib.nullcontext()
-    return torch.autocast("cpu", dtype=build.dtype_of(setup.autocast_dtype))
+    return torch.autocast("cpu", dtype=setup.autocast_dtype)
 
 
 def _optimizer_state(opt: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
@@ -128,7 +211,7 @@ def run_steps(
     except (RuntimeError, AssertionError, NotImplementedError, ValueError) as exc:
         kind = "simulated" if setup.fake else "real"
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ProbeError(f"the {kind} {setup.method} step failed: {first}") from exc
+        raise ProbeError(f"the {kind} {setup.strategy.method} step failed: {first}") from exc
     finally:
         for h in hooks:
             h.remove()
@@ -147,7 +230,7 @@ def register_model(
 def _build(setup: StepSetup, notes: list[str]) -> tuple[nn.Module, Any]:
     """The model (fake tensors when ``setup.fake``) and the fake mode to run it in, if any."""
     build.check_supported(setup)
-    if setup.method == "qlora":
+    if setup.strategy.method is Method.QLORA:
         model = qlora.build_qlora(setup)
     else:
         model = build.apply_method(build.build_base(setup), setup)
@@ -164,7 +247,8 @@ def _build(setup: StepSetup, notes: list[str]) -> tuple[nn.Module, Any]:
 
 
 def _step(model: nn.Module, setup: StepSetup, tracker: StorageTracker) -> list[int]:
-    inputs = build.make_inputs(setup, int(build.make_config(setup.config, setup.task).vocab_size))
+    vocab = int(build.make_config(setup.config, setup.strategy.task).vocab_size)
+    inputs = build.make_inputs(setup, vocab)
     register_model(tracker, model, inputs)
     # The output object is dropped inside forward: only the loss lives into backward,
     # as with ``model(...).loss.backward()``.

@@ -22,6 +22,7 @@ from torch import nn
 from tuneplan.adapters.probe import build, harness
 from tuneplan.adapters.probe.harness import MeasuredStep, StepSetup
 from tuneplan.adapters.probe.tracker import StorageTracker
+from tuneplan.core.job.methods import Method
 from tuneplan.errors import ProbeError, UnsupportedError
 
 OnStep = Callable[[int], None]  # called with the 1-based index of the step starting
@@ -47,16 +48,14 @@ class Timing:
 
 def load_pretrained(setup: StepSetup, source: str | Path) -> nn.Module:
     """A model with real weights (folder, or a hub id the user asked to download) + method."""
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
-
-    if setup.method == "qlora":
+    s = setup.strategy
+    if s.method is Method.QLORA:
         raise UnsupportedError("the probe loads real weights for qlora only with --random-weights")
-    auto = AutoModelForCausalLM if setup.task == "causal-lm" else AutoModelForSequenceClassification
-    model: Any = auto.from_pretrained(
-        str(source), dtype=build.dtype_of(setup.param_dtype), attn_implementation=setup.attention)
+    model: Any = build.auto_class(s.task).from_pretrained(
+        str(source), dtype=setup.param_dtype, attn_implementation=str(s.attention))
     model.config.use_cache = False
-    if setup.gradient_checkpointing:
-        build.enable_checkpointing(model, input_grads=setup.method in build.PEFT_METHODS)
+    if setup.checkpointing:
+        build.enable_checkpointing(model, input_grads=s.method in build.PEFT_METHODS)
     return build.apply_method(model, setup)
 
 
@@ -78,7 +77,7 @@ def measure_cpu(setup: StepSetup, *, weights: str | Path | None = None,
         patch = build.patched_packed_sequence_check() if setup.fake else contextlib.nullcontext()
         starts: list[float] = []
         with fake_mode, patch:
-            vocab = int(build.make_config(setup.config, setup.task).vocab_size)
+            vocab = int(build.make_config(setup.config, setup.strategy.task).vocab_size)
             inputs = build.make_inputs(setup, vocab)
             harness.register_model(tracker, model, inputs)
 
@@ -101,7 +100,7 @@ def _timing(setup: StepSetup, starts: list[float], ended: float) -> Timing:
     bounds = [*starts, ended]
     seconds = tuple(b - a for a, b in itertools.pairwise(bounds))
     return Timing(step_seconds=seconds, warmup=1 if len(seconds) > 1 else 0,
-                  tokens_per_step=setup.batch_size * setup.seq_len)
+                  tokens_per_step=setup.strategy.tokens)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -128,14 +127,14 @@ def measure_cuda(setup: StepSetup, *, weights: str | Path | None = None,
     """Real steps on ``cuda:0``; the first step is warm-up for timing (not for the peaks)."""
     if not torch.cuda.is_available():
         raise UnsupportedError("--device cuda: torch sees no CUDA device")
-    if setup.method == "qlora":
+    if setup.strategy.method is Method.QLORA:
         raise UnsupportedError("the CUDA probe does not run qlora yet (use --simulate)")
     dev = torch.device("cuda", 0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         model = _built(setup, weights)[0].to(dev)
         torch.cuda.reset_peak_memory_stats(dev)
-        vocab = int(build.make_config(setup.config, setup.task).vocab_size)
+        vocab = int(build.make_config(setup.config, setup.strategy.task).vocab_size)
         inputs = {k: v.to(dev) for k, v in build.make_inputs(setup, vocab).items()}
         starts: list[float] = []
         try:
@@ -163,14 +162,15 @@ def _cuda_steps(model: nn.Module, inputs: dict[str, torch.Tensor], setup: StepSe
                 starts: list[float], on_step: OnStep | None) -> None:
     params = [p for p in harness._unique_params(model) if p.requires_grad]
     opt = build.make_optimizer(params, replace(setup, fake=False))
-    dtype = build.dtype_of(setup.autocast_dtype) if setup.autocast_dtype else None
+    dtype = setup.autocast_dtype
     model.train()
     for _ in range(setup.steps):
         torch.cuda.synchronize()
         starts.append(time.perf_counter())
         if on_step:
             on_step(len(starts))
-        autocast = torch.autocast("cuda", dtype=dtype) if dtype else contextlib.nullcontext()
+        autocast = (torch.autocast("cuda", dtype=dtype) if dtype is not None
+                    else contextlib.nullcontext())
         with autocast:
             loss = model(**inputs).loss
         loss.backward()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import tempfile
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -26,13 +25,11 @@ if TYPE_CHECKING:
 def _bnb_config(setup: StepSetup) -> Any:
     from transformers import BitsAndBytesConfig
 
-    from tuneplan.adapters.probe.build import dtype_of
-
-    compute = dtype_of(setup.autocast_dtype or setup.param_dtype)
+    compute = setup.autocast_dtype or setup.param_dtype
     return BitsAndBytesConfig(  # type: ignore[no-untyped-call]
         load_in_4bit=True,
-        bnb_4bit_quant_type=setup.quant_type,
-        bnb_4bit_use_double_quant=setup.double_quant,
+        bnb_4bit_quant_type=str(setup.strategy.quant),  # nf4 | fp4 (others refused)
+        bnb_4bit_use_double_quant=setup.strategy.double_quant,
         bnb_4bit_compute_dtype=compute,
     )
 
@@ -45,13 +42,10 @@ def build_qlora(setup: StepSetup) -> nn.Module:
         raise UnsupportedError("qlora needs bitsandbytes (pip install bitsandbytes)") from None
     if setup.fake:
         return build_qlora_fake(setup)
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
-
     from tuneplan.adapters.probe import build
 
-    plain = replace(setup, method="full", gradient_checkpointing=False)
-    base = build.build_base(plain)
-    auto = AutoModelForCausalLM if setup.task == "causal-lm" else AutoModelForSequenceClassification
+    base = build.build_base(setup, checkpointing=False)  # checkpointing comes after loading
+    auto = build.auto_class(setup.strategy.task)
     with tempfile.TemporaryDirectory(prefix="tuneplan-qlora-") as folder:
         base.save_pretrained(folder)  # type: ignore[operator]
         del base
@@ -59,8 +53,8 @@ def build_qlora(setup: StepSetup) -> nn.Module:
             folder,
             quantization_config=_bnb_config(setup),
             device_map="cpu",
-            dtype=build.dtype_of(setup.param_dtype),
-            attn_implementation=setup.attention,
+            dtype=setup.param_dtype,
+            attn_implementation=str(setup.strategy.attention),
         )
     return cast(nn.Module, _prepare_and_wrap(model, setup))
 
@@ -76,13 +70,12 @@ def _prepare_and_wrap(model: Any, setup: StepSetup) -> Any:
     if setup.kbit_prepare:
         model = peft.prepare_model_for_kbit_training(  # type: ignore[no-untyped-call]
             model,
-            use_gradient_checkpointing=setup.gradient_checkpointing,
+            use_gradient_checkpointing=setup.checkpointing,
             gradient_checkpointing_kwargs=kwargs,
         )
-    elif setup.gradient_checkpointing:
+    elif setup.checkpointing:
         build.enable_checkpointing(model, input_grads=True)
-    lora = replace(setup, method="lora")
-    return peft.get_peft_model(model, build.peft_config(lora), autocast_adapter_dtype=True)
+    return peft.get_peft_model(model, build.peft_config(setup), autocast_adapter_dtype=True)
 
 
 def quant_state_tensors(model: nn.Module) -> Iterator[torch.Tensor]:
@@ -171,7 +164,7 @@ def build_qlora_fake(setup: StepSetup) -> nn.Module:
 
     from tuneplan.adapters.probe import build
 
-    model: Any = build.build_base(replace(setup, method="full", gradient_checkpointing=False))
+    model: Any = build.build_base(setup, checkpointing=False)
     skip = HfQuantizer.get_modules_to_not_convert(model, None, model._keep_in_fp32_modules)
     replace_with_bnb_linear(
         model, modules_to_not_convert=skip, quantization_config=_bnb_config(setup)
@@ -181,7 +174,7 @@ def build_qlora_fake(setup: StepSetup) -> nn.Module:
     bnb: Any = importlib.import_module("bitsandbytes")
     for name, module in list(model.named_modules()):
         if isinstance(module, bnb.nn.Linear4bit):
-            model.set_submodule(name, FakeLinear4bit(module, build.dtype_of(setup.param_dtype)))
+            model.set_submodule(name, FakeLinear4bit(module, setup.param_dtype))
     return cast(nn.Module, model)
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuneplan.adapters.probe import setup as ps
+from tuneplan.adapters.probe.harness import StepSetup
 from tuneplan.adapters.probe.measure import measure_cpu
-from tuneplan.core.job.strategy import Strategy
 from tuneplan.core.memory import MemoryAssumptions, estimate_memory
 from tuneplan.core.models import ModelSpec
 
@@ -19,12 +19,13 @@ if TYPE_CHECKING:
     from tuneplan.adapters.probe.run import ProbeRequest, Report
 
 
-def probe_cpu(req: ProbeRequest, spec: ModelSpec, strategy: Strategy, config: dict[str, Any],
+def probe_cpu(req: ProbeRequest, spec: ModelSpec, config: dict[str, Any],
               weights: str | Path | None, device: str, say: Report) -> dict[str, Any]:
     """Measure on the CPU (``device`` "cpu") or simulate ("simulated"); the JSON document."""
     fake = device == "simulated"
     steps = min(req.steps, 2) if fake else req.steps  # step 2 already holds optimizer state
-    setup = ps.step_setup(config, strategy, steps=steps, fake=fake)
+    strategy = req.strategy
+    setup = StepSetup(config=config, strategy=strategy, steps=steps, fake=fake)
     fallbacks: tuple[ps.Fallback, ...] = ()
     if fake:
         setup, fallbacks = ps.simulation_fallbacks(setup)

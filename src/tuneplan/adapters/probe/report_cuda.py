@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuneplan.adapters.calibration import calibration_for
 from tuneplan.adapters.probe import setup as ps
+from tuneplan.adapters.probe.harness import StepSetup
 from tuneplan.adapters.probe.measure import CudaMeasured, Timing, measure_cuda
 from tuneplan.core.catalog.hardware import GpuSpec
 from tuneplan.core.compute.throughput import estimate_throughput
@@ -41,10 +42,11 @@ def gpu_spec_for(device_name: str, total_bytes: int) -> GpuSpec | None:
     return None
 
 
-def probe_cuda(req: ProbeRequest, spec: ModelSpec, strategy: Strategy, config: dict[str, Any],
+def probe_cuda(req: ProbeRequest, spec: ModelSpec, config: dict[str, Any],
                weights: str | Path | None, say: Report) -> dict[str, Any]:
     steps = max(req.steps, 2)  # one warm-up step, at least one timed step
-    setup = ps.step_setup(config, strategy, steps=steps)
+    strategy = req.strategy
+    setup = StepSetup(config=config, strategy=strategy, steps=steps)
     say("building the model on cuda", 0, steps)
     m, timing = measure_cuda(setup, weights=weights,
                              on_step=lambda i: say(f"step {i}/{steps}", i - 1, steps))

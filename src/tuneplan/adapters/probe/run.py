@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,8 +24,10 @@ _WEIGHT_FILES = ("*.safetensors", "*.bin")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProbeRequest:
+    """One probe: the job (``strategy``) on ``model`` (bundled name, HF id or folder)."""
+
     model: str
-    strategy: Strategy = field(default_factory=Strategy)
+    strategy: Strategy
     steps: int = 10
     device: str = "auto"          # auto | cpu | cuda
     random_weights: bool = False
@@ -78,12 +80,13 @@ def library_versions() -> dict[str, str]:
 def run_probe(req: ProbeRequest, report: Report | None = None) -> dict[str, Any]:
     """Measure (or simulate) the job, compare with the estimate, save; the JSON document."""
     from tuneplan.adapters.hub import load_model_config
+    from tuneplan.adapters.probe.harness import refuse_unrunnable
     from tuneplan.core.models import parse_model_config
 
     if req.steps < 1:
         raise InvalidValueError("--steps must be at least 1")
     started = time.perf_counter()
-    strategy = req.strategy
+    refuse_unrunnable(req.strategy)  # before reading the model: the job decides first
     config, label = load_model_config(req.model)  # read once: the spec and the real model
     spec = parse_model_config(config, name=label)
     device = pick_device(req.device, req.simulate)
@@ -92,11 +95,11 @@ def run_probe(req: ProbeRequest, report: Report | None = None) -> dict[str, Any]
     if device == "cuda":
         from tuneplan.adapters.probe.report_cuda import probe_cuda
 
-        doc = probe_cuda(req, spec, strategy, config, weights, say)
+        doc = probe_cuda(req, spec, config, weights, say)
     else:
         from tuneplan.adapters.probe.report_cpu import probe_cpu
 
-        doc = probe_cpu(req, spec, strategy, config, weights, device, say)
+        doc = probe_cpu(req, spec, config, weights, device, say)
     doc["seconds"] = round(time.perf_counter() - started, 2)
     doc["versions"] = library_versions()
     if req.save:
