@@ -4,8 +4,9 @@ Seeds a private catalog from the bundled snapshot (load timed separately), then 
 ``core.planner.plan_offers`` for a few jobs in CPU seconds of this process (the machine is
 shared; wall time is printed beside) as the median of N cold runs (each run builds its own
 strategy search and memory cache), and for one job over catalog subsets and synthetic copies
-(the same offers in made-up regions with shifted prices, so no cache is shared).
-Run: python benchmarks/plan.py [--runs 5]
+(the same offers in made-up regions with shifted prices, so no cache is shared): the README's
+auto job up to 4x, and the issue's QLoRA job at 1x, 10x and 100x the catalog (``--factors``).
+Run: python benchmarks/plan.py [--runs 5] [--factors 1,10,100]
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ def _copies(offers: list[Offer], factor: int) -> list[Offer]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--factors", default="1,10,100",
+                        help="catalog copies for the QLoRA growth check (comma-separated)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         os.environ["TUNEPLAN_HOME"] = folder
@@ -86,6 +89,16 @@ def main() -> None:
         for part in [*sizes, *(_copies(offers, factor) for factor in (1, 2, 4))]:
             seconds, wall, _ = _timed(*readme, part, args.runs)
             print(f"  {len(part):6d} offers {seconds * 1000:5.0f} ms CPU ({wall * 1000:5.0f} wall)")
+        print("growth, Llama-3.1-8B qlora (catalog copies):")
+        qlora = JOBS["Llama-3.1-8B qlora 50M"]
+        for factor in (int(f) for f in args.factors.split(",")):
+            part = _copies(offers, factor)
+            runs = args.runs if factor < 100 else max(1, args.runs // 2)
+            seconds, wall, result = _timed(*qlora, part, runs)
+            print(f"  {factor:4d}x {len(part):7d} offers {seconds * 1000:6.0f} ms CPU "
+                  f"({wall * 1000:6.0f} wall) {len(result.plans):5d} plans "
+                  f"{len(result.rejected):7d} rejected")
+            del part, result
 
 
 if __name__ == "__main__":
