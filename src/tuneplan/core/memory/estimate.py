@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 
-from tuneplan.core.job.methods import Method, count_trainable, effective_quant
+from tuneplan.core.job.methods import Method, Trainable, count_trainable, effective_quant
 from tuneplan.core.job.recipes import PrecisionPlan, precision_plan
 from tuneplan.core.job.strategy import Checkpointing, Strategy, Task
 from tuneplan.core.memory import activations as act
@@ -20,12 +21,12 @@ from tuneplan.core.memory import experts
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.core.memory.logits import loss_moments
 from tuneplan.core.memory.overheads import device_terms, reserve_term, workspace_term
-from tuneplan.core.memory.parts import part, total
+from tuneplan.core.memory.parts import Piece, breakdown, part, total
 from tuneplan.core.memory.refusals import check_strategy
-from tuneplan.core.memory.sharding import shard_plan
+from tuneplan.core.memory.sharding import ShardPlan, shard_plan
 from tuneplan.core.memory.steady import Static, host_terms, static_terms
 from tuneplan.core.models import ModelSpec
-from tuneplan.explain import Breakdown, Term
+from tuneplan.explain import Breakdown
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,8 +63,66 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
     ``generation`` (``"ampere"``, ``"hopper"``…) picks the CUDA-context size. Raises
     UnsupportedError for strategies the estimate cannot honour.
     """
-    a = assumptions or MemoryAssumptions()
+    a = assumptions or _DEFAULT_ASSUMPTIONS
+    fixed = _fixed(model, strategy, a)
+    model, plan, static = fixed.model, fixed.plan, fixed.static
+    moments = _moments(model, strategy, plan, static, a, fixed)
+    phases = {k: total(v) for k, v in moments.items()}
+    phase = max(phases, key=phases.__getitem__)   # the first of equal peaks
+    workspace = workspace_term(generation, a)
+    peak_terms = [*moments[phase], workspace]
+    allocated = phases[phase] + workspace.value
+    reserve = reserve_term(allocated, a)
+    device = [reserve, *device_terms(generation, strategy.world_size, a), *static.outside]
+    # Terms (with their formulas and sources) are made when a breakdown is first read.
+    explained = breakdown([*peak_terms, *device])
+    host = breakdown(host_terms(model, strategy, static, fixed.shards))
+    return MemoryEstimate(
+        model=model.name, strategy=strategy, assumptions=a, breakdown=explained,
+        allocated_peak_bytes=allocated, reserved_peak_bytes=allocated + int(reserve.value),
+        device_total_bytes=int(explained.total), peak_phase=phase,
+        phases=phases, host_ram_bytes=int(host.total),
+        host=host, trainable_params=fixed.trainable.total, total_params=static.total_params)
+
+
+_DEFAULT_ASSUMPTIONS = MemoryAssumptions()
+#: Every Strategy field but the micro-batch: what the batch-independent work depends on.
+_FIXED_FIELDS = attrgetter(*(f for f in Strategy.__dataclass_fields__ if f != "batch_size"))
+_FIXED_LIMIT = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class _Fixed:
+    """What one estimate shares with every other micro-batch of the same strategy (the
+    checks, trainable counts, precision and shard plans, the batch-independent terms)."""
+
+    source: ModelSpec            # the model passed in (the cache's identity check)
+    assumptions: MemoryAssumptions
+    model: ModelSpec             # the model estimated (a seq-cls head replaced)
+    trainable: Trainable
+    plan: PrecisionPlan
+    shards: ShardPlan
+    static: Static
+    widths: act.Widths
+    head_trains: bool
+    dequant: list[Piece]
+    layer_inputs: tuple[act.LayerInputs, ...]   # per kind of block in ``model.layers``
+    layers: int                                 # blocks in all
+
+
+_FIXED: dict[tuple[object, ...], _Fixed] = {}
+
+
+def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed:
+    """The batch-independent part of an estimate, cached per (model, assumptions, strategy
+    but its micro-batch): the planner's bisection over batch sizes does it once. Model and
+    assumptions are keyed by identity (both are immutable; the entry keeps them alive)."""
+    key = (id(model), id(a), _FIXED_FIELDS(strategy))
+    found = _FIXED.get(key)
+    if found is not None and found.source is model and found.assumptions is a:
+        return found
     check_strategy(model, strategy)
+    source = model
     if strategy.task is Task.SEQ_CLS:
         # *ForSequenceClassification has no vocabulary head: a H×labels ``score`` instead
         # (tiny, counted with the logits); the embedding stays.
@@ -72,35 +131,32 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
     plan = precision_plan(strategy)
     sp = shard_plan(strategy)
     static = static_terms(model, strategy, plan, trainable, sp, a)
-    moments = _moments(model, strategy, plan, static, a)
-    phase, peak_terms = max(moments.items(), key=lambda kv: total(kv[1]))
-    peak_terms = [*peak_terms, workspace_term(generation, a)]
-    allocated = total(peak_terms)
-    reserve = reserve_term(allocated, a)
-    device = [reserve, *device_terms(generation, strategy.world_size, a), *static.outside]
-    breakdown = Breakdown.of("bytes", [*peak_terms, *device])
-    host = Breakdown.of("bytes", host_terms(model, strategy, static, sp))
-    return MemoryEstimate(
-        model=model.name, strategy=strategy, assumptions=a, breakdown=breakdown,
-        allocated_peak_bytes=allocated, reserved_peak_bytes=allocated + int(reserve.value),
-        device_total_bytes=int(breakdown.total), peak_phase=phase,
-        phases={k: total(v) for k, v in moments.items()}, host_ram_bytes=int(host.total),
-        host=host, trainable_params=trainable.total, total_params=static.total_params)
+    w = act.widths(strategy, plan, a.dropout_mask_bytes)
+    found = _Fixed(
+        source=source, assumptions=a, model=model, trainable=trainable, plan=plan, shards=sp,
+        static=static, widths=w,
+        layer_inputs=tuple(act.layer_inputs(model, layer, strategy, w) for layer in model.layers),
+        layers=sum(layer.count for layer in model.layers),
+        head_trains=strategy.method is Method.FULL or any(
+            m in ("lm_head", "score", "embed_out") for m in strategy.trainable_modules),
+        dequant=_dequant_term(strategy, static))
+    if len(_FIXED) >= _FIXED_LIMIT:
+        _FIXED.clear()
+    _FIXED[key] = found
+    return found
 
 
 def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
-             a: MemoryAssumptions) -> dict[str, list[Term]]:
-    w = act.widths(s, plan, a.dropout_mask_bytes)
+             a: MemoryAssumptions, fixed: _Fixed) -> dict[str, list[Piece]]:
+    w = fixed.widths
     prompt = s.num_virtual_tokens if s.method is Method.PROMPT else 0
     prefix = s.num_virtual_tokens if s.method is Method.PREFIX else 0
     shape = act.Shape(batch=s.batch_size, seq_q=s.seq_len + prompt,
                       seq_kv=s.seq_len + prompt + prefix)
-    blocks = _block_terms(model, s, w, shape, a)
-    head_trains = s.method is Method.FULL or any(
-        m in ("lm_head", "score", "embed_out") for m in s.trainable_modules)
-    loss = loss_moments(model, s, plan, w, shape, head_trains, a.loss_chunks)
+    blocks = _block_terms(model, s, w, shape, a, fixed)
+    loss = loss_moments(model, s, plan, w, shape, fixed.head_trains, a.loss_chunks)
     grads_fb = st.grads if s.grad_accum > 1 else []
-    dq = _dequant_term(s, st)
+    dq = fixed.dequant
     base = [*st.resident, *_inputs(model, s, w, shape)]
     own = part("gradients/current_block", st.block_grads[blocks.when],
                f"the running block's gradients already made ({blocks.when} backward)")
@@ -124,7 +180,7 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
     return moments
 
 
-def _inputs(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape) -> list[Term]:
+def _inputs(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape) -> list[Piece]:
     inputs = [part("activations/inputs", 2 * shape.tokens * 8,
                    "input ids + labels: 2·T·8 (int64)", tokens=shape.tokens)]
     if s.method is Method.PROMPT and s.checkpointing is not Checkpointing.NONE:
@@ -139,27 +195,27 @@ def _inputs(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape) -> l
 
 @dataclass(frozen=True, slots=True)
 class _Blocks:
-    kept: list[Term]
-    top: list[Term]
-    bottom: list[Term]
-    forward_last: list[Term]   # all blocks' saved tensors while the last one runs forward
-    recompute: list[Term]      # checkpointing: the top block being recomputed
+    kept: list[Piece]
+    top: list[Piece]
+    bottom: list[Piece]
+    forward_last: list[Piece]   # all blocks' saved tensors while the last one runs forward
+    recompute: list[Piece]      # checkpointing: the top block being recomputed
     when: str          # "mlp" or "attention": where the running block's backward peaks
 
 
 def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
-                 a: MemoryAssumptions) -> _Blocks:
-    layers = sum(layer.count for layer in model.layers)
+                 a: MemoryAssumptions, fixed: _Fixed) -> _Blocks:
+    layers = fixed.layers
     per_block: dict[str, int] = {}
-    for layer in model.layers:
-        for key, value in act.block_saved(model, layer, s, w, shape).items():
+    for layer, inputs in zip(model.layers, fixed.layer_inputs, strict=True):
+        for key, value in act.block_saved(model, layer, s, w, shape, inputs).items():
             per_block[key] = per_block.get(key, 0) + value * layer.count
     one = {k: v // layers for k, v in per_block.items()}
     current, transient, when = _current_block(model, s, w, shape, one,
                                               s.checkpointing is not Checkpointing.NONE)
     cos_sin = part("activations/rope", 2 * shape.seq_kv * model.head_dim * w.compute,
                    "RoPE cos and sin 2·S·head_dim·bytes (shared by all blocks)")
-    fwd_parts, fwd = _forward_moment(model, s, w, shape, one)
+    fwd_parts, fwd = _forward_moment(model, s, w, shape, one, fixed.layer_inputs)
     if s.checkpointing is Checkpointing.NONE:
         per_block["norms"] -= act.first_norm_without_grad(model, s, w, shape)
         kept = [part(f"activations/blocks/{k}", v, f"{layers} blocks · saved {k}",
@@ -186,11 +242,12 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
 
 
 def _forward_moment(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
-                    one: dict[str, int]) -> tuple[list[Term], Term]:
+                    one: dict[str, int], inputs: tuple[act.LayerInputs, ...],
+                    ) -> tuple[list[Piece], Piece]:
     """The block running forward (or being recomputed) at its MLP: what it has saved so far
     and the temporaries of its gate/up or down projection, whichever moment is larger."""
     temps = act.forward_transient(model, s, w, shape)
-    live = act.forward_live(model, s, w, shape)
+    live = act.forward_live(model, s, w, shape, inputs)
     at_gate = dict(one, mlp=0, mlp_tail=0, linear_inputs_down=0, adapters_mlp=0,
                    held=live["mlp_in"])
     at_down = dict(one, held=live["down_in"])
@@ -207,7 +264,7 @@ def _forward_moment(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Sha
 
 
 def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
-                   one: dict[str, int], recomputed: bool) -> tuple[list[Term], Term, str]:
+                   one: dict[str, int], recomputed: bool) -> tuple[list[Piece], Piece, str]:
     """The block running backward: at its MLP (all saved) or, if larger, at eager attention
     (its MLP and second norm already freed, the fp32 softmax gradients alive)."""
     mlp_t, attn_t = act.backward_transients(model, s, w, shape)
@@ -235,7 +292,7 @@ def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shap
             for k, v in parts.items()], transient, when
 
 
-def _dequant_term(s: Strategy, st: Static) -> list[Term]:
+def _dequant_term(s: Strategy, st: Static) -> list[Piece]:
     if effective_quant(s) is None:
         return []
     size = st.largest_linear * s.precision.compute_bytes
