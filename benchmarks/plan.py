@@ -23,6 +23,7 @@ from decimal import Decimal
 from tuneplan.core.catalog.offers import Offer
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.strategy import Job, Strategy
+from tuneplan.core.memory.estimate import clear_cache
 from tuneplan.core.planner.plan import PlanResult, plan_offers
 
 JOBS = {
@@ -45,6 +46,7 @@ def _timed(model: str, method: Method, offers: list[Offer],
     job = Job(model=model, strategy=Strategy(method=method), tokens=50_000_000)
     cpu, wall, result = [], [], None
     for _ in range(runs):
+        clear_cache()  # cold: no memory work kept from the previous run
         start, start_cpu = time.perf_counter(), time.process_time()
         result = plan_offers(spec, job, offers, gpus, {p.name: p for p in providers},
                              now=datetime.now(UTC), inter_node_bytes_per_s=_fabric_rates(providers))

@@ -324,7 +324,8 @@ def forward_transient(model: ModelSpec, strategy: Strategy, w: Widths,
 
     PEFT lora.Linear keeps ``x.to(A.dtype)`` until it returns (already saved unless autocast
     re-casts it) and, while adding the update, the base output and the scaled update (T·out
-    each); without an adapter a linear just produces its T·out output.
+    each); without an adapter a linear just produces its T·out output. Every size is T times
+    a per-token size (the estimate computes it once at T = 1 and scales it).
     """
     t, c, a = shape.tokens, w.compute, w.adapter
     inner = c if w.autocast else a

@@ -108,9 +108,15 @@ class _Fixed:
     dequant: list[Piece]
     layer_inputs: tuple[act.LayerInputs, ...]   # per kind of block in ``model.layers``
     layers: int                                 # blocks in all
+    forward_per_token: dict[str, int]           # act.forward_transient at one token
 
 
 _FIXED: dict[tuple[object, ...], _Fixed] = {}
+
+
+def clear_cache() -> None:
+    """Forget the batch-independent work of earlier estimates (benchmarks time cold runs)."""
+    _FIXED.clear()
 
 
 def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed:
@@ -137,6 +143,8 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
         static=static, widths=w,
         layer_inputs=tuple(act.layer_inputs(model, layer, strategy, w) for layer in model.layers),
         layers=sum(layer.count for layer in model.layers),
+        forward_per_token=act.forward_transient(model, strategy, w,
+                                                act.Shape(batch=1, seq_q=1, seq_kv=1)),
         head_trains=strategy.method is Method.FULL or any(
             m in ("lm_head", "score", "embed_out") for m in strategy.trainable_modules),
         dequant=_dequant_term(strategy, static))
@@ -215,7 +223,7 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
                                               s.checkpointing is not Checkpointing.NONE)
     cos_sin = part("activations/rope", 2 * shape.seq_kv * model.head_dim * w.compute,
                    "RoPE cos and sin 2·S·head_dim·bytes (shared by all blocks)")
-    fwd_parts, fwd = _forward_moment(model, s, w, shape, one, fixed.layer_inputs)
+    fwd_parts, fwd = _forward_moment(model, s, w, shape, one, fixed)
     if s.checkpointing is Checkpointing.NONE:
         per_block["norms"] -= act.first_norm_without_grad(model, s, w, shape)
         kept = [part(f"activations/blocks/{k}", v, f"{layers} blocks · saved {k}",
@@ -242,12 +250,12 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
 
 
 def _forward_moment(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
-                    one: dict[str, int], inputs: tuple[act.LayerInputs, ...],
-                    ) -> tuple[list[Piece], Piece]:
+                    one: dict[str, int], fixed: _Fixed) -> tuple[list[Piece], Piece]:
     """The block running forward (or being recomputed) at its MLP: what it has saved so far
     and the temporaries of its gate/up or down projection, whichever moment is larger."""
-    temps = act.forward_transient(model, s, w, shape)
-    live = act.forward_live(model, s, w, shape, inputs)
+    # forward_transient is tokens · a per-token size (made once, at one token, per strategy)
+    temps = {k: shape.tokens * v for k, v in fixed.forward_per_token.items()}
+    live = act.forward_live(model, s, w, shape, fixed.layer_inputs)
     at_gate = dict(one, mlp=0, mlp_tail=0, linear_inputs_down=0, adapters_mlp=0,
                    held=live["mlp_in"])
     at_down = dict(one, held=live["down_in"])
