@@ -9,9 +9,10 @@ context and NCCL are further explicit terms). Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
+from typing import Any
 
 from tuneplan.core.job.methods import Method, Trainable, count_trainable, effective_quant
 from tuneplan.core.job.recipes import PrecisionPlan, precision_plan
@@ -21,7 +22,7 @@ from tuneplan.core.memory import experts
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.core.memory.logits import loss_moments
 from tuneplan.core.memory.overheads import device_terms, reserve_term, workspace_term
-from tuneplan.core.memory.parts import Piece, breakdown, part, total
+from tuneplan.core.memory.parts import Group, Item, Piece, breakdown, flatten, part, total
 from tuneplan.core.memory.refusals import check_strategy
 from tuneplan.core.memory.sharding import ShardPlan, shard_plan
 from tuneplan.core.memory.steady import Static, host_terms, static_terms
@@ -70,7 +71,7 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
     phases = {k: total(v) for k, v in moments.items()}
     phase = max(phases, key=phases.__getitem__)   # the first of equal peaks
     workspace = workspace_term(generation, a)
-    peak_terms = [*moments[phase], workspace]
+    peak_terms = [*flatten(moments[phase]), workspace]
     allocated = phases[phase] + workspace.value
     reserve = reserve_term(allocated, a)
     device = [reserve, *device_terms(generation, strategy.world_size, a), *static.outside]
@@ -106,6 +107,7 @@ class _Fixed:
     widths: act.Widths
     head_trains: bool
     dequant: list[Piece]
+    resident: Group                             # static.resident, summed once
     layer_inputs: tuple[act.LayerInputs, ...]   # per kind of block in ``model.layers``
     layers: int                                 # blocks in all
     forward_per_token: dict[str, int]           # act.forward_transient at one token
@@ -147,7 +149,8 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
                                                 act.Shape(batch=1, seq_q=1, seq_kv=1)),
         head_trains=strategy.method is Method.FULL or any(
             m in ("lm_head", "score", "embed_out") for m in strategy.trainable_modules),
-        dequant=_dequant_term(strategy, static))
+        dequant=_dequant_term(strategy, static),
+        resident=Group(total(static.resident), lambda: static.resident))
     if len(_FIXED) >= _FIXED_LIMIT:
         _FIXED.clear()
     _FIXED[key] = found
@@ -155,7 +158,7 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
 
 
 def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
-             a: MemoryAssumptions, fixed: _Fixed) -> dict[str, list[Piece]]:
+             a: MemoryAssumptions, fixed: _Fixed) -> dict[str, list[Item]]:
     w = fixed.widths
     prompt = s.num_virtual_tokens if s.method is Method.PROMPT else 0
     prefix = s.num_virtual_tokens if s.method is Method.PREFIX else 0
@@ -165,7 +168,7 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
     loss = loss_moments(model, s, plan, w, shape, fixed.head_trains, a.loss_chunks)
     grads_fb = st.grads if s.grad_accum > 1 else []
     dq = fixed.dequant
-    base = [*st.resident, *_inputs(model, s, w, shape)]
+    base = [fixed.resident, *_inputs(model, s, w, shape)]
     own = part("gradients/current_block", st.block_grads[blocks.when],
                f"the running block's gradients already made ({blocks.when} backward)")
     cast = st.autocast_copies
@@ -201,13 +204,21 @@ def _inputs(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape) -> l
     return inputs
 
 
+def _group(prefix: str, values: dict[str, int], formula: Callable[[str], str],
+           **inputs: Any) -> Group:
+    """One piece per entry of ``values`` (path ``prefix + key``), made only if the moment
+    holding them is the peak."""
+    return Group(sum(values.values()), lambda: [
+        part(prefix + k, v, formula(k), **inputs) for k, v in values.items()])
+
+
 @dataclass(frozen=True, slots=True)
 class _Blocks:
-    kept: list[Piece]
-    top: list[Piece]
-    bottom: list[Piece]
-    forward_last: list[Piece]   # all blocks' saved tensors while the last one runs forward
-    recompute: list[Piece]      # checkpointing: the top block being recomputed
+    kept: list[Item]
+    top: list[Item]
+    bottom: list[Item]
+    forward_last: list[Item]   # all blocks' saved tensors while the last one runs forward
+    recompute: list[Item]      # checkpointing: the top block being recomputed
     when: str          # "mlp" or "attention": where the running block's backward peaks
 
 
@@ -226,13 +237,13 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
     fwd_parts, fwd = _forward_moment(model, s, w, shape, one, fixed)
     if s.checkpointing is Checkpointing.NONE:
         per_block["norms"] -= act.first_norm_without_grad(model, s, w, shape)
-        kept = [part(f"activations/blocks/{k}", v, f"{layers} blocks · saved {k}",
-                     tokens=shape.tokens) for k, v in per_block.items()]
-        others = [part(f"activations/blocks/{k}", v - one[k], f"{layers - 1} blocks · saved {k}")
-                  for k, v in per_block.items()]
-        return _Blocks(kept=[*kept, cos_sin], top=[*others, *current, cos_sin, transient],
-                       bottom=[*current, cos_sin, transient], when=when,
-                       forward_last=[*others, *fwd_parts, cos_sin, fwd], recompute=[])
+        kept = _group("activations/blocks/", per_block,
+                      lambda k, n=layers: f"{n} blocks · saved {k}", tokens=shape.tokens)
+        others = _group("activations/blocks/", {k: v - one[k] for k, v in per_block.items()},
+                        lambda k, n=layers - 1: f"{n} blocks · saved {k}")
+        return _Blocks(kept=[kept, cos_sin], top=[others, current, cos_sin, transient],
+                       bottom=[current, cos_sin, transient], when=when,
+                       forward_last=[others, fwd_parts, cos_sin, fwd], recompute=[])
     inp = act.block_input_bytes(model, w, shape)
     on_device = min(layers, a.offload_blocks_on_device) if (
         s.checkpointing is Checkpointing.OFFLOAD) else layers
@@ -244,13 +255,13 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
                    cos_sin]
     flowing = part("activations/output_grad", shape.tokens * model.hidden_size * w.compute,
                    "gradient arriving at the recomputed block T·H·bytes")
-    return _Blocks(kept=kept, top=[*kept, *current, transient],
-                   bottom=[*bottom_kept, *current, transient], when=when,
-                   forward_last=[*kept, fwd], recompute=[*kept, *fwd_parts, fwd, flowing])
+    return _Blocks(kept=kept, top=[*kept, current, transient],
+                   bottom=[*bottom_kept, current, transient], when=when,
+                   forward_last=[*kept, fwd], recompute=[*kept, fwd_parts, fwd, flowing])
 
 
 def _forward_moment(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
-                    one: dict[str, int], fixed: _Fixed) -> tuple[list[Piece], Piece]:
+                    one: dict[str, int], fixed: _Fixed) -> tuple[Group, Piece]:
     """The block running forward (or being recomputed) at its MLP: what it has saved so far
     and the temporaries of its gate/up or down projection, whichever moment is larger."""
     # forward_transient is tokens · a per-token size (made once, at one token, per strategy)
@@ -263,16 +274,17 @@ def _forward_moment(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Sha
         parts, temp, when = at_gate, temps["mlp_in"], "gate/up"
     else:
         parts, temp, when = at_down, temps["down_in"], "down"
-    return ([part(f"activations/running_block/{k}", v, f"block at its {when} projection · "
-                  + ("held unsaved: residual sum, norm output, MLP product" if k == "held"
-                     else f"saved {k}")) for k, v in parts.items()],
+    return (_group("activations/running_block/", parts,
+                   lambda k, when=when: f"block at its {when} projection · " + (
+                       "held unsaved: residual sum, norm output, MLP product" if k == "held"
+                       else f"saved {k}")),
             part("activations/forward_transient", temp,
                  f"{when} projection temporaries: PEFT input cast + base output + scaled "
                  "update (T·out each), or its T·out output", "peft lora.Linear.forward"))
 
 
 def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
-                   one: dict[str, int], recomputed: bool) -> tuple[list[Piece], Piece, str]:
+                   one: dict[str, int], recomputed: bool) -> tuple[Group, Piece, str]:
     """The block running backward: at its MLP (all saved) or, if larger, at eager attention
     (its MLP and second norm already freed, the fp32 softmax gradients alive)."""
     mlp_t, attn_t = act.backward_transients(model, s, w, shape)
@@ -296,8 +308,8 @@ def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shap
                     adapters_mlp=one["adapters_mlp"] - merged)
         candidates.append((rest, transient, "mlp"))
     parts, transient, when = max(candidates, key=lambda c: c[1].value + sum(c[0].values()))
-    return [part(f"activations/current_block/{k}", v, f"block in {when} backward · saved {k}")
-            for k, v in parts.items()], transient, when
+    return _group("activations/current_block/", parts,
+                  lambda k, when=when: f"block in {when} backward · saved {k}"), transient, when
 
 
 def _dequant_term(s: Strategy, st: Static) -> list[Piece]:

@@ -8,7 +8,7 @@ read (``breakdown``). Nothing else lives here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from tuneplan.explain import Breakdown, LazyBreakdown, Term
@@ -37,12 +37,37 @@ class Piece:
         return f"Piece({self.path!r}, {self.value})"
 
 
+class Group:
+    """Pieces made only when needed (a moment that is not the peak never shows them);
+    ``value`` is their sum, known up front."""
+
+    __slots__ = ("make", "value")
+
+    def __init__(self, value: int, make: Callable[[], list[Piece]]) -> None:
+        self.value = value
+        self.make = make
+
+
+Item = Piece | Group
+
+
+def flatten(items: Iterable[Item]) -> list[Piece]:
+    """The pieces of ``items``, groups expanded in place."""
+    out: list[Piece] = []
+    for item in items:
+        if isinstance(item, Group):
+            out += item.make()
+        else:
+            out.append(item)
+    return out
+
+
 def part(path: str, value: int, formula: str, source: str = "", **inputs: Any) -> Piece:
     """A byte term: ``path`` slash-keyed, ``value`` in bytes (int), formula in words/symbols."""
     return Piece(path, int(value), formula, source, inputs)
 
 
-def total(terms: Sequence[Piece]) -> int:
+def total(terms: Sequence[Item]) -> int:
     return int(sum(t.value for t in terms))
 
 
