@@ -89,7 +89,7 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
 _DEFAULT_ASSUMPTIONS = MemoryAssumptions()
 #: Every Strategy field but the micro-batch: what the batch-independent work depends on.
 _FIXED_FIELDS = attrgetter(*(f for f in Strategy.__dataclass_fields__ if f != "batch_size"))
-_FIXED_LIMIT = 4096
+_FIXED_LIMIT = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,26 +168,28 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
     loss = loss_moments(model, s, plan, w, shape, fixed.head_trains, a.loss_chunks)
     grads_fb = st.grads if s.grad_accum > 1 else []
     dq = fixed.dequant
-    base = [fixed.resident, *_inputs(model, s, w, shape)]
+    # what every moment holds (weights, states, inputs), summed once
+    held = [fixed.resident, *_inputs(model, s, w, shape)]
+    base = Group(total(held), lambda: flatten(held))
     own = part("gradients/current_block", st.block_grads[blocks.when],
                f"the running block's gradients already made ({blocks.when} backward)")
     cast = st.autocast_copies
     moments = {
-        "forward": [*base, *grads_fb, *blocks.kept, *cast["forward"], *loss.kept,
+        "forward": [base, *grads_fb, *blocks.kept, *cast["forward"], *loss.kept,
                     *loss.forward_only, *dq],
-        "backward-start": [*base, *grads_fb, *blocks.kept, *cast["backward-start"], *loss.kept,
+        "backward-start": [base, *grads_fb, *blocks.kept, *cast["backward-start"], *loss.kept,
                            *loss.backward_only, *dq],
-        "backward-top-block": [*base, *(grads_fb or [*st.grads_top, own]), *blocks.top,
+        "backward-top-block": [base, *(grads_fb or [*st.grads_top, own]), *blocks.top,
                                *cast["top"], *dq],
-        "backward-bottom-block": [*base, *(grads_fb or [*st.grads_bottom, own]), *blocks.bottom,
+        "backward-bottom-block": [base, *(grads_fb or [*st.grads_bottom, own]), *blocks.bottom,
                                   *cast["bottom"], *dq],
-        "forward-last-block": [*base, *grads_fb, *blocks.forward_last, *cast["forward"], *dq],
+        "forward-last-block": [base, *grads_fb, *blocks.forward_last, *cast["forward"], *dq],
     }
     if blocks.recompute:
-        moments["backward-recompute"] = [*base, *(grads_fb or st.grads_top), *blocks.recompute,
+        moments["backward-recompute"] = [base, *(grads_fb or st.grads_top), *blocks.recompute,
                                          *cast["bottom"], *dq]
     if not s.optimizer_in_backward:
-        moments["optimizer"] = [*base, *st.grads, *st.step]
+        moments["optimizer"] = [base, *st.grads, *st.step]
     return moments
 
 
