@@ -93,6 +93,8 @@ class LazyBreakdown(Breakdown):
     front and equals the sum of the terms the maker returns."""
 
     __slots__ = ("_make", "_total")
+    _make: Callable[[], tuple[Term, ...]]
+    _total: int | float
 
     def __init__(self, unit: str, make: Callable[[], tuple[Term, ...]] | None = None,
                  total: int | float = 0, *, terms: tuple[Term, ...] | None = None) -> None:
@@ -103,10 +105,11 @@ class LazyBreakdown(Breakdown):
         object.__setattr__(self, "_make", make)
         object.__setattr__(self, "_total", total)
 
-    @property  # type: ignore[override]
+    @property
     def terms(self) -> tuple[Term, ...]:
         try:
-            return _TERMS.__get__(self)  # type: ignore[no-any-return]
+            found: tuple[Term, ...] = _TERMS.__get__(self)
+            return found
         except AttributeError:
             made = self._make()
             _TERMS.__set__(self, made)

@@ -9,7 +9,7 @@ context and NCCL are further explicit terms). Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any
@@ -169,7 +169,7 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
     grads_fb = st.grads if s.grad_accum > 1 else []
     dq = fixed.dequant
     # what every moment holds (weights, states, inputs), summed once
-    held = [fixed.resident, *_inputs(model, s, w, shape)]
+    held: list[Item] = [fixed.resident, *_inputs(model, s, w, shape)]
     base = Group(total(held), lambda: flatten(held))
     own = part("gradients/current_block", st.block_grads[blocks.when],
                f"the running block's gradients already made ({blocks.when} backward)")
@@ -206,12 +206,14 @@ def _inputs(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape) -> l
     return inputs
 
 
-def _group(prefix: str, values: dict[str, int], formula: Callable[[str], str],
-           **inputs: Any) -> Group:
-    """One piece per entry of ``values`` (path ``prefix + key``), made only if the moment
-    holding them is the peak."""
+def _group(prefix: str, values: dict[str, int], formula: str,
+           special: Mapping[str, str] | None = None, **inputs: Any) -> Group:
+    """One piece per entry of ``values`` (path ``prefix + key``, formula ``formula`` with
+    ``{k}`` the key, or ``special[key]``), made only if the moment holding them is the peak."""
+    other = special or {}
     return Group(sum(values.values()), lambda: [
-        part(prefix + k, v, formula(k), **inputs) for k, v in values.items()])
+        part(prefix + k, v, other.get(k) or formula.format(k=k), **inputs)
+        for k, v in values.items()])
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,17 +241,17 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
     fwd_parts, fwd = _forward_moment(model, s, w, shape, one, fixed)
     if s.checkpointing is Checkpointing.NONE:
         per_block["norms"] -= act.first_norm_without_grad(model, s, w, shape)
-        kept = _group("activations/blocks/", per_block,
-                      lambda k, n=layers: f"{n} blocks · saved {k}", tokens=shape.tokens)
+        saved = _group("activations/blocks/", per_block, f"{layers} blocks · saved {{k}}",
+                       tokens=shape.tokens)
         others = _group("activations/blocks/", {k: v - one[k] for k, v in per_block.items()},
-                        lambda k, n=layers - 1: f"{n} blocks · saved {k}")
-        return _Blocks(kept=[kept, cos_sin], top=[others, current, cos_sin, transient],
+                        f"{layers - 1} blocks · saved {{k}}")
+        return _Blocks(kept=[saved, cos_sin], top=[others, current, cos_sin, transient],
                        bottom=[current, cos_sin, transient], when=when,
                        forward_last=[others, fwd_parts, cos_sin, fwd], recompute=[])
     inp = act.block_input_bytes(model, w, shape)
     on_device = min(layers, a.offload_blocks_on_device) if (
         s.checkpointing is Checkpointing.OFFLOAD) else layers
-    kept = [part("activations/checkpoints", inp * on_device,
+    kept: list[Item] = [part("activations/checkpoints", inp * on_device,
                  "block inputs kept by checkpointing: blocks on device · T·H·bytes",
                  "torch.utils.checkpoint (non-reentrant)", blocks=on_device, tokens=shape.tokens),
             cos_sin]
@@ -277,9 +279,9 @@ def _forward_moment(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Sha
     else:
         parts, temp, when = at_down, temps["down_in"], "down"
     return (_group("activations/running_block/", parts,
-                   lambda k, when=when: f"block at its {when} projection · " + (
-                       "held unsaved: residual sum, norm output, MLP product" if k == "held"
-                       else f"saved {k}")),
+                   f"block at its {when} projection · saved {{k}}",
+                   {"held": f"block at its {when} projection · held unsaved: residual sum, "
+                            "norm output, MLP product"}),
             part("activations/forward_transient", temp,
                  f"{when} projection temporaries: PEFT input cast + base output + scaled "
                  "update (T·out each), or its T·out output", "peft lora.Linear.forward"))
@@ -311,7 +313,7 @@ def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shap
         candidates.append((rest, transient, "mlp"))
     parts, transient, when = max(candidates, key=lambda c: c[1].value + sum(c[0].values()))
     return _group("activations/current_block/", parts,
-                  lambda k, when=when: f"block in {when} backward · saved {k}"), transient, when
+                  f"block in {when} backward · saved {{k}}"), transient, when
 
 
 def _dequant_term(s: Strategy, st: Static) -> list[Piece]:
