@@ -111,6 +111,7 @@ class _Fixed:
     layer_inputs: tuple[act.LayerInputs, ...]   # per kind of block in ``model.layers``
     layers: int                                 # blocks in all
     forward_per_token: dict[str, int]           # act.forward_transient at one token
+    experts_adapted: bool                       # LoRA wraps some block's routed experts
 
 
 _FIXED: dict[tuple[object, ...], _Fixed] = {}
@@ -145,6 +146,8 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
         static=static, widths=w,
         layer_inputs=tuple(act.layer_inputs(model, layer, strategy, w) for layer in model.layers),
         layers=sum(layer.count for layer in model.layers),
+        experts_adapted=any(experts.experts_adapted(model, layer, strategy)
+                            for layer in model.layers),
         forward_per_token=act.forward_transient(model, strategy, w,
                                                 act.Shape(batch=1, seq_q=1, seq_kv=1)),
         head_trains=strategy.method is Method.FULL or any(
@@ -235,7 +238,8 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
             per_block[key] = per_block.get(key, 0) + value * layer.count
     one = {k: v // layers for k, v in per_block.items()}
     current, transient, when = _current_block(model, s, w, shape, one,
-                                              s.checkpointing is not Checkpointing.NONE)
+                                              s.checkpointing is not Checkpointing.NONE,
+                                              fixed.experts_adapted)
     cos_sin = part("activations/rope", 2 * shape.seq_kv * model.head_dim * w.compute,
                    "RoPE cos and sin 2·S·head_dim·bytes (shared by all blocks)")
     fwd_parts, fwd = _forward_moment(model, s, w, shape, one, fixed)
@@ -288,7 +292,8 @@ def _forward_moment(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Sha
 
 
 def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
-                   one: dict[str, int], recomputed: bool) -> tuple[Group, Piece, str]:
+                   one: dict[str, int], recomputed: bool,
+                   experts_adapted: bool = True) -> tuple[Group, Piece, str]:
     """The block running backward: at its MLP (all saved) or, if larger, at eager attention
     (its MLP and second norm already freed, the fp32 softmax gradients alive)."""
     mlp_t, attn_t = act.backward_transients(model, s, w, shape)
@@ -307,7 +312,8 @@ def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shap
     combine = experts.moe_combine_transient(model, w, shape)
     if combine is not None:
         candidates.append((one, combine, "mlp"))
-    for freed, merged, transient in experts.adapted_expert_moments(model, s, w, shape):
+    adapted = experts.adapted_expert_moments(model, s, w, shape) if experts_adapted else []
+    for freed, merged, transient in adapted:
         rest = dict(one, mlp_tail=0, mlp=one["mlp"] + one["mlp_tail"] - freed,
                     adapters_mlp=one["adapters_mlp"] - merged)
         candidates.append((rest, transient, "mlp"))
