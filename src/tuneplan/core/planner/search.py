@@ -119,6 +119,8 @@ class StrategySearch:
     _batches: dict[tuple[Strategy, int], MemoryEstimate | str] = field(default_factory=dict)
     _speed: dict[tuple[object, ...], Throughput | str] = field(default_factory=dict)
     _nodes: dict[Node, SearchOutcome] = field(default_factory=dict)
+    _twins: dict[Strategy, Strategy] = field(default_factory=dict)
+    _workspace: dict[str | None, int] = field(default_factory=dict)
     memory_calls: int = 0
     _shape: ModelShape | None = None
 
@@ -148,7 +150,10 @@ class StrategySearch:
         DDP replicates everything, so its per-GPU memory is the same on 2 or 16 GPUs: all
         DDP families share the 2-GPU estimate (host RAM, which grows with the ranks of a
         node, is rescaled by ``host_ram``)."""
-        key = (_ddp_twin(family), batch)
+        twin = self._twins.get(family)
+        if twin is None:
+            twin = self._twins[family] = _ddp_twin(family)
+        key = (twin, batch)
         found = self._batches.get(key)
         if found is None:
             found = self.memory(replace(key[0], batch_size=batch), None)
@@ -160,11 +165,18 @@ class StrategySearch:
         only the cuBLAS workspace (inside the allocated peak, so the reserve follows) and the
         CUDA context depend on the GPU generation (``core.memory.overheads``)."""
         a = self.memory_assumptions
-        allocated = (est.allocated_peak_bytes - int(workspace_term(None, a).value)
-                     + int(workspace_term(generation, a).value))
+        allocated = (est.allocated_peak_bytes - self._workspace_bytes(None)
+                     + self._workspace_bytes(generation))
         reserved = allocated + int(reserve_term(allocated, a).value)
         context = a.context_bytes(generation) - a.context_bytes(None)
         return est.device_total_bytes - est.reserved_peak_bytes + reserved + context
+
+    def _workspace_bytes(self, generation: str | None) -> int:
+        found = self._workspace.get(generation)
+        if found is None:
+            found = self._workspace[generation] = int(
+                workspace_term(generation, self.memory_assumptions).value)
+        return found
 
     def speed(self, strategy: Strategy, node: Node) -> Throughput | str:
         key = (strategy, node.gpu.name, node.intra_link, node.inter_node_bytes_per_s)
