@@ -18,7 +18,8 @@ STRATEGIES = [
     Strategy(method=Method.FULL, gpus=8, sharding=Sharding.ZERO3),
     Strategy(method=Method.LORA, lora_dropout=0.1, checkpointing=Checkpointing.NONE),
     Strategy(method=Method.QLORA, attention=Attention.EAGER, seq_len=1024),
-    Strategy(method=Method.DORA, grad_accum=4),
+    # DoRA on the attention linears: peft refuses DoRA on fused MoE experts.
+    Strategy(method=Method.DORA, grad_accum=4, lora_targets=("q_proj", "v_proj")),
     Strategy(method=Method.IA3, checkpointing=Checkpointing.OFFLOAD),
     Strategy(method=Method.PREFIX),
 ]
