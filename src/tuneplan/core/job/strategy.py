@@ -260,8 +260,6 @@ class Job:
         derived = rest.pop("tokens_per_epoch", None)
         raw = rest.pop("strategy", None)
         strategy = Strategy.from_dict(raw if raw is not None else {})
-        if not isinstance(raw, Mapping | None):
-            raise InvalidValueError("job.strategy is not a mapping")
         job = cls(strategy=strategy, **_typed_fields(cls, rest, _JOB_KINDS, "job",
                                                      skip=("strategy",)))
         if derived is not None and derived != job.tokens_per_epoch:
