@@ -171,8 +171,11 @@ def _usd(value: Decimal | None) -> str:
 
 
 def _print_cost(document: dict[str, Any]) -> None:
+    nodes = document.get("nodes", 1)
     table = Table(title=f"Cost on {document['offer']['provider']} {document['offer']['gpu']} "
-                        f"x{document['offer']['gpu_count']}")
+                        f"x{document['offer']['gpu_count']}"
+                        + (f" x {nodes} nodes" if nodes > 1 else "")
+                        + (f" (plan {document['plan_id']})" if document.get("plan_id") else ""))
     table.add_column("figure")
     table.add_column("value", justify="right")
     table.add_row("wall time (on-demand)", format_duration(document["hours"] * HOUR_S))

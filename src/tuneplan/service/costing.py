@@ -107,9 +107,9 @@ def candidate_on_offer(model: ModelSpec, job: Job, strategy: Strategy, offer: Of
     """``strategy`` on ``offer`` x ``strategy.nodes`` as the planner evaluates it."""
     if fabric not in FABRICS:
         raise InvalidValueError(f"--fabric {fabric!r}: use auto, nvlink or pcie")
-    if strategy.gpus != offer.gpu_count:
-        raise InvalidValueError(f"--gpus {strategy.gpus}: the offer has {offer.gpu_count} "
-                                "GPUs per node")
+    if strategy.gpus > offer.gpu_count:
+        raise InvalidValueError(f"--gpus {strategy.gpus}: the offer has only "
+                                f"{offer.gpu_count} GPUs per node")
     inter = provider.multinode_fabric_bytes_per_s if provider else None
     node = offer_node(offer, gpu, nodes=strategy.nodes, inter_node_bytes_per_s=inter)
     if fabric != "auto":
