@@ -33,9 +33,8 @@ def launch_command(
     from tuneplan.cli.options import emit_json
     from tuneplan.core.launch.bundle import bundle_files, expand_targets, launch_spec
 
-    plan = load_plan(plan_id, plan_file)
     targets = expand_targets([to])
-    spec = launch_spec(plan)
+    spec = launch_spec(load_plan(plan_id, plan_file))
     folder = out if out is not None else Path(f"launch-{spec.plan_id}")
     files = bundle_files(spec, targets, train_script=read_train_script())
     written = write_bundle(files, folder, force=force)

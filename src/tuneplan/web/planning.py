@@ -172,21 +172,17 @@ def plan_detail_view(plan: Plan, rank: int, result: PlanResult, form: PlanInput)
 
 
 def launch_zip(plan: Plan, result: PlanResult, targets: str) -> tuple[str, bytes]:
-    """(file name, zip bytes) of the plan's launch bundle, as ``tuneplan launch`` renders it
-    from the plan's JSON entry (``plan_report.plan_entry`` with its ``job``). Built in memory;
-    nothing is written on the server."""
+    """(file name, zip bytes) of the plan's launch bundle, as ``tuneplan launch`` renders it,
+    from the typed plan (``core.planner.record.saved_plan``). Built in memory; nothing is
+    written on the server."""
     import io
-    import json
     import zipfile
 
     from tuneplan.adapters.launch_files import read_train_script
     from tuneplan.core.launch.bundle import render_bundle
-    from tuneplan.service.jsondoc import dumps
-    from tuneplan.service.plan_report import plan_entry
+    from tuneplan.core.planner.record import saved_plan
 
-    entry = {"job": result.job.as_dict(), **plan_entry(plan, result)}
-    entry = json.loads(dumps(entry))  # as the CLI reads it back
-    files = render_bundle(entry, [targets], train_script=read_train_script())
+    files = render_bundle(saved_plan(plan, result), [targets], train_script=read_train_script())
     buffer = io.BytesIO()
     folder = f"launch-{plan.id}"
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as bundle:

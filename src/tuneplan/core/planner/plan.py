@@ -179,12 +179,9 @@ def plan_offers(model: ModelSpec, job: Job, offers: Sequence[Offer],
     such a reference).
     """
     a = assumptions or PlanAssumptions()
-    search = StrategySearch(
-        model=model, base=job.strategy, tokens=job.tokens_per_epoch, epochs=job.epochs,
-        avg_tokens=None if job.strategy.packing else job.avg_tokens,
-        margin=a.memory_margin, max_micro_batch_log2=max(
-            0, (a.max_micro_batch_tokens // job.strategy.seq_len).bit_length() - 1),
-        memory_assumptions=a.memory, throughput_assumptions=a.throughput)
+    # The plan carries the resolved model id (an alias becomes its hub id), as launch needs.
+    job = replace(job, model=model.name) if job.model != model.name else job
+    search = strategy_search(model, job, a)
     rejected: list[Rejection] = []
     late: list[Rejection] = []      # over the deadline or budget: listed after the others
     considered = 0
@@ -247,6 +244,31 @@ def plan_offers(model: ModelSpec, job: Job, offers: Sequence[Offer],
                       memory_estimates=search.memory_calls)
 
 
+def strategy_search(model: ModelSpec, job: Job, a: PlanAssumptions) -> StrategySearch:
+    """The planner's search for ``job`` (training length, packing, micro-batch cap, margin
+    and assumptions): what ``plan_offers`` searches with and ``tuneplan cost`` re-prices with."""
+    return StrategySearch(
+        model=model, base=job.strategy, tokens=job.tokens_per_epoch, epochs=job.epochs,
+        avg_tokens=None if job.strategy.packing else job.avg_tokens,
+        margin=a.memory_margin, max_micro_batch_log2=max(
+            0, (a.max_micro_batch_tokens // job.strategy.seq_len).bit_length() - 1),
+        memory_assumptions=a.memory, throughput_assumptions=a.throughput)
+
+
+def offer_node(offer: Offer, gpu: GpuSpec, *, nodes: int = 1,
+               inter_node_bytes_per_s: float | None = None) -> Node:
+    """The Node ``offer`` x ``nodes`` gives a strategy: its GPUs, the usable memory per card
+    (the spec's usable bytes unless the offer reports clearly less), the link inside a node
+    (``node_link``) and, across nodes, the provider's fabric rate."""
+    link = node_link(offer, gpu)
+    capacity = min(gpu.usable_memory_bytes, offer.gpu_memory_bytes) if (
+        offer.gpu_memory_bytes >= gpu.memory_bytes * 0.9) else offer.gpu_memory_bytes
+    return Node(gpu=gpu, gpus_per_node=offer.gpu_count, capacity_bytes=capacity,
+                intra_link="pcie" if link == "pcie" else "auto", nodes=nodes,
+                inter_node_bytes_per_s=inter_node_bytes_per_s if nodes > 1 else None)
+
+
+
 @dataclass(frozen=True, slots=True)
 class _Option:
     """One fitted candidate of a shape, with its unit cost as the Decimals pricing needs."""
@@ -295,10 +317,8 @@ def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[s
     problem = _hardware_problem(job, gpu, link)
     if problem:
         return problem
-    capacity = min(gpu.usable_memory_bytes, offer.gpu_memory_bytes) if (
-        offer.gpu_memory_bytes >= gpu.memory_bytes * 0.9) else offer.gpu_memory_bytes
-    node = Node(gpu=gpu, gpus_per_node=offer.gpu_count, capacity_bytes=capacity,
-                intra_link="pcie" if link == "pcie" else "auto")
+    node = offer_node(offer, gpu)
+    capacity = node.capacity_bytes
     provider = providers.get(offer.provider)
     outcome = search.search(node)
     short = _host_ram_short(outcome.best.values(), offer)

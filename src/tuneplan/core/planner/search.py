@@ -291,10 +291,27 @@ class StrategySearch:
         est = self.at_batch(family, 2**best)
         assert not isinstance(est, str)
         strategy = self._precision_for(replace(family, batch_size=2**best), node.gpu)
-        speed = self.speed(strategy, node)
-        if isinstance(speed, str):
-            out.refusals.append(speed)
+        found = evaluate_strategy(self, node, strategy, memory=est)
+        if isinstance(found, str):
+            out.refusals.append(found)
             return []
-        return [Candidate(strategy=strategy, memory=est, throughput=speed,
-                          device_total_bytes=self.device_total(est, generation),
-                          host_ram_bytes=host_ram(est, strategy))]
+        return [found]
+
+
+def evaluate_strategy(search: StrategySearch, node: Node, strategy: Strategy, *,
+                      memory: MemoryEstimate | None = None) -> Candidate | str:
+    """``strategy`` as a Candidate on ``node``: its generation-neutral memory (``at_batch``,
+    unless ``memory`` is given), per-GPU total on the node's GPU, host RAM and speed; or the
+    one-line reason it is refused. Does not check that it fits: the search does that, and
+    ``tuneplan cost`` prices a given strategy with this same function, so a plan and its
+    re-pricing are equal by construction."""
+    est = memory if memory is not None else search.at_batch(
+        replace(strategy, batch_size=1), strategy.batch_size)
+    if isinstance(est, str):
+        return est
+    speed = search.speed(strategy, node)
+    if isinstance(speed, str):
+        return speed
+    return Candidate(strategy=strategy, memory=est, throughput=speed,
+                     device_total_bytes=search.device_total(est, node.gpu.generation),
+                     host_ram_bytes=host_ram(est, strategy))
