@@ -15,6 +15,7 @@ from tuneplan.core.catalog.offers import Offer
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.recipes import Recipe
 from tuneplan.core.job.strategy import Job, Objective, Optimizer, Precision, Strategy
+from tuneplan.core.memory import MemoryEstimate
 from tuneplan.core.planner.fit import fit
 from tuneplan.core.planner.plan import PlanResult, pareto_front, plan_offers
 from tuneplan.core.planner.search import StrategySearch, largest_fitting
@@ -177,7 +178,7 @@ def test_generation_shift_of_a_neutral_estimate_matches_the_exact_one(gpu: str) 
                             epochs=1)
     neutral = search.memory(search.base, None)
     exact = search.memory(search.base, SPECS[gpu].generation)
-    assert not isinstance(neutral, str) and not isinstance(exact, str)
+    assert isinstance(neutral, MemoryEstimate) and isinstance(exact, MemoryEstimate)
     assert search.device_total(neutral, SPECS[gpu].generation) == exact.device_total_bytes
 
 

@@ -21,7 +21,7 @@ from tuneplan.core.job.strategy import Job, Strategy
 from tuneplan.core.models import ModelSpec
 from tuneplan.core.planner.costing import CostOptions, cost_inputs, price_plan
 from tuneplan.core.planner.plan import PlanAssumptions, offer_node, strategy_search
-from tuneplan.core.planner.search import Candidate, evaluate_strategy
+from tuneplan.core.planner.search import Candidate, Refused, evaluate_strategy
 from tuneplan.errors import InvalidValueError
 
 FABRICS = ("auto", "nvlink", "pcie")
@@ -107,8 +107,8 @@ def candidate_on_offer(model: ModelSpec, job: Job, strategy: Strategy, offer: Of
     if fabric != "auto":
         node = replace(node, intra_link=fabric)
     found = evaluate_strategy(strategy_search(model, job, a), node, strategy)
-    if isinstance(found, str):
-        raise InvalidValueError(f"cannot price this strategy: {found}")
+    if isinstance(found, Refused):
+        raise InvalidValueError(f"cannot price this strategy: {found.reason}")
     return found
 
 

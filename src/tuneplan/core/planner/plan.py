@@ -37,6 +37,7 @@ from tuneplan.core.planner.search import (
     DEFAULT_MEMORY_MARGIN,
     Candidate,
     Node,
+    Refused,
     SearchOutcome,
     StrategySearch,
 )
@@ -186,7 +187,7 @@ def plan_offers(model: ModelSpec, job: Job, offers: Sequence[Offer],
     late: list[Rejection] = []      # over the deadline or budget: listed after the others
     considered = 0
     prices: dict[tuple[object, ...], UnitCost] = {}
-    shapes: dict[tuple[object, ...], _Shape | str] = {}
+    shapes: dict[tuple[object, ...], _Shape | Refused] = {}
     best: dict[tuple[object, ...], _Priced] = {}
     rates = inter_node_bytes_per_s or {}
     spot_wins = job.spot is True
@@ -209,8 +210,8 @@ def plan_offers(model: ModelSpec, job: Job, offers: Sequence[Offer],
             shape = _offer_shape(search, job, offer, gpus, providers, rates.get(offer.provider),
                                  a, prices)
             shapes[key] = shape
-        if isinstance(shape, str):
-            rejected.append(Rejection(offer=offer, reason=shape))
+        if isinstance(shape, Refused):
+            rejected.append(Rejection(offer=offer, reason=shape.reason))
             continue
         price, spot_price = offer.price_per_hour, offer.spot_price_per_hour
         for option in shape.options:
@@ -308,15 +309,15 @@ class _Priced:
 
 def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[str, GpuSpec],
                  providers: Mapping[str, Provider], inter: float | None, a: PlanAssumptions,
-                 prices: dict[tuple[object, ...], UnitCost]) -> _Shape | str:
+                 prices: dict[tuple[object, ...], UnitCost]) -> _Shape | Refused:
     """The fitted candidates (with unit costs) of ``offer``'s shape, or why it has none."""
     gpu = gpus.get(offer.gpu)
     if gpu is None:
-        return f"no GPU specification for {offer.gpu}"
+        return Refused(f"no GPU specification for {offer.gpu}")
     link = node_link(offer, gpu)
     problem = _hardware_problem(job, gpu, link)
     if problem:
-        return problem
+        return Refused(problem)
     node = offer_node(offer, gpu)
     capacity = node.capacity_bytes
     provider = providers.get(offer.provider)
@@ -327,7 +328,7 @@ def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[s
         if bigger is not None:
             outcome, short = bigger, {}
     if not outcome.best:
-        return _why_not(outcome.smallest_need_bytes, outcome.refusals, capacity, a)
+        return Refused(_why_not(outcome.smallest_need_bytes, outcome.refusals, capacity, a))
     options: list[_Option] = []
     for candidate in outcome.best.values():
         if id(candidate) in short:
@@ -344,7 +345,7 @@ def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[s
             spot_hours=None if unit.spot_expected_hours is None
             else Decimal(str(unit.spot_expected_hours)), extras=unit.extras_usd))
     if not options:
-        return next(iter(short.values()))
+        return Refused(next(iter(short.values())))
     return _Shape(gpu=gpu, link=link, capacity=capacity, provider=provider,
                   options=tuple(options))
 

@@ -62,6 +62,14 @@ def largest_fitting(fits: Callable[[int], bool], low: int, high: int) -> int:
     return good
 
 
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Why a strategy, node or offer has no candidate: a typed result (the search tries
+    thousands of settings and most refusals are expected, so they are values, not raised)."""
+
+    reason: str
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Node:
     """The hardware a strategy runs on: GPU type, GPUs per node, nodes, links."""
@@ -115,9 +123,10 @@ class StrategySearch:
     max_micro_batch_log2: int = 6
     memory_assumptions: MemoryAssumptions = field(default_factory=MemoryAssumptions)
     throughput_assumptions: ThroughputAssumptions = field(default_factory=ThroughputAssumptions)
-    _memory: dict[tuple[Strategy, str | None], MemoryEstimate | str] = field(default_factory=dict)
-    _batches: dict[tuple[Strategy, int], MemoryEstimate | str] = field(default_factory=dict)
-    _speed: dict[tuple[object, ...], Throughput | str] = field(default_factory=dict)
+    _memory: dict[tuple[Strategy, str | None], MemoryEstimate | Refused] = field(
+        default_factory=dict)
+    _batches: dict[tuple[Strategy, int], MemoryEstimate | Refused] = field(default_factory=dict)
+    _speed: dict[tuple[object, ...], Throughput | Refused] = field(default_factory=dict)
     _nodes: dict[Node, SearchOutcome] = field(default_factory=dict)
     _twins: dict[Strategy, Strategy] = field(default_factory=dict)
     _workspace: dict[str | None, int] = field(default_factory=dict)
@@ -130,8 +139,8 @@ class StrategySearch:
     def methods(self) -> tuple[Method, ...]:
         return AUTO_METHODS if self.base.method is Method.AUTO else (self.base.method,)
 
-    def memory(self, strategy: Strategy, generation: str | None) -> MemoryEstimate | str:
-        """Cached estimate, or the refusal's one-line reason."""
+    def memory(self, strategy: Strategy, generation: str | None) -> MemoryEstimate | Refused:
+        """Cached estimate, or why it is refused."""
         key = (strategy, generation)
         found = self._memory.get(key)
         if found is None:
@@ -140,11 +149,11 @@ class StrategySearch:
                 found = estimate_memory(self.model, strategy, self.memory_assumptions,
                                         generation=generation)
             except TuneplanError as exc:
-                found = str(exc)
+                found = Refused(str(exc))
             self._memory[key] = found
         return found
 
-    def at_batch(self, family: Strategy, batch: int) -> MemoryEstimate | str:
+    def at_batch(self, family: Strategy, batch: int) -> MemoryEstimate | Refused:
         """The generation-neutral estimate of ``family`` at micro-batch ``batch`` (cached).
 
         DDP replicates everything, so its per-GPU memory is the same on 2 or 16 GPUs: all
@@ -178,7 +187,7 @@ class StrategySearch:
                 workspace_term(generation, self.memory_assumptions).value)
         return found
 
-    def speed(self, strategy: Strategy, node: Node) -> Throughput | str:
+    def speed(self, strategy: Strategy, node: Node) -> Throughput | Refused:
         key = (strategy, node.gpu.name, node.intra_link, node.inter_node_bytes_per_s)
         found = self._speed.get(key)
         if found is None:
@@ -191,7 +200,7 @@ class StrategySearch:
                                             assumptions=self.throughput_assumptions,
                                             tokens=self.tokens, epochs=self.epochs)
             except TuneplanError as exc:
-                found = str(exc)
+                found = Refused(str(exc))
             self._speed[key] = found
         return found
 
@@ -222,7 +231,7 @@ class StrategySearch:
         if candidate.exact:
             return candidate
         found = self.memory(candidate.strategy, gpu.generation)
-        if isinstance(found, str):
+        if isinstance(found, Refused):
             return candidate
         return replace(candidate, memory=found, device_total_bytes=found.device_total_bytes,
                        host_ram_bytes=found.host_ram_bytes, exact=True)
@@ -276,11 +285,11 @@ class StrategySearch:
                     out: SearchOutcome) -> list[Candidate]:
         def fits(log2: int) -> bool:
             est = self.at_batch(family, 2**log2)
-            return not isinstance(est, str) and self.device_total(est, generation) <= limit
+            return not isinstance(est, Refused) and self.device_total(est, generation) <= limit
 
         first = self.at_batch(family, 1)
-        if isinstance(first, str):
-            out.refusals.append(first)
+        if isinstance(first, Refused):
+            out.refusals.append(first.reason)
             return []
         need = self.device_total(first, generation)
         if need > limit:
@@ -289,17 +298,17 @@ class StrategySearch:
             return []
         best = largest_fitting(fits, 0, self.max_micro_batch_log2)
         est = self.at_batch(family, 2**best)
-        assert not isinstance(est, str)
+        assert not isinstance(est, Refused)
         strategy = self._precision_for(replace(family, batch_size=2**best), node.gpu)
         found = evaluate_strategy(self, node, strategy, memory=est)
-        if isinstance(found, str):
-            out.refusals.append(found)
+        if isinstance(found, Refused):
+            out.refusals.append(found.reason)
             return []
         return [found]
 
 
 def evaluate_strategy(search: StrategySearch, node: Node, strategy: Strategy, *,
-                      memory: MemoryEstimate | None = None) -> Candidate | str:
+                      memory: MemoryEstimate | None = None) -> Candidate | Refused:
     """``strategy`` as a Candidate on ``node``: its generation-neutral memory (``at_batch``,
     unless ``memory`` is given), per-GPU total on the node's GPU, host RAM and speed; or the
     one-line reason it is refused. Does not check that it fits: the search does that, and
@@ -307,10 +316,10 @@ def evaluate_strategy(search: StrategySearch, node: Node, strategy: Strategy, *,
     re-pricing are equal by construction."""
     est = memory if memory is not None else search.at_batch(
         replace(strategy, batch_size=1), strategy.batch_size)
-    if isinstance(est, str):
+    if isinstance(est, Refused):
         return est
     speed = search.speed(strategy, node)
-    if isinstance(speed, str):
+    if isinstance(speed, Refused):
         return speed
     return Candidate(strategy=strategy, memory=est, throughput=speed,
                      device_total_bytes=search.device_total(est, node.gpu.generation),
