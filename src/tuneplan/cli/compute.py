@@ -11,51 +11,31 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from tuneplan.cli.options import JsonFlag, ModelArg, emit_json, job_flags
-from tuneplan.core.compute.communication import NodeLinks
-from tuneplan.core.compute.throughput import (
-    Throughput,
-    estimate_throughput,
-    model_shape_from_spec,
-)
 from tuneplan.errors import InvalidValueError
 from tuneplan.service.jobs import JobRequest
 from tuneplan.units import HOUR_S, format_duration, parse_duration, parse_size
 
+if TYPE_CHECKING:
+    from tuneplan.core.compute.throughput import Throughput
+
 Opt = typer.Option
 Fabric = Annotated[str, Opt("--fabric", help="Inside a node: auto, nvlink or pcie.")]
-
-
-def _throughput(model_name: str, gpu: Any, job: Any, fabric: str,
-                inter_node_bytes_per_s: float | None = None) -> tuple[Any, Throughput, Any]:
-    from tuneplan.adapters.calibration import calibration_for  # saved probes (issue 9)
-    from tuneplan.adapters.hub import resolve_model
-
-    links = NodeLinks(intra=fabric, inter_node_bytes_per_s=inter_node_bytes_per_s)
-    shape = model_shape_from_spec(resolve_model(model_name))
-    result = estimate_throughput(shape, job.strategy, gpu, avg_tokens=job.avg_tokens,
-                                 links=links, tokens=job.tokens_per_epoch, epochs=job.epochs,
-                                 assumptions=calibration_for(gpu).throughput)
-    return shape, result, job.strategy
 
 
 @job_flags("throughput")
 def throughput_command(model: ModelArg, request: JobRequest, fabric: Fabric = "auto",
                        as_json: JsonFlag = False) -> None:
     """Tokens per second, step time, MFU, communication and hours of a training job."""
-    from tuneplan.adapters.bundled import resolve_gpu_spec
+    from tuneplan.service.speed import throughput_for
 
-    job = request.job()
-    if not job.gpu:
-        raise InvalidValueError("throughput needs --gpu NAME (see `tuneplan gpus`)")
-    gpu = resolve_gpu_spec(job.gpu)
-    _, result, _ = _throughput(model, gpu, job, fabric)
+    result = throughput_for(request.job(), fabric=fabric)
     if as_json:
         emit_json(result.as_dict())
         return
