@@ -178,11 +178,9 @@ def launch_zip(plan: Plan, result: PlanResult, targets: str) -> tuple[str, bytes
     import io
     import zipfile
 
-    from tuneplan.adapters.launch_files import read_train_script
-    from tuneplan.core.launch.bundle import render_bundle
-    from tuneplan.core.planner.record import saved_plan
+    from tuneplan.service.launch import result_bundle
 
-    files = render_bundle(saved_plan(plan, result), [targets], train_script=read_train_script())
+    _, files = result_bundle(plan, result, [targets])
     buffer = io.BytesIO()
     folder = f"launch-{plan.id}"
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as bundle:
