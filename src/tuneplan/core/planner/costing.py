@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
+from functools import lru_cache
 
 from tuneplan.core.catalog.hardware import GpuSpec
 from tuneplan.core.catalog.offers import Offer
@@ -113,8 +114,8 @@ class UnitCost:
 def unit_cost(c: Candidate, provider: Provider | None, job: Job,
               a: CostAssumptions) -> UnitCost:
     """The cost model at 1 USD/h on-demand and spot (analytic spot expectation only)."""
-    fast = replace(a, monte_carlo_runs=1)
-    probe = replace(_ONE_DOLLAR, provider=provider.name if provider else "?")
+    fast = _analytic(a)
+    probe = _unit_offer(provider.name if provider else "?")
     est = estimate_cost(cost_inputs(c, probe, provider, job, fast, spot=False), fast)
     spot_hours: float | None = None
     if job.spot is not False:
@@ -131,6 +132,18 @@ _ONE_DOLLAR = Offer(provider="?", instance_type="unit", gpu="H100 SXM5", gpu_cou
                     gpu_memory_bytes=1, vcpus=None, ram_bytes=None, region="?",
                     price_per_hour=Decimal(1), spot_price_per_hour=Decimal(1),
                     fetched_at=datetime(2000, 1, 1, tzinfo=UTC), source="unit price")
+
+
+@lru_cache(maxsize=256)
+def _unit_offer(provider: str) -> Offer:
+    """The 1 USD/h offer of ``provider`` (built once: an Offer validates itself)."""
+    return replace(_ONE_DOLLAR, provider=provider)
+
+
+@lru_cache(maxsize=64)
+def _analytic(a: CostAssumptions) -> CostAssumptions:
+    """``a`` with one Monte Carlo run: the analytic spot expectation used while ranking."""
+    return replace(a, monte_carlo_runs=1)
 
 
 def scaled_costs(unit: UnitCost, offer: Offer, nodes: int) -> tuple[Decimal | None, Decimal | None]:
