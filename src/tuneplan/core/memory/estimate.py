@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from tuneplan.core.job.methods import Method, count_trainable, effective_quant
+from tuneplan.core.job.methods import Method, count_trainable, effective_quant, fused_qkv_note
 from tuneplan.core.job.recipes import PrecisionPlan, precision_plan
 from tuneplan.core.job.strategy import Checkpointing, Strategy, Task
 from tuneplan.core.memory import activations as act
@@ -85,7 +85,8 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
         allocated_peak_bytes=allocated, reserved_peak_bytes=allocated + int(reserve.value),
         device_total_bytes=int(breakdown.total), peak_phase=phase,
         phases={k: total(v) for k, v in moments.items()}, host_ram_bytes=int(host.total),
-        host=host, trainable_params=trainable.total, total_params=static.total_params)
+        host=host, trainable_params=trainable.total, total_params=static.total_params,
+        notes=tuple(n for n in (fused_qkv_note(model, strategy),) if n))
 
 
 def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
