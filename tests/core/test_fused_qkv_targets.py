@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from tuneplan.adapters.bundled import load_gpu_spec
+from tuneplan.core.compute.throughput import estimate_throughput
 from tuneplan.core.job.methods import (
     FUSED_QKV,
     Method,
@@ -43,6 +45,7 @@ def test_split_names_map_onto_the_fused_linear(kind: str, targets: tuple[str, ..
     note = fused_qkv_note(_spec(kind), strategy)
     assert note is not None and FUSED_QKV in note
     assert note in estimate_memory(_spec(kind), strategy).notes
+    assert note in estimate_throughput(_spec(kind), strategy, load_gpu_spec("RTX A5000")).notes
 
 
 def test_split_models_and_all_linear_are_unchanged() -> None:
