@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from tuneplan.cli.app import app
@@ -116,3 +117,12 @@ def test_cost_sizes_moe_lora_checkpoints_from_the_memory_models_count() -> None:
     assert speed.exit_code == 0, speed.output
     terms = {t["name"]: t for t in json.loads(speed.stdout)["flops_per_token"]["terms"]}
     assert terms["adapters"]["inputs"]["adapter_params"] == trainable
+
+
+@pytest.mark.parametrize("gpu", ["RTX A5000", "RTX 4000 Ada", "A800", "MI355X", "RTX PRO 6000"])
+def test_throughput_on_cards_whose_rates_were_filled_in(gpu: str) -> None:
+    result = runner.invoke(app, ["throughput", "llama-3.1-8b", "--gpu", gpu, "--method", "lora",
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["tokens_per_second"] > 0 and 0 < document["mfu"] < 1

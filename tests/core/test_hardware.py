@@ -33,7 +33,10 @@ def test_every_shipped_spec_meets_its_invariants(spec: GpuSpec) -> None:
         assert spec.supports_fp8 is True
         assert spec.bf16_flops_per_s is not None and spec.fp8_flops_per_s >= spec.bf16_flops_per_s
     if spec.bf16_flops_per_s is not None and spec.fp32_flops_per_s is not None:
-        assert spec.bf16_flops_per_s > spec.fp32_flops_per_s
+        if "no fast FP16" in spec.notes:  # Kepler/Maxwell/GP104: FP16 GEMMs run at the FP32 rate
+            assert spec.bf16_flops_per_s == spec.fp32_flops_per_s
+        else:
+            assert spec.bf16_flops_per_s > spec.fp32_flops_per_s
     if spec.confidence in ("high", "medium") and "memory only" not in spec.notes:
         assert spec.memory_bandwidth_bytes_per_s and spec.memory_bandwidth_bytes_per_s > 1e11
     assert spec.source and spec.memory_type

@@ -20,11 +20,12 @@ CANONICAL_GPUS: tuple[str, ...] = (
     "H100 SXM5", "H100 NVL", "H200 SXM", "H200 NVL", "GH200 (96GB HBM3)", "B200 (HGX)",
     "B300 (HGX)", "GB200 (per Blackwell GPU)", "GB300 (per Blackwell Ultra GPU)", "MI250X",
     "MI300X", "MI325X", "Gaudi 2", "Gaudi 3",
-    # gpu_specs_extra.csv: GPUs seen in the offer sources, with memory facts only.
+    # gpu_specs_extra.csv: GPUs seen in the offer sources, beyond the first table.
     "K80", "M60", "P4", "P100", "T4G", "A16", "A30", "A800 80GB PCIe", "RTX A2000",
     "RTX A2000 12GB", "RTX A4000", "RTX A4500", "RTX A5000", "RTX 3060", "RTX 3070", "RTX 3080",
     "RTX 3080 12GB", "RTX 4060", "RTX 4060 Ti 16GB", "RTX 4070", "RTX 4070 Ti Super",
     "Quadro RTX 6000", "RTX 4000 Ada", "RTX PRO 6000 Blackwell", "MI355X", "Radeon Instinct MI25",
+    "Titan RTX",
 )
 _CANONICAL_SET = frozenset(CANONICAL_GPUS)
 
@@ -50,6 +51,7 @@ GPU_ALIASES: dict[str, _Variants] = {
     "a100x": ((None, "A100 80GB PCIe"),),
     "gh200sxm": ((100 * GiB, "GH200 (96GB HBM3)"),),
     "rtxpro6000ws": ((None, "RTX PRO 6000 Blackwell"),),
+    "geforcetitanrtx": ((None, "Titan RTX"),), "titanrtx24gb": ((None, "Titan RTX"),),
     "v100": _by_memory("V100 SXM2 16GB", 24, "V100 SXM2 32GB"),
     "v100sxm2": _by_memory("V100 SXM2 16GB", 24, "V100 SXM2 32GB"),
     "v10032gb": ((None, "V100 SXM2 32GB"),), "v100sxm232gb": ((None, "V100 SXM2 32GB"),),

@@ -19,7 +19,7 @@ from tuneplan.core.catalog.hardware import GpuSpec
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
 from tuneplan.core.compute.communication import NodeLinks
 from tuneplan.core.compute.step import recomputes, step_time
-from tuneplan.core.job.methods import Method, lora_rank_of, targeted_linears
+from tuneplan.core.job.methods import Method, fused_qkv_note, lora_rank_of, targeted_linears
 from tuneplan.core.job.strategy import Attention, Precision, Strategy, Task
 from tuneplan.core.models import LinearRole, ModelSpec
 from tuneplan.errors import UnsupportedError
@@ -318,6 +318,8 @@ def estimate_throughput(model: ModelShape | ModelSpec, strategy: Strategy, gpu: 
         context += s.num_virtual_tokens
     flops = flops_per_token(shape, s, a, context)
     peak, notes = peak_flops_per_s(gpu, s.precision)
+    fused = fused_qkv_note(shape.spec, s)
+    notes += [fused] if fused else []
     step, comm, comm_s, more = step_time(
         model=shape, strategy=s, links=links or NodeLinks(), gpu=gpu, assumptions=a, peak=peak,
         flops_per_token=flops.total, computed_tokens=computed * s.batch_size)

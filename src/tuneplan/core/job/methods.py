@@ -121,13 +121,61 @@ _V4_EXPERT_NAMES = frozenset({"gate", "gate_proj", "up_proj", "down_proj", "w1",
 _ROUTER_MODULES = frozenset({"gate", "router"})
 
 
+#: The fused attention linear of GPT-NeoX (and StableLM-alpha, Pythia), BLOOM and Falcon: PEFT
+#: 0.21's default LoRA target for those types (its
+#: ``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING``).
+FUSED_QKV = "query_key_value"
+#: Names of split query/key/value projections in other families. PEFT matches ``target_modules``
+#: by module-name suffix, so on a fused model these find nothing and ``get_peft_model`` raises
+#: "Target modules ... not found"; there the one linear that holds q, k and v is the target.
+SPLIT_QKV_NAMES = frozenset({"q_proj", "k_proj", "v_proj", "query", "key", "value"})
+
+
+def _linear_names(model: ModelSpec) -> frozenset[str]:
+    return frozenset(n for layer in model.layers for lin in layer.linears
+                     for n in (lin.name, _short(lin.name)))
+
+
+def peft_lora_targets(model: ModelSpec, strategy: Strategy) -> tuple[str, ...]:
+    """The ``target_modules`` PEFT must be given for ``strategy.lora_targets`` on ``model``.
+
+    Unchanged, except on a model with a fused ``query_key_value`` and no split projections:
+    there q_proj / k_proj / v_proj (or query / key / value) that match no linear become
+    ``query_key_value`` (once), the module PEFT itself targets by default for these types.
+    """
+    targets = strategy.lora_targets
+    if strategy.all_linear:
+        return targets
+    names = _linear_names(model)
+    if FUSED_QKV not in names:
+        return targets
+    out: list[str] = []
+    for t in targets:
+        mapped = FUSED_QKV if t in SPLIT_QKV_NAMES and t not in names else t
+        if mapped not in out:
+            out.append(mapped)
+    return tuple(out)
+
+
+def fused_qkv_note(model: ModelSpec, strategy: Strategy) -> str | None:
+    """Why the adapter targets differ from ``--lora-targets`` (None when they do not)."""
+    mapped = peft_lora_targets(model, strategy)
+    if mapped == strategy.lora_targets:
+        return None
+    split = [t for t in strategy.lora_targets if t not in mapped]
+    return (f"{model.name} has one fused {FUSED_QKV} linear for attention: --lora-targets "
+            f"{','.join(split)} wrap it whole (PEFT's default target for this model type); "
+            f"targets given to PEFT: {','.join(mapped)}")
+
+
 def targeted_linears(model: ModelSpec, strategy: Strategy, layer: LayerSpec) -> tuple[Linear, ...]:
     """Linears of one block that carry an adapter (LoRA family and IA3).
 
     ``all-linear`` follows PEFT 0.21 on transformers 5: every ``nn.Linear`` except the output
     head; routed experts are fused 3-D parameters and routers custom modules, left out — except
     on ``PEFT_MOE_CONVERTED`` model types, where PEFT wraps the router and the experts instead
-    of the v4-named MLP linears.
+    of the v4-named MLP linears. Named targets go through ``peft_lora_targets`` (split q/k/v
+    names on a fused ``query_key_value`` model wrap the fused linear).
     """
     if strategy.all_linear and model.model_type in PEFT_MOE_CONVERTED and model.num_experts:
         return tuple(lin for lin in layer.linears if lin.role in (
@@ -135,7 +183,7 @@ def targeted_linears(model: ModelSpec, strategy: Strategy, layer: LayerSpec) -> 
     if strategy.all_linear:
         return tuple(lin for lin in layer.linears if lin.role is not LinearRole.EXPERT and not (
             lin.role is LinearRole.ROUTER and _short(lin.name) in _ROUTER_MODULES))
-    return tuple(lin for lin in layer.linears if _matches(lin, strategy.lora_targets))
+    return tuple(lin for lin in layer.linears if _matches(lin, peft_lora_targets(model, strategy)))
 
 
 def expert_adapter_params(model: ModelSpec, strategy: Strategy) -> int:

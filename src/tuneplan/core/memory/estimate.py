@@ -14,7 +14,13 @@ from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any
 
-from tuneplan.core.job.methods import Method, Trainable, count_trainable, effective_quant
+from tuneplan.core.job.methods import (
+    Method,
+    Trainable,
+    count_trainable,
+    effective_quant,
+    fused_qkv_note,
+)
 from tuneplan.core.job.recipes import PrecisionPlan, precision_plan
 from tuneplan.core.job.strategy import Checkpointing, Strategy, Task
 from tuneplan.core.memory import activations as act
@@ -83,7 +89,8 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
         allocated_peak_bytes=allocated, reserved_peak_bytes=allocated + int(reserve.value),
         device_total_bytes=int(explained.total), peak_phase=phase,
         phases=phases, host_ram_bytes=int(host.total),
-        host=host, trainable_params=fixed.trainable.total, total_params=static.total_params)
+        host=host, trainable_params=fixed.trainable.total, total_params=static.total_params,
+        notes=tuple(n for n in (fused_qkv_note(model, strategy),) if n))
 
 
 _DEFAULT_ASSUMPTIONS = MemoryAssumptions()

@@ -203,13 +203,33 @@ def add_adapters(model: Any, cfg: dict[str, Any]) -> Any:
         prepare: Any = peft.prepare_model_for_kbit_training
         model = prepare(
             model, use_gradient_checkpointing=cfg["gradient_checkpointing"])
-    targets = cfg["lora_targets"]
+    targets = peft_targets(model, cfg["lora_targets"])
     lora = LoraConfig(
         r=cfg["lora_rank"], lora_alpha=cfg["lora_alpha"], lora_dropout=cfg["lora_dropout"],
         target_modules="all-linear" if "all-linear" in targets else targets,
         modules_to_save=cfg["trainable_modules"] or None, use_dora=method == "dora",
         task_type="CAUSAL_LM")
     return get_peft_model(model, lora)
+
+
+SPLIT_QKV_NAMES = frozenset({"q_proj", "k_proj", "v_proj", "query", "key", "value"})
+
+
+def peft_targets(model: Any, targets: list[str]) -> list[str]:
+    """The planner's target rule: on a model whose attention is one fused ``query_key_value``
+    (GPT-NeoX, BLOOM, Falcon), split q/k/v names that name no module wrap the fused linear, as
+    PEFT's own default targets do for these types (by suffix, ``q_proj`` finds nothing there)."""
+    if "all-linear" in targets or not hasattr(model, "named_modules"):
+        return targets
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    if "query_key_value" not in names:
+        return targets
+    out: list[str] = []
+    for t in targets:
+        mapped = "query_key_value" if t in SPLIT_QKV_NAMES and t not in names else t
+        if mapped not in out:
+            out.append(mapped)
+    return out
 
 
 class TokenRows:
