@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tuneplan.cli.options import JsonFlag, ModelArg, emit_json, job_flags
+from tuneplan.cli.options import JsonFlag, ModelArg, emit_json, job_flags, safe
 from tuneplan.core.compute.communication import NodeLinks
 from tuneplan.core.compute.step import trainable_params
 from tuneplan.core.compute.throughput import (
@@ -85,7 +85,7 @@ def _print_throughput(result: Throughput) -> None:
         table.add_row(f"  {term.path}", f"{term.value:.4f} s")
     Console().print(table)
     for note in result.notes:
-        Console().print(f"note: {note}")
+        Console().print(f"note: {safe(note)}")
 
 
 def _offer_and_provider(offer_id: str) -> tuple[Any, Any]:
@@ -178,7 +178,8 @@ def _usd(value: Decimal | None) -> str:
 
 
 def _print_cost(document: dict[str, Any]) -> None:
-    table = Table(title=f"Cost on {document['offer']['provider']} {document['offer']['gpu']} "
+    table = Table(title=f"Cost on {safe(document['offer']['provider'])} "
+                        f"{safe(document['offer']['gpu'])} "
                         f"x{document['offer']['gpu_count']}")
     table.add_column("figure")
     table.add_column("value", justify="right")
@@ -194,7 +195,7 @@ def _print_cost(document: dict[str, Any]) -> None:
         table.add_row("interruptions expected", f"{spot['interruptions_expected']:.2f}")
     Console().print(table)
     for warning in document["warnings"]:
-        Console().print(f"warning: {warning}")
+        Console().print(f"warning: {safe(warning)}")
 
 
 def register(app: typer.Typer) -> None:
