@@ -38,7 +38,8 @@ from tuneplan.units import (
 if TYPE_CHECKING:
     from tuneplan.adapters.store import SourceStatus
 
-catalog_app = typer.Typer(help="The offer catalog: status, import, history (and refresh).",
+catalog_app = typer.Typer(help="The offer catalog: status, import, remove, history (and "
+                               "refresh).",
                           no_args_is_help=True)
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
@@ -302,6 +303,24 @@ def catalog_import_command(
         _emit({"source": source, "offers": written, "fetched_at": fetched_at})
     else:
         _console().print(f"imported {written} offers as source {_safe(source)}")
+
+
+@catalog_app.command("remove")
+def catalog_remove_command(
+    source: Annotated[str, typer.Argument(help="Source name as `catalog status` shows it "
+                                               "(user-import:prices.csv, runpod, ...).")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Delete a source: all its snapshots and offers, in one transaction (e.g. a bad import)."""
+    from tuneplan.adapters.store import CatalogStore
+
+    with CatalogStore.open() as store:
+        offers, snapshots = store.remove_source(source)
+    if as_json:
+        _emit({"source": source, "offers_removed": offers, "snapshots_removed": snapshots})
+    else:
+        _console().print(f"removed source {_safe(source)}: {offers} offers in "
+                         f"{snapshots} snapshots")
 
 
 def register(app: typer.Typer) -> None:
