@@ -240,3 +240,23 @@ def test_eight_cli_processes_and_a_server_start_at_once_on_an_empty_home(
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         counts = db.execute("SELECT source, COUNT(*) FROM snapshots GROUP BY source").fetchall()
     assert counts and all(n == 1 for _, n in counts)  # seeded exactly once
+
+
+def test_run_md_keeps_catalog_text_literal() -> None:
+    from tuneplan.core.launch.readme import _code, _md
+
+    assert _md("[x](javascript:alert(1)) a_b\x1b") == "\\[x\\]\\(javascript:alert\\(1\\)\\) a\\_b"
+    assert _code("p5`rm -rf`\x1b") == "p5'rm -rf'"
+
+
+def test_the_store_refuses_an_integer_sqlite_cannot_hold(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from tuneplan.errors import CatalogError
+
+    now = datetime.now(UTC)
+    offer = replace(parse_user_csv(_csv([GOOD]), "mine", now).offers[0], disk_bytes=2**63)
+    with CatalogStore.open(tmp_path / "c.sqlite", seed=False) as store:
+        with pytest.raises(CatalogError, match="disk_bytes"):
+            store.replace_source("mine", [offer], now)
+        assert store.status() == []  # rolled back

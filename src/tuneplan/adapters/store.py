@@ -23,6 +23,7 @@ from tuneplan.errors import CatalogError, InvalidValueError
 
 SCHEMA_VERSION = 2
 STALE_AFTER_S = 7 * 86_400
+_MAX_SQLITE_INT = 2**63 - 1
 _MIGRATIONS: dict[int, str] = {
     1: """
     CREATE TABLE snapshots (
@@ -419,6 +420,11 @@ def _row(offer: Offer) -> tuple[object, ...]:
         raise CatalogError(f"not an Offer: {type(offer).__name__}")
     money = (None if p is None else str(p) for p in (offer.price_per_hour,
                                                      offer.spot_price_per_hour))
+    for label, number in (("gpu_count", offer.gpu_count), ("gpu_memory_bytes",
+                          offer.gpu_memory_bytes), ("ram_bytes", offer.ram_bytes),
+                          ("disk_bytes", offer.disk_bytes)):
+        if number is not None and not -_MAX_SQLITE_INT - 1 <= number <= _MAX_SQLITE_INT:
+            raise CatalogError(f"offer {offer.id}: {label} is beyond SQLite's 64-bit INTEGER")
     return (offer.id, offer.provider, offer.instance_type, offer.gpu, offer.gpu_count,
             offer.gpu_memory_bytes, offer.vcpus, offer.ram_bytes, offer.disk_bytes, offer.region,
             offer.zone, *money, offer.currency, offer.interconnect, _iso(offer.fetched_at),

@@ -160,7 +160,8 @@ class OfferCollector:
             self.unknown_gpu_names[exc.raw or str(exc)] = None
             return
         except (RowRejected, InvalidOfferError, InvalidValueError, KeyError, TypeError,
-                AttributeError) as exc:
+                AttributeError, ValueError, ArithmeticError) as exc:
+            # ValueError/ArithmeticError: an int() of a 5,000-digit string, a Decimal overflow
             self.reject(where, exc)
             return
         if offer is not None:

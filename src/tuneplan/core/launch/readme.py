@@ -10,14 +10,26 @@ from tuneplan.core.launch.bundle import LaunchSpec, Target
 from tuneplan.units import GB, format_duration
 
 
+def _md(text: str) -> str:
+    """Catalog text as literal Markdown: specials backslash-escaped, controls dropped."""
+    shown = "".join(ch for ch in text if ch.isprintable())
+    return "".join("\\" + ch if ch in "\\`*_[]<>#|!()" else ch for ch in shown)
+
+
+def _code(text: str) -> str:
+    """Catalog text inside a Markdown code span: no backtick can close it, controls dropped."""
+    return "".join(ch for ch in text if ch.isprintable()).replace("`", "'")
+
+
 def _chosen(spec: LaunchSpec) -> list[str]:
     lora = (f", rank {spec.lora_rank}, alpha {spec.lora_alpha}, targets "
             f"{','.join(spec.lora_targets)}" if spec.method.is_lora else "")
     quant = f", base in {spec.quant.value}" if spec.method.value in ("qlora", "lora8bit") else ""
     return [
         f"- Model `{spec.model}`, method **{spec.method.value}**{lora}{quant}.",
-        f"- {spec.gpus} x {spec.gpu} x {spec.nodes} node(s) on {spec.provider} "
-        f"`{spec.instance_type}` in {spec.region}, {'spot' if spec.use_spot else 'on-demand'}.",
+        f"- {spec.gpus} x {spec.gpu} x {spec.nodes} node(s) on {_md(spec.provider)} "
+        f"`{_code(spec.instance_type)}` in {_md(spec.region)}, "
+        f"{'spot' if spec.use_spot else 'on-demand'}.",
         f"- {spec.precision.value}, optimizer {spec.optimizer.value}, micro-batch "
         f"{spec.batch_size} x accumulation {spec.grad_accum}, sequence {spec.seq_len}, "
         f"packing {'on' if spec.packing else 'off'}, activation checkpointing "
