@@ -4,8 +4,9 @@ Seeds a private catalog from the bundled snapshot (load timed separately), then 
 ``core.planner.plan_offers`` for a few jobs in CPU seconds of this process (the machine is
 shared; wall time is printed beside) as the median of N cold runs (each run builds its own
 strategy search and memory cache), and for one job over catalog subsets and synthetic copies
-(the same offers in made-up regions with shifted prices, so no cache is shared).
-Run: python benchmarks/plan.py [--runs 5]
+(the same offers in made-up regions with shifted prices, so no cache is shared): the README's
+auto job up to 4x, and the issue's QLoRA job at 1x, 10x and 100x the catalog (``--factors``).
+Run: python benchmarks/plan.py [--runs 5] [--factors 1,10,100]
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from decimal import Decimal
 from tuneplan.core.catalog.offers import Offer
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.strategy import Job, Strategy
+from tuneplan.core.memory.estimate import clear_cache
 from tuneplan.core.planner.plan import PlanResult, plan_offers
 
 JOBS = {
@@ -44,6 +46,7 @@ def _timed(model: str, method: Method, offers: list[Offer],
     job = Job(model=model, strategy=Strategy(method=method), tokens=50_000_000)
     cpu, wall, result = [], [], None
     for _ in range(runs):
+        clear_cache()  # cold: no memory work kept from the previous run
         start, start_cpu = time.perf_counter(), time.process_time()
         result = plan_offers(spec, job, offers, gpus, {p.name: p for p in providers},
                              now=datetime.now(UTC), inter_node_bytes_per_s=_fabric_rates(providers))
@@ -65,6 +68,8 @@ def _copies(offers: list[Offer], factor: int) -> list[Offer]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--factors", default="1,10,100",
+                        help="catalog copies for the QLoRA growth check (comma-separated)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         os.environ["TUNEPLAN_HOME"] = folder
@@ -86,6 +91,16 @@ def main() -> None:
         for part in [*sizes, *(_copies(offers, factor) for factor in (1, 2, 4))]:
             seconds, wall, _ = _timed(*readme, part, args.runs)
             print(f"  {len(part):6d} offers {seconds * 1000:5.0f} ms CPU ({wall * 1000:5.0f} wall)")
+        print("growth, Llama-3.1-8B qlora (catalog copies):")
+        qlora = JOBS["Llama-3.1-8B qlora 50M"]
+        for factor in (int(f) for f in args.factors.split(",")):
+            part = _copies(offers, factor)
+            runs = args.runs if factor < 100 else max(1, args.runs // 2)
+            seconds, wall, result = _timed(*qlora, part, runs)
+            print(f"  {factor:4d}x {len(part):7d} offers {seconds * 1000:6.0f} ms CPU "
+                  f"({wall * 1000:6.0f} wall) {len(result.plans):5d} plans "
+                  f"{len(result.rejected):7d} rejected")
+            del part, result
 
 
 if __name__ == "__main__":

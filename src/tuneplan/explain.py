@@ -7,7 +7,7 @@ This module computes nothing domain-specific and prints nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,3 +81,52 @@ class Breakdown:
 
     def as_dict(self) -> dict[str, Any]:
         return {"unit": self.unit, "total": self.total, "terms": [t.as_dict() for t in self.terms]}
+
+
+_TERMS = Breakdown.__dict__["terms"]    # the slot under the ``terms`` field
+_UNIT = Breakdown.__dict__["unit"]
+
+
+class LazyBreakdown(Breakdown):
+    """A Breakdown whose terms are built on first use (then checked like any Breakdown's),
+    for producers that make many candidate breakdowns and show few. ``total`` is known up
+    front and equals the sum of the terms the maker returns."""
+
+    __slots__ = ("_make", "_total")
+    _make: Callable[[], tuple[Term, ...]]
+    _total: int | float
+
+    def __init__(self, unit: str, make: Callable[[], tuple[Term, ...]] | None = None,
+                 total: int | float = 0, *, terms: tuple[Term, ...] | None = None) -> None:
+        _UNIT.__set__(self, unit)
+        if terms is not None:  # dataclasses.replace passes the fields: an eager breakdown
+            fixed = tuple(terms)
+            make, total = (lambda: fixed), sum(t.value for t in fixed)
+        object.__setattr__(self, "_make", make)
+        object.__setattr__(self, "_total", total)
+
+    @property
+    def terms(self) -> tuple[Term, ...]:
+        try:
+            found: tuple[Term, ...] = _TERMS.__get__(self)
+            return found
+        except AttributeError:
+            made = self._make()
+            _TERMS.__set__(self, made)
+            Breakdown.__post_init__(self)
+            return made
+
+    @property
+    def total(self) -> int | float:
+        return self._total
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Breakdown):
+            return NotImplemented
+        return (self.unit, self.terms) == (other.unit, other.terms)
+
+    def __hash__(self) -> int:
+        return hash((self.unit, self.terms))
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (Breakdown, (self.unit, self.terms))

@@ -68,12 +68,20 @@ def test_world_size_change_under_zero_warns(train: Any, capsys: pytest.CaptureFi
 
 
 def test_load_plan_picks_by_id_or_first_and_rejects_other_files(tmp_path: Path) -> None:
-    assert load_plan(None, FIXTURE)["id"] == "b9d2e2d7f4db"
+    assert load_plan(None, FIXTURE).id == "b9d2e2d7f4db"
     picked = load_plan("591488aa26ff", FIXTURE)
-    assert picked["id"] == "591488aa26ff" and picked["job"]["model"].endswith("Llama-3.1-8B")
+    assert picked.id == "591488aa26ff" and picked.model_id == "meta-llama/Llama-3.1-8B"
+    assert picked.offer.id == "b83e21e08206" and picked.strategy.method.value == "qlora"
+    doc = json.loads(FIXTURE.read_text())
+    entry = next(p for p in doc["plans"] if p["id"] == "591488aa26ff")
     single = tmp_path / "one.json"
-    single.write_text(json.dumps(picked))
-    assert load_plan(None, single)["id"] == "591488aa26ff"
+    single.write_text(json.dumps({"job": doc["job"], **entry}))
+    assert load_plan(None, single).id == "591488aa26ff"
+    tampered = tmp_path / "tampered.json"
+    tampered.write_text(json.dumps({"job": doc["job"], **entry,
+                                    "offer": entry["offer"] | {"price_per_hour": "nope"}}))
+    with pytest.raises(InvalidValueError, match="price_per_hour"):
+        load_plan(None, tampered)
     not_plan = tmp_path / "x.json"
     not_plan.write_text("[1, 2]")
     with pytest.raises(InvalidValueError):

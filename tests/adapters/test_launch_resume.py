@@ -23,6 +23,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from tuneplan.adapters.launch_files import read_train_script
+from tuneplan.adapters.plans import saved_plan_from_entry
 from tuneplan.core.launch.bundle import MARKER_NAME, render_bundle
 
 pytestmark = pytest.mark.probe
@@ -37,8 +38,9 @@ def _bundle(tmp: Path, method: str, name: str) -> Path:
     """A real bundle from the 8B QLoRA fixture plan, with its config adapted to the CPU: a
     tiny random Llama, synthetic rows, fp32, frequent checkpoints."""
     doc = json.loads((FIXTURES / "plan_llama8b_qlora_aws.json").read_text())
-    files = render_bundle({"job": doc["job"], **doc["plans"][0]}, ["accelerate"],
-                          train_script=read_train_script())
+    plan = saved_plan_from_entry({"job": doc["job"], "model": doc.get("model"),
+                                  **doc["plans"][0]})
+    files = render_bundle(plan, ["accelerate"], train_script=read_train_script())
     folder = tmp / name
     folder.mkdir()
     for rel, text in files.items():

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from tuneplan.adapters.launch_files import read_train_script
+from tuneplan.adapters.plans import saved_plan_from_entry
 from tuneplan.core.launch.bundle import render_bundle
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "launch"
@@ -31,7 +32,8 @@ def _plans() -> list[tuple[str, dict[str, Any]]]:
     out = []
     for name in DOCS:
         doc = json.loads((FIXTURES / name).read_text())
-        out += [(p["id"], {"job": doc["job"], **p}) for p in doc["plans"]]
+        out += [(p["id"], {"job": doc["job"], "model": doc.get("model"), **p})
+                for p in doc["plans"]]
     return out
 
 
@@ -55,7 +57,7 @@ MULTI_PROCESS = MULTI_NODE + [p for _, p in PLANS
 
 
 def _write(plan: dict[str, Any], folder: Path) -> dict[str, str]:
-    files = render_bundle(plan, ["all"], train_script=read_train_script())
+    files = render_bundle(saved_plan_from_entry(plan), ["all"], train_script=read_train_script())
     for rel, text in files.items():
         (folder / rel).write_text(text)
     return files

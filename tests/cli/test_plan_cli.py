@@ -29,7 +29,9 @@ def test_plan_json_has_the_cli_md_keys_and_is_saved_for_launch(run_cli: Run) -> 
     assert costs == sorted(costs)
     assert all(r["reason"] for r in doc["rejected"])
     saved = find_saved_plan(first["id"])
-    assert saved["offer"]["id"] == first["offer"]["id"] and saved["job"]["model"]
+    assert saved.offer.id == first["offer"]["id"] and saved.job.model == doc["model"]
+    assert saved.strategy.as_dict() == {k: v for k, v in first["strategy"].items()
+                                        if k != "link"}
 
 
 def test_no_spot_removes_spot_prices(run_cli: Run) -> None:

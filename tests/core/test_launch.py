@@ -10,9 +10,13 @@ from typing import Any
 import pytest
 import yaml
 
+from tuneplan.adapters.plans import saved_plan_from_entry
 from tuneplan.core.cost.spot import young_daly_interval_s
+from tuneplan.core.job.methods import Method
+from tuneplan.core.job.strategy import Sharding
 from tuneplan.core.launch.bundle import (
     MIN_KEPT,
+    LaunchSpec,
     Target,
     expand_targets,
     launch_spec,
@@ -20,6 +24,7 @@ from tuneplan.core.launch.bundle import (
     train_config,
 )
 from tuneplan.core.launch.yamltext import render_yaml
+from tuneplan.core.planner.record import SavedPlan
 from tuneplan.errors import InvalidValueError
 from tuneplan.units import GB
 
@@ -28,7 +33,16 @@ FIXTURES = Path(__file__).parent.parent / "fixtures" / "launch"
 
 def _plan(doc: str, index: int = 0) -> dict[str, Any]:
     data = json.loads((FIXTURES / doc).read_text())
-    return {"job": data["job"], **data["plans"][index]}
+    return {"job": data["job"], "model": data.get("model"), **data["plans"][index]}
+
+
+def _saved(entry: dict[str, Any]) -> SavedPlan:
+    """A fixture entry read back typed, as ``tuneplan launch`` reads a saved plan."""
+    return saved_plan_from_entry(entry)
+
+
+def _spec(entry: dict[str, Any]) -> LaunchSpec:
+    return launch_spec(_saved(entry))
 
 
 def test_targets_expand_all_and_refuse_unknown_words() -> None:
@@ -41,7 +55,7 @@ def test_targets_expand_all_and_refuse_unknown_words() -> None:
 
 def test_save_steps_are_the_plans_young_daly_interval_over_step_time() -> None:
     plan = _plan("plan_llama8b_qlora_aws.json")
-    spec = launch_spec(plan)
+    spec = _spec(plan)
     interval_s = plan["cost"]["spot"]["checkpoint_interval_minutes"] * 60
     assert spec.checkpoint_interval_s == pytest.approx(interval_s)
     assert spec.save_steps == round(interval_s / plan["throughput"]["step_seconds"])
@@ -52,7 +66,7 @@ def test_save_steps_are_the_plans_young_daly_interval_over_step_time() -> None:
 def test_without_a_spot_interval_young_daly_is_computed_from_the_checkpoint_size() -> None:
     plan = _plan("plan_llama8b_qlora_aws.json")
     plan["cost"] = {**plan["cost"], "spot": None}
-    spec = launch_spec(plan)
+    spec = _spec(plan)
     # QLoRA: fp32 adapters (4 B) + AdamW state (8 B) per trainable parameter; 1 GB/s writes,
     # MTBF 10 h (CostAssumptions' stated defaults).
     ckpt = plan["memory"]["trainable_params"] * 12
@@ -62,11 +76,11 @@ def test_without_a_spot_interval_young_daly_is_computed_from_the_checkpoint_size
 
 def test_retention_follows_the_disk_budget() -> None:
     plan = _plan("plan_llama70b_full_aws.json", 1)
-    assert launch_spec(plan).save_total_limit == MIN_KEPT  # disk unknown: what cost priced
-    spec = launch_spec(plan)
+    assert _spec(plan).save_total_limit == MIN_KEPT  # disk unknown: what cost priced
+    spec = _spec(plan)
     roomy = plan | {"offer": plan["offer"] | {
         "disk_bytes": spec.total_params * 2 + 100 * GB + 4 * spec.checkpoint_bytes}}
-    assert launch_spec(roomy).save_total_limit == 4
+    assert _spec(roomy).save_total_limit == 4
 
 
 def test_every_missing_field_is_reported_at_once() -> None:
@@ -74,9 +88,24 @@ def test_every_missing_field_is_reported_at_once() -> None:
     del plan["throughput"]
     plan["strategy"] = plan["strategy"] | {"method": "magic"}
     with pytest.raises(InvalidValueError) as err:
-        launch_spec(plan)
+        _saved(plan)
     assert "throughput.step_seconds is missing" in str(err.value)
+    plan = _plan("plan_llama8b_qlora_aws.json")
+    plan["strategy"] = plan["strategy"] | {"method": "magic", "lora_rnak": 8}
+    with pytest.raises(InvalidValueError) as err:
+        _saved(plan)
     assert "strategy.method='magic'" in str(err.value)
+    assert "unknown key strategy.lora_rnak" in str(err.value)
+
+
+def test_the_spec_holds_the_plans_strategy_and_offer() -> None:
+    plan = _plan("plan_llama70b_full_aws.json", 1)
+    spec = _spec(plan)
+    assert spec.strategy.method is Method.FULL and spec.strategy.sharding is Sharding.ZERO3
+    assert spec.strategy.as_dict() == {k: v for k, v in plan["strategy"].items() if k != "link"}
+    assert spec.offer.id == plan["offer"]["id"] and spec.gpu_name == plan["offer"]["gpu"]
+    assert spec.model_id == "meta-llama/Llama-3.1-70B"
+    assert spec.zero_stage == 3 and spec.world_size == plan["strategy"]["gpus"]
 
 
 @pytest.mark.parametrize("value", [
@@ -91,12 +120,13 @@ def test_yaml_text_reads_back_as_the_same_value(value: Any) -> None:
 
 def test_bundle_files_follow_targets_and_sharding() -> None:
     single = _plan("plan_llama8b_qlora_aws.json")
-    files = render_bundle(single, ["skypilot"], train_script="# train")
+    files = render_bundle(_saved(single), ["skypilot"], train_script="# train")
     assert set(files) == {"train.py", "train_config.json", "requirements.txt",
                           "accelerate_config.yaml", "sky.yaml", "RUN.md"}
     assert "bitsandbytes" in files["requirements.txt"]
     assert "deepspeed" not in files["requirements.txt"]
-    zero3 = render_bundle(_plan("plan_llama70b_full_aws.json", 1), ["dstack"], train_script="")
+    zero3 = render_bundle(_saved(_plan("plan_llama70b_full_aws.json", 1)), ["dstack"],
+                          train_script="")
     assert "ds_config.json" in zero3  # ZeRO plans always carry their DeepSpeed JSON
     assert "deepspeed" in zero3["requirements.txt"]
     assert "bitsandbytes" not in zero3["requirements.txt"]  # full fine-tuning, plain AdamW
@@ -105,7 +135,7 @@ def test_bundle_files_follow_targets_and_sharding() -> None:
 
 def test_train_config_carries_the_plan_choices() -> None:
     plan = _plan("plan_llama8b_qlora_aws.json")
-    cfg = train_config(launch_spec(plan))
+    cfg = train_config(_spec(plan))
     s = plan["strategy"]
     assert (cfg["method"], cfg["lora_rank"], cfg["quant"]) == ("qlora", s["lora_rank"], "nf4")
     assert (cfg["batch_size"], cfg["seq_len"]) == (s["batch_size"], s["seq_len"])
@@ -115,9 +145,9 @@ def test_train_config_carries_the_plan_choices() -> None:
 
 def test_run_md_says_cadence_cost_and_how_to_launch() -> None:
     plan = _plan("plan_llama70b_multinode_aws.json")
-    files = render_bundle(plan, ["all"], train_script="")
+    files = render_bundle(_saved(plan), ["all"], train_script="")
     text = files["RUN.md"]
-    spec = launch_spec(plan)
+    spec = _spec(plan)
     assert f"Every **{spec.save_steps} steps**" in text
     assert plan["cost"]["on_demand_usd"] in text
     assert "sky jobs launch sky.yaml" in text and "dstack apply -f .dstack.yml" in text

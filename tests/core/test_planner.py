@@ -15,6 +15,7 @@ from tuneplan.core.catalog.offers import Offer
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.recipes import Recipe
 from tuneplan.core.job.strategy import Job, Objective, Optimizer, Precision, Strategy
+from tuneplan.core.memory import MemoryEstimate
 from tuneplan.core.planner.fit import fit
 from tuneplan.core.planner.plan import PlanResult, pareto_front, plan_offers
 from tuneplan.core.planner.search import StrategySearch, largest_fitting
@@ -177,7 +178,7 @@ def test_generation_shift_of_a_neutral_estimate_matches_the_exact_one(gpu: str) 
                             epochs=1)
     neutral = search.memory(search.base, None)
     exact = search.memory(search.base, SPECS[gpu].generation)
-    assert not isinstance(neutral, str) and not isinstance(exact, str)
+    assert isinstance(neutral, MemoryEstimate) and isinstance(exact, MemoryEstimate)
     assert search.device_total(neutral, SPECS[gpu].generation) == exact.device_total_bytes
 
 
@@ -231,3 +232,51 @@ def test_a_gpu_priced_without_its_host_is_rejected_with_its_reason() -> None:
     assert [p.offer.instance_type for p in result.plans] == ["1x-L4"]
     (rejection,) = [r for r in result.rejected if r.offer.instance_type == "gpu-only"]
     assert "without its host VM" in rejection.reason
+
+
+def test_strategy_and_job_read_back_from_their_dicts_and_refuse_bad_keys() -> None:
+    import json
+    from decimal import Decimal
+
+    import pytest
+
+    from tuneplan.core.job.methods import Method
+    from tuneplan.core.job.strategy import Job, Sharding, Strategy
+    from tuneplan.errors import InvalidValueError
+
+    s = Strategy(method=Method.QLORA, gpus=8, sharding=Sharding.ZERO3, lora_targets=("q_proj",))
+    job = Job(model="m", strategy=s, tokens=5_000, budget_usd=Decimal("12.50"),
+              providers=("aws",), spot=True)
+    plain = json.loads(json.dumps(job.as_dict(), default=str))
+    assert Strategy.from_dict(plain["strategy"]) == s
+    assert Job.from_dict(plain) == job
+    with pytest.raises(InvalidValueError) as err:
+        Strategy.from_dict(plain["strategy"] | {"gpus": 0})
+    assert "gpus must be at least 1" in str(err.value)
+    with pytest.raises(InvalidValueError) as err:
+        Strategy.from_dict({"batch_size": "4", "colour": "red", "packing": "yes"})
+    assert all(w in str(err.value) for w in ("batch_size", "colour", "packing"))
+    with pytest.raises(InvalidValueError, match="tokens_per_epoch"):
+        Job.from_dict(plain | {"tokens_per_epoch": 7})
+
+
+def test_an_offer_record_reads_back_and_an_edited_one_is_refused() -> None:
+    import json
+    from datetime import UTC, datetime
+    from decimal import Decimal
+
+    import pytest
+
+    from tuneplan.core.catalog.offers import Offer, offer_from_record, offer_record
+    from tuneplan.errors import InvalidValueError
+
+    offer = Offer(provider="AWS", instance_type="p5.48xlarge", gpu="H100 SXM5", gpu_count=8,
+                  gpu_memory_bytes=80 * 2**30, vcpus=192.0, ram_bytes=2 * 2**40, region="us-east-1",
+                  price_per_hour=Decimal("98.32"), spot_price_per_hour=Decimal("30.1"),
+                  fetched_at=datetime(2026, 11, 30, tzinfo=UTC), source="test")
+    plain = json.loads(json.dumps(offer_record(offer), default=str))
+    assert offer_from_record(plain) == offer
+    with pytest.raises(InvalidValueError, match=r"offer\.id="):
+        offer_from_record(plain | {"region": "eu-west-1"})  # the id no longer matches
+    with pytest.raises(InvalidValueError, match=r"unknown key offer\.discount"):
+        offer_from_record(plain | {"discount": "0.5"})

@@ -150,7 +150,10 @@ def launch_count(spec: ModelSpec, strategy: Strategy, memory: Any) -> tuple[int,
     plan["strategy"] = strategy.as_dict()
     plan["memory"] = {**plan["memory"], "trainable_params": memory.trainable_params,
                       "total_params": memory.total_params}
-    launch = launch_spec(plan)
+    from tuneplan.adapters.plans import saved_plan_from_entry
+
+    plan = json.loads(json.dumps(plan, default=str))  # as the saved plan file holds it
+    launch = launch_spec(saved_plan_from_entry(plan))
     cfg = train_config(launch)
     kw = peft_kwargs(cfg)
     if kw is None:

@@ -1,7 +1,8 @@
 """Disk side of ``tuneplan launch``: find the plan (a ``--plan`` file or the last saved
 result), read the bundled training entry point, and write a bundle into a folder.
 
-The bundle's text comes from ``core.launch.render_bundle``; nothing here decides content.
+The plan comes back typed (``adapters.plans.saved_plan_from_entry``); the bundle's text
+comes from ``core.launch.render_bundle``; nothing here decides content.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from tuneplan.core.planner.record import SavedPlan
 from tuneplan.errors import InvalidValueError
 
 EXECUTABLE = (".sh", "train.py")
@@ -37,18 +39,20 @@ def _pick(document: Mapping[str, Any], plan_id: str | None, source: str) -> dict
     plans = document.get("plans") or []
     if not plans:
         raise InvalidValueError(f"{source} has no plans: the job fits nowhere")
+    context = {"job": document.get("job"), "model": document.get("model")}
     if plan_id is None:
-        return {"job": document.get("job"), **plans[0]}
+        return {**context, **plans[0]}
     for entry in plans:
-        if entry.get("id") == plan_id:
-            return {"job": document.get("job"), **entry}
+        if isinstance(entry, dict) and entry.get("id") == plan_id:
+            return {**context, **entry}
     ids = ", ".join(str(p.get("id")) for p in plans[:5])
     raise InvalidValueError(f"no plan {plan_id!r} in {source} (it has {ids}...)")
 
 
-def load_plan(plan_id: str | None, plan_file: Path | None) -> dict[str, Any]:
-    """The plan to launch: from ``plan_file`` when given (the first plan unless ``plan_id``),
-    else ``plan_id`` from the last ``tuneplan plan`` result. Raises InvalidValueError."""
+def load_plan(plan_id: str | None, plan_file: Path | None) -> SavedPlan:
+    """The plan to launch, typed: from ``plan_file`` when given (the first plan unless
+    ``plan_id``), else ``plan_id`` from the last ``tuneplan plan`` result. Raises
+    InvalidValueError."""
     if plan_file is None:
         if not plan_id:
             raise InvalidValueError("give a PLAN_ID from `tuneplan plan` or --plan plan.json")
@@ -63,7 +67,9 @@ def load_plan(plan_id: str | None, plan_file: Path | None) -> dict[str, Any]:
         raise InvalidValueError(f"{plan_file} is not JSON: {exc}") from exc
     if not isinstance(document, dict):
         raise InvalidValueError(f"{plan_file} is not a plan document")
-    return _pick(document, plan_id, str(plan_file))
+    from tuneplan.adapters.plans import saved_plan_from_entry
+
+    return saved_plan_from_entry(_pick(document, plan_id, str(plan_file)))
 
 
 def write_bundle(files: Mapping[str, str], out: Path, *, force: bool = False) -> list[Path]:

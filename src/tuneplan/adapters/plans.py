@@ -3,23 +3,27 @@
 ``plan(job)`` resolves the model, loads the catalog (seeded from the bundled snapshot on first
 use), GPU specs and provider terms, reads the clock, and calls ``core.planner.plan_offers``.
 ``save_last_plan``/``find_saved_plan`` keep the last plan document as JSON beside the catalog
-(``$TUNEPLAN_HOME`` or the per-user data dir) so ``tuneplan launch PLAN_ID`` can find it.
+(``$TUNEPLAN_HOME`` or the per-user data dir) so ``tuneplan launch PLAN_ID`` and ``tuneplan
+cost PLAN_ID`` can find it; ``saved_plan_from_entry`` reads an entry back as a typed
+``SavedPlan``.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from tuneplan.core.catalog.offers import Offer
-from tuneplan.core.job.strategy import Job
+from tuneplan.core.catalog.offers import Offer, offer_from_record
+from tuneplan.core.job.strategy import Job, Strategy
 from tuneplan.core.models import ModelSpec
 from tuneplan.core.planner.plan import PlanAssumptions, PlanResult, plan_offers
+from tuneplan.core.planner.record import SavedPlan
 from tuneplan.errors import InvalidValueError
 
 LAST_PLAN_FILE = "last_plan.json"
@@ -103,15 +107,82 @@ def save_last_plan(document: dict[str, Any]) -> Path:
     return path
 
 
-def find_saved_plan(plan_id: str) -> dict[str, Any]:
+def find_saved_plan(plan_id: str) -> SavedPlan:
     """The plan with this id from the last saved result; InvalidValueError when absent."""
     path = _home() / LAST_PLAN_FILE
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise InvalidValueError(f"no saved plan at {path}: run `tuneplan plan` first") from exc
-    for entry in document.get("plans", []):
-        if entry.get("id") == plan_id:
-            return {"job": document.get("job"), **entry}
+    for entry in document.get("plans", []) if isinstance(document, dict) else []:
+        if isinstance(entry, dict) and entry.get("id") == plan_id:
+            return saved_plan_from_entry(
+                {"job": document.get("job"), "model": document.get("model"), **entry})
     raise InvalidValueError(f"no plan {plan_id!r} in the last result ({path}); "
                             "run `tuneplan plan` again")
+
+
+def _text_list(value: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InvalidValueError(f"plan {where} is not a list of lines")
+    return tuple(value)
+
+
+def saved_plan_from_entry(entry: Mapping[str, Any]) -> SavedPlan:
+    """A ``tuneplan plan --json`` entry (``plans[i]`` with the document's ``job`` and
+    ``model``) back as a typed ``SavedPlan``: the job and strategy through their ``from_dict``,
+    the offer through ``offer_from_record``. Raises InvalidValueError naming the bad part."""
+    problems: list[str] = []
+
+    def part(path: str, kind: Any, name: str) -> Any:
+        node: Any = entry
+        for key in path.split("."):
+            node = node.get(key) if isinstance(node, Mapping) else None
+        if node is None or isinstance(node, bool) or not isinstance(node, kind):
+            problems.append(f"{path} is missing or not {name}")
+            return None
+        return node
+
+    plan_id = part("id", str, "text")
+    job_raw, strategy_raw, offer_raw = (part(key, dict, "a mapping")
+                                        for key in ("job", "strategy", "offer"))
+    step_s = part("throughput.step_seconds", (float, int), "a number")
+    total = part("memory.total_params", int, "a whole number")
+    trainable = part("memory.trainable_params", int, "a whole number")
+    if problems:
+        raise InvalidValueError("plan cannot be read: " + "; ".join(problems))
+    strategy_fields = dict(strategy_raw)
+    link = str(strategy_fields.pop("link", ""))
+    job = Job.from_dict(job_raw)
+    strategy = Strategy.from_dict(strategy_fields)
+    offer = offer_from_record(offer_raw)
+    raw_cost = entry.get("cost")
+    cost: Mapping[str, Any] = raw_cost if isinstance(raw_cost, Mapping) else {}
+    raw_spot = cost.get("spot")
+    spot: Mapping[str, Any] = raw_spot if isinstance(raw_spot, Mapping) else {}
+    minutes = _number(spot.get("checkpoint_interval_minutes"))
+    model = entry.get("model")
+    return SavedPlan(
+        id=plan_id, model_id=model if isinstance(model, str) and model else job.model,
+        job=job, strategy=strategy, offer=offer, link=link, step_s=float(step_s),
+        total_params=total, trainable_params=trainable,
+        hours=_number(cost.get("hours")), on_demand_usd=_usd(cost.get("on_demand_usd")),
+        spot_usd=_usd(spot.get("expected_usd")), uses_spot=cost.get("uses_spot") is True,
+        spot_interval_s=minutes * 60 if minutes else None,
+        why=_text_list(entry.get("why", []), "why"),
+        warnings=_text_list(entry.get("warnings", []), "warnings"))
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _usd(value: Any) -> Decimal | None:
+    if value is None:
+        return None
+    try:
+        return Decimal(str(value))
+    except ArithmeticError:
+        raise InvalidValueError(f"plan cost {value!r} is not an amount") from None

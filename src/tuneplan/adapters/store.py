@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneplan.core.catalog.gpu_names import CANONICAL_GPUS, gpu_matches
-from tuneplan.core.catalog.offers import Offer, OfferFilter, OfferSort, filter_offers, sort_offers
+from tuneplan.core.catalog.offers import Offer, OfferFilter, OfferSort, sort_offers
 from tuneplan.errors import CatalogError, InvalidValueError
 
 SCHEMA_VERSION = 2
@@ -301,11 +301,15 @@ class CatalogStore:
         sql = (f"SELECT {','.join('o.' + c for c in _COLUMNS)} FROM offers o "
                f"JOIN snapshots s ON s.id=o.snapshot_id WHERE {' AND '.join(where)}")
         newest: dict[str, Offer] = {}
-        for offer in filter_offers((_offer(row, self.path) for row in self._safe(sql, args)),
-                                   query):
-            kept = newest.get(offer.id)
+        for row in self._safe(sql, args):
+            offer = _offer(row, self.path)
+            if not query.accepts(offer):
+                continue
+            # The id column holds ``offer.id`` (written by ``_row``): not hashed again here.
+            key = str(row[0])
+            kept = newest.get(key)
             if kept is None or offer.fetched_at > kept.fetched_at:
-                newest[offer.id] = offer
+                newest[key] = offer
         found = list(newest.values())
         return sort_offers(found, sort, spot=query.spot) if sort else found
 
@@ -432,24 +436,22 @@ def _row(offer: Offer) -> tuple[object, ...]:
 
 
 def _offer(row: tuple[object, ...], path: Path) -> Offer:
-    values = dict(zip(_COLUMNS, row, strict=True))
+    (_, provider, instance_type, gpu, gpu_count, gpu_memory_bytes, vcpus, ram_bytes,
+     disk_bytes, region, zone, price, spot_price, currency, interconnect, fetched_at, source,
+     attachable, notes) = row
     try:
         return Offer(
-            provider=str(values["provider"]), instance_type=str(values["instance_type"]),
-            gpu=str(values["gpu"]), gpu_count=_int(values["gpu_count"]),
-            gpu_memory_bytes=_int(values["gpu_memory_bytes"]),
-            vcpus=None if values["vcpus"] is None else float(str(values["vcpus"])),
-            ram_bytes=None if values["ram_bytes"] is None else _int(values["ram_bytes"]),
-            disk_bytes=None if values["disk_bytes"] is None else _int(values["disk_bytes"]),
-            region=str(values["region"]),
-            zone=None if values["zone"] is None else str(values["zone"]),
-            price_per_hour=_money(values["price_per_hour"]),
-            spot_price_per_hour=_money(values["spot_price_per_hour"]),
-            currency=str(values["currency"]),
-            interconnect=None if values["interconnect"] is None else str(values["interconnect"]),
-            fetched_at=_parse_time(str(values["fetched_at"]), path),
-            source=str(values["source"]), attachable=bool(values["attachable"]),
-            notes=str(values["notes"]))
+            provider=str(provider), instance_type=str(instance_type), gpu=str(gpu),
+            gpu_count=_int(gpu_count), gpu_memory_bytes=_int(gpu_memory_bytes),
+            vcpus=None if vcpus is None else float(str(vcpus)),
+            ram_bytes=None if ram_bytes is None else _int(ram_bytes),
+            disk_bytes=None if disk_bytes is None else _int(disk_bytes),
+            region=str(region), zone=None if zone is None else str(zone),
+            price_per_hour=_money(price), spot_price_per_hour=_money(spot_price),
+            currency=str(currency),
+            interconnect=None if interconnect is None else str(interconnect),
+            fetched_at=_parse_time(str(fetched_at), path),
+            source=str(source), attachable=bool(attachable), notes=str(notes))
     except CatalogError as exc:
         raise CatalogError(f"catalog {path} holds a bad offer ({exc}); delete the file to "
                            "rebuild it from the bundled snapshot") from exc

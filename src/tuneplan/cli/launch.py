@@ -29,21 +29,17 @@ def launch_command(
 ) -> None:
     """Write the launch bundle (train.py, accelerate/DeepSpeed configs, SkyPilot and dstack
     tasks, RUN.md) for a plan."""
-    from tuneplan.adapters.launch_files import load_plan, read_train_script, write_bundle
+    from tuneplan.adapters.launch_files import write_bundle
     from tuneplan.cli.options import emit_json
-    from tuneplan.core.launch.bundle import bundle_files, expand_targets, launch_spec
+    from tuneplan.core.launch.bundle import expand_targets
+    from tuneplan.service.launch import saved_bundle, written_document
 
-    plan = load_plan(plan_id, plan_file)
-    targets = expand_targets([to])
-    spec = launch_spec(plan)
+    targets = expand_targets([to])  # an unknown target is refused before the plan is read
+    spec, files = saved_bundle(plan_id, plan_file, [to])
     folder = out if out is not None else Path(f"launch-{spec.plan_id}")
-    files = bundle_files(spec, targets, train_script=read_train_script())
     written = write_bundle(files, folder, force=force)
     if as_json:
-        emit_json({"plan_id": spec.plan_id, "out": str(folder),
-                   "targets": [t.value for t in targets], "files": sorted(files),
-                   "save_steps": spec.save_steps, "save_total_limit": spec.save_total_limit,
-                   "checkpoint_interval_s": spec.checkpoint_interval_s})
+        emit_json(written_document(spec, folder, files, [to]))
         return
     console = Console()
     console.print(f"Wrote {len(written)} files for plan {spec.plan_id} to {folder}/ "

@@ -23,7 +23,8 @@ def spot_part(p: Plan) -> dict[str, Any] | None:
         out |= {"expected_usd": s.expected_cost, "p50_usd": s.p50_cost, "p90_usd": s.p90_cost,
                 "p90_hours": s.p90_hours,
                 "checkpoint_interval_minutes": s.checkpoint_interval_minutes,
-                "interruptions_expected": s.interruptions_expected}
+                "interruptions_expected": s.interruptions_expected,
+                "interruptions_per_hour": s.interruptions_per_hour}
     return out
 
 

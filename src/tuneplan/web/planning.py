@@ -172,21 +172,15 @@ def plan_detail_view(plan: Plan, rank: int, result: PlanResult, form: PlanInput)
 
 
 def launch_zip(plan: Plan, result: PlanResult, targets: str) -> tuple[str, bytes]:
-    """(file name, zip bytes) of the plan's launch bundle, as ``tuneplan launch`` renders it
-    from the plan's JSON entry (``plan_report.plan_entry`` with its ``job``). Built in memory;
-    nothing is written on the server."""
+    """(file name, zip bytes) of the plan's launch bundle, as ``tuneplan launch`` renders it,
+    from the typed plan (``core.planner.record.saved_plan``). Built in memory; nothing is
+    written on the server."""
     import io
-    import json
     import zipfile
 
-    from tuneplan.adapters.launch_files import read_train_script
-    from tuneplan.core.launch.bundle import render_bundle
-    from tuneplan.service.jsondoc import dumps
-    from tuneplan.service.plan_report import plan_entry
+    from tuneplan.service.launch import result_bundle
 
-    entry = {"job": result.job.as_dict(), **plan_entry(plan, result)}
-    entry = json.loads(dumps(entry))  # as the CLI reads it back
-    files = render_bundle(entry, [targets], train_script=read_train_script())
+    _, files = result_bundle(plan, result, [targets])
     buffer = io.BytesIO()
     folder = f"launch-{plan.id}"
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as bundle:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
+from typing import Any
 
 from tuneplan.core.catalog.gpu_names import (
     _CANONICAL_SET,
@@ -24,13 +25,13 @@ from tuneplan.core.catalog.gpu_names import (
     normalise_gpu_name,
 )
 from tuneplan.core.catalog.providers import Provider, normalise_provider_name, provider_matches
-from tuneplan.errors import InvalidOfferError
+from tuneplan.errors import InvalidOfferError, InvalidValueError
 
 __all__ = [
     "CANONICAL_GPUS", "GPU_ALIASES", "MAX_PRICE_PER_GPU_HOUR", "OFFER_RECORD_FIELDS", "Offer",
     "OfferFilter", "OfferSort",
     "Provider", "filter_offers", "gpu_matches", "normalise_gpu_name", "normalise_provider_name",
-    "offer_record", "provider_matches", "sort_offers",
+    "offer_from_record", "offer_record", "provider_matches", "sort_offers",
 ]
 
 #: Sanity cap: no GPU rents for more than this per GPU-hour (B300 on-demand is ~18 USD/GPU-h).
@@ -255,3 +256,61 @@ def offer_record(offer: Offer) -> dict[str, object]:
         "spot_price_per_gpu_hour": offer.spot_price_per_gpu_hour,
         "disk_bytes": offer.disk_bytes, "attachable": offer.attachable, "notes": offer.notes,
     }
+
+
+_DERIVED_KEYS = ("id", "price_per_gpu_hour", "spot_price_per_gpu_hour")
+
+
+def offer_from_record(record: Mapping[str, Any]) -> Offer:
+    """The inverse of ``offer_record`` for its JSON form (money as strings, ``fetched_at`` as
+    ISO 8601): every key must be an ``offer_record`` key; the derived ones (``id``, per-GPU
+    prices) are checked against the rebuilt offer, so an edited record is refused. Raises
+    InvalidValueError naming every problem."""
+    problems = [f"unknown key offer.{k}" for k in record if k not in OFFER_RECORD_FIELDS]
+
+    def money(key: str) -> Decimal | None:
+        value = record.get(key)
+        if value is None:
+            return None
+        try:
+            return Decimal(str(value))
+        except ArithmeticError:
+            problems.append(f"offer.{key}={value!r} is not an amount")
+            return None
+
+    fetched: Any = record.get("fetched_at")
+    if isinstance(fetched, str):
+        try:
+            fetched = datetime.fromisoformat(fetched)
+        except ValueError:
+            problems.append(f"offer.fetched_at={fetched!r} is not an ISO 8601 time")
+    if not isinstance(fetched, datetime):
+        problems.append("offer.fetched_at is missing or not a time")
+    for key in ("provider", "instance_type", "gpu", "region", "source"):
+        if not isinstance(record.get(key), str):
+            problems.append(f"offer.{key} is missing or not text")
+    for key in ("gpu_count", "gpu_memory_bytes"):
+        if isinstance(record.get(key), bool) or not isinstance(record.get(key), int):
+            problems.append(f"offer.{key} is missing or not a whole number")
+    prices = money("price_per_hour"), money("spot_price_per_hour")
+    if problems:
+        raise InvalidValueError("; ".join(problems))
+    try:
+        offer = Offer(
+            provider=record["provider"], instance_type=record["instance_type"],
+            gpu=record["gpu"], gpu_count=record["gpu_count"],
+            gpu_memory_bytes=record["gpu_memory_bytes"], vcpus=record.get("vcpus"),
+            ram_bytes=record.get("ram_bytes"), disk_bytes=record.get("disk_bytes"),
+            region=record["region"], zone=record.get("zone"), price_per_hour=prices[0],
+            spot_price_per_hour=prices[1], currency=record.get("currency", "USD"),
+            interconnect=record.get("interconnect"), fetched_at=fetched,
+            source=record["source"], attachable=bool(record.get("attachable", False)),
+            notes=str(record.get("notes") or ""))
+    except (TypeError, InvalidOfferError) as exc:
+        raise InvalidValueError(f"offer record has a bad value: {exc}") from None
+    rebuilt = offer_record(offer)
+    for key in _DERIVED_KEYS:
+        if key in record and record[key] is not None and str(record[key]) != str(rebuilt[key]):
+            raise InvalidValueError(f"offer.{key}={record[key]!r} disagrees with the offer's "
+                                    f"fields ({rebuilt[key]})")
+    return offer

@@ -61,18 +61,18 @@ def _run_script(spec: LaunchSpec, engine: str, env: Any) -> str:
 
 def skypilot_task(spec: LaunchSpec, *, engine: str = "accelerate") -> dict[str, Any]:
     """SkyPilot task: ``sky jobs launch sky.yaml`` gives managed-job recovery on preemption."""
-    cloud = SKYPILOT_CLOUDS.get(_key(spec.provider))
+    cloud = SKYPILOT_CLOUDS.get(_key(spec.offer.provider))
     resources: dict[str, Any] = {}
     if cloud:
-        resources["infra"] = f"{cloud}/{spec.region}" if spec.region else cloud
-        resources["instance_type"] = spec.instance_type
+        resources["infra"] = f"{cloud}/{spec.offer.region}" if spec.offer.region else cloud
+        resources["instance_type"] = spec.offer.instance_type
     resources |= {
-        "accelerators": f"{accelerator_name(spec.gpu)}:{spec.gpus}",
+        "accelerators": f"{accelerator_name(spec.gpu_name)}:{spec.strategy.gpus}",
         "use_spot": spec.use_spot, "disk_size": _disk_gb(spec),
         "job_recovery": {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 3,
                          "recover_on_exit_codes": [RESTART_EXIT_CODE]}}
     return {
-        "name": f"tuneplan-{spec.plan_id}", "num_nodes": spec.nodes, "workdir": ".",
+        "name": f"tuneplan-{spec.plan_id}", "num_nodes": spec.strategy.nodes, "workdir": ".",
         "resources": resources,
         "file_mounts": {CHECKPOINT_DIR: {"name": bucket_name(spec), "mode": "MOUNT"}},
         "envs": {"TUNEPLAN_CHECKPOINT_DIR": CHECKPOINT_DIR},
@@ -81,8 +81,8 @@ def skypilot_task(spec: LaunchSpec, *, engine: str = "accelerate") -> dict[str, 
 
 
 def render_skypilot(spec: LaunchSpec) -> str:
-    cloud = SKYPILOT_CLOUDS.get(_key(spec.provider))
-    note = "" if cloud else f"\nSkyPilot has no cloud for {spec.provider!r}: it picks one."
+    cloud = SKYPILOT_CLOUDS.get(_key(spec.offer.provider))
+    note = "" if cloud else f"\nSkyPilot has no cloud for {spec.offer.provider!r}: it picks one."
     return render_yaml(skypilot_task(spec), header=(
         f"SkyPilot task for plan {spec.plan_id}: sky jobs launch sky.yaml "
         f"(managed job, recovers from preemption).{note}"))
@@ -91,12 +91,12 @@ def render_skypilot(spec: LaunchSpec) -> str:
 def dstack_task(spec: LaunchSpec, *, engine: str = "accelerate") -> dict[str, Any]:
     """dstack task: retry on interruption, spot policy, checkpoints on a network volume (one
     per node on multi-node runs: a network volume attaches to one instance)."""
-    backend = DSTACK_BACKENDS.get(_key(spec.provider))
+    backend = DSTACK_BACKENDS.get(_key(spec.offer.provider))
     hours = spec.hours or 24.0
     retry_h = max(24, math.ceil(2 * hours))
-    volume = bucket_name(spec) + ("-${{ dstack.node_rank }}" if spec.nodes > 1 else "")
+    volume = bucket_name(spec) + ("-${{ dstack.node_rank }}" if spec.strategy.nodes > 1 else "")
     out: dict[str, Any] = {
-        "type": "task", "name": f"tuneplan-{spec.plan_id}", "nodes": spec.nodes,
+        "type": "task", "name": f"tuneplan-{spec.plan_id}", "nodes": spec.strategy.nodes,
         "python": "3.11",
         "files": ["train.py", "train_config.json", "requirements.txt",
                   "accelerate_config.yaml", "data"]
@@ -104,15 +104,15 @@ def dstack_task(spec: LaunchSpec, *, engine: str = "accelerate") -> dict[str, An
         "env": [f"TUNEPLAN_CHECKPOINT_DIR={CHECKPOINT_DIR}"],
         "commands": ["pip install -r requirements.txt",
                      shell_line(launch_argv(spec, engine, DSTACK_ENV))],
-        "resources": {"gpu": f"{accelerator_name(spec.gpu)}:{spec.gpus}",
+        "resources": {"gpu": f"{accelerator_name(spec.gpu_name)}:{spec.strategy.gpus}",
                       "disk": f"{_disk_gb(spec)}GB.."},
         "spot_policy": "spot" if spec.use_spot else "on-demand",
         "retry": {"on_events": ["no-capacity", "interruption"], "duration": f"{retry_h}h"},
         "volumes": [{"name": volume, "path": CHECKPOINT_DIR}]}
     if backend:
         out["backends"] = [backend]
-        out["regions"] = [spec.region]
-        out["instance_types"] = [spec.instance_type]
+        out["regions"] = [spec.offer.region]
+        out["instance_types"] = [spec.offer.instance_type]
     return out
 
 
@@ -124,13 +124,13 @@ def render_dstack(spec: LaunchSpec) -> str:
 
 def dstack_volume(spec: LaunchSpec) -> dict[str, Any]:
     """The network volume the task mounts (create it once before the task)."""
-    backend = DSTACK_BACKENDS.get(_key(spec.provider), "aws")
+    backend = DSTACK_BACKENDS.get(_key(spec.offer.provider), "aws")
     return {"type": "volume", "name": bucket_name(spec), "backend": backend,
-            "region": spec.region, "size": f"{_disk_gb(spec)}GB"}
+            "region": spec.offer.region, "size": f"{_disk_gb(spec)}GB"}
 
 
 def render_dstack_volume(spec: LaunchSpec) -> str:
     extra = ("\nMulti-node: create one per node, named with the suffix -0, -1, ..."
-             if spec.nodes > 1 else "")
+             if spec.strategy.nodes > 1 else "")
     return render_yaml(dstack_volume(spec), header=(
         f"dstack volume for plan {spec.plan_id}'s checkpoints.{extra}"))

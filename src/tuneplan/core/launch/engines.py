@@ -43,15 +43,15 @@ DSTACK_ENV = NodeEnv(
 def manual_env(spec: LaunchSpec) -> NodeEnv:
     """Variables a person sets on each node by hand (defaults: the plan's counts, one node)."""
     return NodeEnv(name="manual", node_rank="${NODE_RANK:-0}",
-                   num_nodes=f"${{NUM_NODES:-{spec.nodes}}}",
-                   gpus_per_node=f"${{GPUS_PER_NODE:-{spec.gpus}}}",
+                   num_nodes=f"${{NUM_NODES:-{spec.strategy.nodes}}}",
+                   gpus_per_node=f"${{GPUS_PER_NODE:-{spec.strategy.gpus}}}",
                    main_addr="${MASTER_ADDR:-127.0.0.1}")
 
 
 def _mixed_precision(spec: LaunchSpec) -> str:
-    if spec.precision is Precision.FP16_MIXED:
+    if spec.strategy.precision is Precision.FP16_MIXED:
         return "fp16"
-    return "no" if spec.precision is Precision.FP32 else "bf16"
+    return "no" if spec.strategy.precision is Precision.FP32 else "bf16"
 
 
 _FSDP_STRATEGY = {Sharding.FSDP: "FULL_SHARD", Sharding.FSDP_GRAD_OP: "SHARD_GRAD_OP",
@@ -67,10 +67,10 @@ def accelerate_config(spec: LaunchSpec) -> dict[str, Any]:
         "compute_environment": "LOCAL_MACHINE", "debug": False,
         "distributed_type": "MULTI_GPU" if spec.world_size > 1 else "NO",
         "downcast_bf16": "no", "machine_rank": 0, "main_training_function": "main",
-        "mixed_precision": _mixed_precision(spec), "num_machines": spec.nodes,
+        "mixed_precision": _mixed_precision(spec), "num_machines": spec.strategy.nodes,
         "num_processes": spec.world_size, "rdzv_backend": "static", "same_network": True,
         "use_cpu": False}
-    if spec.nodes > 1:
+    if spec.strategy.nodes > 1:
         out |= {"main_process_ip": "127.0.0.1", "main_process_port": MAIN_PORT}
     if spec.zero_stage is not None:
         out["distributed_type"] = "DEEPSPEED"
@@ -85,8 +85,8 @@ def accelerate_config(spec: LaunchSpec) -> dict[str, Any]:
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "fsdp_backward_prefetch": "BACKWARD_PRE", "fsdp_cpu_ram_efficient_loading": True,
             "fsdp_forward_prefetch": False,
-            "fsdp_offload_params": spec.offload is not Offload.NONE,
-            "fsdp_sharding_strategy": _FSDP_STRATEGY[spec.sharding],
+            "fsdp_offload_params": spec.strategy.offload is not Offload.NONE,
+            "fsdp_sharding_strategy": _FSDP_STRATEGY[spec.strategy.sharding],
             "fsdp_state_dict_type": "SHARDED_STATE_DICT", "fsdp_sync_module_states": True,
             "fsdp_use_orig_params": True, "fsdp_version": 1}
     return out
@@ -94,8 +94,8 @@ def accelerate_config(spec: LaunchSpec) -> dict[str, Any]:
 
 def render_accelerate_config(spec: LaunchSpec) -> str:
     return render_yaml(accelerate_config(spec), header=(
-        f"accelerate config for plan {spec.plan_id} ({spec.sharding.value}, "
-        f"{spec.gpus} GPU(s) x {spec.nodes} node(s)).\n"
+        f"accelerate config for plan {spec.plan_id} ({spec.strategy.sharding.value}, "
+        f"{spec.strategy.gpus} GPU(s) x {spec.strategy.nodes} node(s)).\n"
         "machine_rank / main_process_ip are overridden per node on the command line."))
 
 
@@ -104,7 +104,8 @@ def _zero_stage_for_deepspeed(spec: LaunchSpec) -> int:
     shard = 2); DDP on several GPUs = 0 (plain data parallel)."""
     if spec.zero_stage is not None:
         return spec.zero_stage
-    return {Sharding.FSDP: 3, Sharding.HYBRID: 3, Sharding.FSDP_GRAD_OP: 2}.get(spec.sharding, 0)
+    return {Sharding.FSDP: 3, Sharding.HYBRID: 3, Sharding.FSDP_GRAD_OP: 2}.get(
+        spec.strategy.sharding, 0)
 
 
 def deepspeed_config(spec: LaunchSpec) -> dict[str, Any]:
@@ -114,21 +115,21 @@ def deepspeed_config(spec: LaunchSpec) -> dict[str, Any]:
     zero: dict[str, Any] = {"stage": stage}
     if stage:
         zero |= {"overlap_comm": True, "contiguous_gradients": True}
-    if stage and spec.offload is not Offload.NONE:
+    if stage and spec.strategy.offload is not Offload.NONE:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
-        if spec.offload is Offload.OPTIMIZER_PARAMS:
+        if spec.strategy.offload is Offload.OPTIMIZER_PARAMS:
             zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     out: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": spec.batch_size,
-        "gradient_accumulation_steps": spec.grad_accum,
-        "train_batch_size": spec.batch_size * spec.grad_accum * spec.world_size,
+        "train_micro_batch_size_per_gpu": spec.strategy.batch_size,
+        "gradient_accumulation_steps": spec.strategy.grad_accum,
+        "train_batch_size": spec.strategy.batch_size * spec.strategy.grad_accum * spec.world_size,
         "gradient_clipping": 1.0, "zero_optimization": zero, "steps_per_print": 100,
         "wall_clock_breakdown": False}
-    if spec.precision is Precision.FP16_MIXED:
+    if spec.strategy.precision is Precision.FP16_MIXED:
         out["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
-    elif spec.precision is not Precision.FP32:
+    elif spec.strategy.precision is not Precision.FP32:
         out["bf16"] = {"enabled": True}
     return out
 
@@ -169,8 +170,8 @@ def launch_script(spec: LaunchSpec, engine: str) -> str:
     GPUS_PER_NODE set."""
     line = shell_line(launch_argv(spec, engine, manual_env(spec)))
     return ("#!/usr/bin/env bash\n"
-            f"# Plan {spec.plan_id}: {spec.gpus} GPU(s) x {spec.nodes} node(s), "
-            f"{spec.sharding.value}, launched with {engine}.\n"
+            f"# Plan {spec.plan_id}: {spec.strategy.gpus} GPU(s) x {spec.strategy.nodes} node(s), "
+            f"{spec.strategy.sharding.value}, launched with {engine}.\n"
             "# On every node: NODE_RANK=<0..N-1> MASTER_ADDR=<node 0 address> "
             f"bash launch_{engine}.sh\n"
             "set -euo pipefail\ncd \"$(dirname \"$0\")\"\n"
@@ -183,8 +184,8 @@ def requirements(spec: LaunchSpec, *, deepspeed: bool) -> str:
     bitsandbytes for quantised bases and 8-bit/paged optimizers, DeepSpeed when the bundle
     carries a DeepSpeed JSON."""
     lines = ["transformers>=4.46", "accelerate>=1.0", "peft>=0.13", "safetensors"]
-    quantised = spec.method.value in ("qlora", "lora8bit")
-    if quantised or spec.optimizer.is_8bit or spec.optimizer.is_paged:
+    quantised = spec.strategy.method.value in ("qlora", "lora8bit")
+    if quantised or spec.strategy.optimizer.is_8bit or spec.strategy.optimizer.is_paged:
         lines.append("bitsandbytes>=0.45")
     if deepspeed:
         lines.append("deepspeed>=0.15")

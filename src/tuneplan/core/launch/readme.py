@@ -22,19 +22,20 @@ def _code(text: str) -> str:
 
 
 def _chosen(spec: LaunchSpec) -> list[str]:
-    lora = (f", rank {spec.lora_rank}, alpha {spec.lora_alpha}, targets "
-            f"{','.join(spec.lora_targets)}" if spec.method.is_lora else "")
-    quant = f", base in {spec.quant.value}" if spec.method.value in ("qlora", "lora8bit") else ""
+    s, offer = spec.strategy, spec.offer
+    lora = (f", rank {s.lora_rank}, alpha {s.lora_alpha}, targets "
+            f"{','.join(s.lora_targets)}" if s.method.is_lora else "")
+    quant = f", base in {s.quant.value}" if s.method.value in ("qlora", "lora8bit") else ""
     return [
-        f"- Model `{spec.model}`, method **{spec.method.value}**{lora}{quant}.",
-        f"- {spec.gpus} x {spec.gpu} x {spec.nodes} node(s) on {_md(spec.provider)} "
-        f"`{_code(spec.instance_type)}` in {_md(spec.region)}, "
+        f"- Model `{spec.model_id}`, method **{s.method.value}**{lora}{quant}.",
+        f"- {s.gpus} x {spec.gpu_name} x {s.nodes} node(s) on {_md(offer.provider)} "
+        f"`{_code(offer.instance_type)}` in {_md(offer.region)}, "
         f"{'spot' if spec.use_spot else 'on-demand'}.",
-        f"- {spec.precision.value}, optimizer {spec.optimizer.value}, micro-batch "
-        f"{spec.batch_size} x accumulation {spec.grad_accum}, sequence {spec.seq_len}, "
-        f"packing {'on' if spec.packing else 'off'}, activation checkpointing "
-        f"{spec.checkpointing.value}, sharding {spec.sharding.value}, offload "
-        f"{spec.offload.value}.",
+        f"- {s.precision.value}, optimizer {s.optimizer.value}, micro-batch "
+        f"{s.batch_size} x accumulation {s.grad_accum}, sequence {s.seq_len}, "
+        f"packing {'on' if s.packing else 'off'}, activation checkpointing "
+        f"{s.checkpointing.value}, sharding {s.sharding.value}, offload "
+        f"{s.offload.value}.",
     ]
 
 

@@ -15,9 +15,8 @@ from tuneplan.core.job.methods import IA3_FEEDFORWARD, Method, effective_quant, 
 from tuneplan.core.job.recipes import PrecisionPlan
 from tuneplan.core.job.strategy import Attention, Checkpointing, Strategy
 from tuneplan.core.memory.experts import experts_adapted, param_wrapped, param_wrapper_saved
-from tuneplan.core.memory.parts import part
+from tuneplan.core.memory.parts import Piece, part
 from tuneplan.core.models import LayerSpec, Linear, LinearRole, ModelSpec, NormKind
-from tuneplan.explain import Term
 
 _O_NAMES = frozenset({"o_proj", "dense", "out_proj", "wo", "c_proj"})
 _DOWN_NAMES = frozenset({"down_proj", "fc2", "dense_4h_to_h", "w2", "c_proj", "down"})
@@ -87,17 +86,24 @@ def linear_group(lin: Linear) -> str:
     return "down_in" if short in _DOWN_NAMES else "mlp_in"
 
 
-def _linear_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Widths,
-                   shape: Shape) -> dict[str, int]:
-    """Bytes of linear inputs (and adapter intermediates) one block saves."""
-    return _saved_inputs(model, layer, strategy, w, shape)[0]
+@dataclass(frozen=True, slots=True)
+class LayerInputs:
+    """What one kind of block saves of its linears' inputs, split into bytes per token and
+    token-independent bytes (PEFT's merged expert weights), and the input groups it saves as
+    the very tensor the block computed. Depends on the model, strategy and widths only, so an
+    estimate computes it once for every micro-batch (``layer_inputs``)."""
+
+    per_token: dict[str, int]
+    fixed: dict[str, int]
+    shared: frozenset[str]
+    experts_train: bool
+
+    def at(self, tokens: int) -> dict[str, int]:
+        return {k: tokens * v + self.fixed[k] for k, v in self.per_token.items()}
 
 
-def _saved_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Widths,
-                  shape: Shape) -> tuple[dict[str, int], set[str]]:
-    """Saved linear inputs by side, and the input groups saved as the very tensor the block
-    computed (not a cast copy): ``attn_in``, ``o_in``, ``mlp_in``, ``down_in``."""
-    t = shape.tokens
+def layer_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Widths) -> LayerInputs:
+    """Saved linear inputs (and adapter intermediates) of ``layer``, per token + fixed."""
     method = strategy.method
     targets = set(id(lin) for lin in targeted_linears(model, strategy, layer)) if (
         method.is_lora or method is Method.IA3) else set()
@@ -105,11 +111,13 @@ def _saved_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Wid
             "o_in": (model.num_heads * model.head_dim, w.compute),
             "down_in": (model.intermediate_size, w.mlp)}
     shared: set[str] = set()
+    # Bytes per token (every size below is tokens · something, summed) and fixed bytes.
     out = {"linear_inputs_attn": 0, "linear_inputs_mlp": 0, "linear_inputs_down": 0,
            "adapters_attn": 0, "adapters_mlp": 0}
+    fixed = dict.fromkeys(out, 0)
     for lin in layer.linears:
         if id(lin) in targets and param_wrapped(lin):
-            out["adapters_mlp"] += param_wrapper_saved(lin, w, strategy, shared)
+            fixed["adapters_mlp"] += param_wrapper_saved(lin, w, strategy, shared)
             continue
         if lin.role is LinearRole.EXPERT:
             continue
@@ -118,35 +126,40 @@ def _saved_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Wid
         d_in = dims[group][1]
         if method.trains_base:
             if w.autocast and d_in != w.compute:
-                out[f"linear_inputs_{side}"] += t * lin.in_features * w.compute
+                out[f"linear_inputs_{side}"] += lin.in_features * w.compute
             else:
                 shared.add(group)
         if id(lin) not in targets:
             continue
         if method is Method.IA3:
-            out[f"adapters_{side}"] += _ia3_saved(lin, t, d_in, w, shared, group)
+            out[f"adapters_{side}"] += _ia3_saved(lin, 1, d_in, w, shared, group)
         else:
-            out[f"adapters_{side}"] += _lora_saved(lin, t, d_in, w, strategy, shared, group)
+            out[f"adapters_{side}"] += _lora_saved(lin, 1, d_in, w, strategy, shared, group)
     for group in shared:
         if group == "o_in" and strategy.attention is not Attention.EAGER:
             continue  # SDPA/flash output is laid out so o_proj's input is a view of it
         dim, width = dims[group]
         side = "attn" if group in ("attn_in", "o_in") else (
             "down" if group == "down_in" else "mlp")
-        out[f"linear_inputs_{side}"] += t * dim * width
-    return out, shared
+        out[f"linear_inputs_{side}"] += dim * width
+    return LayerInputs(per_token=out, fixed=fixed, shared=frozenset(shared),
+                       experts_train=method.trains_base or experts_adapted(model, layer,
+                                                                           strategy))
 
 
-def forward_live(model: ModelSpec, strategy: Strategy, w: Widths, shape: Shape) -> dict[str, int]:
+def forward_live(model: ModelSpec, strategy: Strategy, w: Widths, shape: Shape,
+                 inputs: tuple[LayerInputs, ...] | None = None) -> dict[str, int]:
     """Bytes a block's forward holds in variables without saving them, while its MLP runs:
     the post-attention residual sum (unless its norm saved that very tensor), the norm's
     output (the MLP's ``x``, unless a linear saved it) and, at the down projection, the
-    dense MLP's product (unless down_proj saved it). Keyed like ``forward_transient``."""
+    dense MLP's product (unless down_proj saved it). Keyed like ``forward_transient``.
+    ``inputs``: ``layer_inputs`` of each of ``model.layers``, if already made."""
     t, h = shape.tokens, model.hidden_size
     residual = 0 if input_shared_with_norm(model, w, shape) else t * h * w.residual
     out = {"mlp_in": 0, "down_in": 0}
-    for layer in model.layers:
-        shared = _saved_inputs(model, layer, strategy, w, shape)[1]
+    for index, layer in enumerate(model.layers):
+        shared = (inputs[index] if inputs is not None
+                  else layer_inputs(model, layer, strategy, w)).shared
         norm_out = 0 if "mlp_in" in shared else t * h * w.norm_out
         product = 0 if layer.num_experts or "down_in" in shared else (
             t * model.intermediate_size * w.mlp)
@@ -245,16 +258,19 @@ def moe_tail_saved(model: ModelSpec, layer: LayerSpec, w: Widths, shape: Shape,
 
 
 def block_saved(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Widths,
-                shape: Shape) -> dict[str, int]:
-    """Everything one block keeps from forward to backward, by component (bytes)."""
+                shape: Shape, inputs: LayerInputs | None = None) -> dict[str, int]:
+    """Everything one block keeps from forward to backward, by component (bytes);
+    ``inputs`` is the block's ``layer_inputs`` if already made."""
     t = shape.tokens
-    experts_train = strategy.method.trains_base or experts_adapted(model, layer, strategy)
+    if inputs is None:
+        inputs = layer_inputs(model, layer, strategy, w)
+    experts_train = inputs.experts_train
     mlp = mlp_saved(model, layer, w, shape, experts_train)
     tail = moe_tail_saved(model, layer, w, shape, experts_train)
     parts = {"norms": 2 * norm_saved(model, t, w),
              "attention": attention_saved(model, strategy, w, shape),
              "mlp": mlp - tail, "mlp_tail": tail}
-    parts.update(_linear_inputs(model, layer, strategy, w, shape))
+    parts.update(inputs.at(t))
     return parts
 
 
@@ -272,7 +288,7 @@ def first_norm_without_grad(model: ModelSpec, strategy: Strategy, w: Widths,
 
 
 def backward_transients(model: ModelSpec, strategy: Strategy, w: Widths,
-                        shape: Shape) -> tuple[Term, Term]:
+                        shape: Shape) -> tuple[Piece, Piece]:
     """Gradients alive inside one block's backward beyond what it saved: (MLP, attention).
 
     MLP: 3·T·I·bytes (gated) + T·H·bytes. Eager attention: the fp32 softmax gradient and its
@@ -308,7 +324,8 @@ def forward_transient(model: ModelSpec, strategy: Strategy, w: Widths,
 
     PEFT lora.Linear keeps ``x.to(A.dtype)`` until it returns (already saved unless autocast
     re-casts it) and, while adding the update, the base output and the scaled update (T·out
-    each); without an adapter a linear just produces its T·out output.
+    each); without an adapter a linear just produces its T·out output. Every size is T times
+    a per-token size (the estimate computes it once at T = 1 and scales it).
     """
     t, c, a = shape.tokens, w.compute, w.adapter
     inner = c if w.autocast else a

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
+from typing import Any
 
-from tuneplan.core.job.methods import Method, count_trainable, effective_quant
+from tuneplan.core.job.methods import Method, Trainable, count_trainable, effective_quant
 from tuneplan.core.job.recipes import PrecisionPlan, precision_plan
 from tuneplan.core.job.strategy import Checkpointing, Strategy, Task
 from tuneplan.core.memory import activations as act
@@ -20,12 +22,12 @@ from tuneplan.core.memory import experts
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.core.memory.logits import loss_moments
 from tuneplan.core.memory.overheads import device_terms, reserve_term, workspace_term
-from tuneplan.core.memory.parts import part, total
+from tuneplan.core.memory.parts import Group, Item, Piece, breakdown, flatten, part, total
 from tuneplan.core.memory.refusals import check_strategy
-from tuneplan.core.memory.sharding import shard_plan
+from tuneplan.core.memory.sharding import ShardPlan, shard_plan
 from tuneplan.core.memory.steady import Static, host_terms, static_terms
 from tuneplan.core.models import ModelSpec
-from tuneplan.explain import Breakdown, Term
+from tuneplan.explain import Breakdown
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,8 +64,74 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
     ``generation`` (``"ampere"``, ``"hopper"``…) picks the CUDA-context size. Raises
     UnsupportedError for strategies the estimate cannot honour.
     """
-    a = assumptions or MemoryAssumptions()
+    a = assumptions or _DEFAULT_ASSUMPTIONS
+    fixed = _fixed(model, strategy, a)
+    model, plan, static = fixed.model, fixed.plan, fixed.static
+    moments = _moments(model, strategy, plan, static, a, fixed)
+    phases = {k: total(v) for k, v in moments.items()}
+    phase = max(phases, key=phases.__getitem__)   # the first of equal peaks
+    workspace = workspace_term(generation, a)
+    peak_terms = [*flatten(moments[phase]), workspace]
+    allocated = phases[phase] + workspace.value
+    reserve = reserve_term(allocated, a)
+    device = [reserve, *device_terms(generation, strategy.world_size, a), *static.outside]
+    # Terms (with their formulas and sources) are made when a breakdown is first read.
+    explained = breakdown([*peak_terms, *device])
+    host = breakdown(host_terms(model, strategy, static, fixed.shards))
+    return MemoryEstimate(
+        model=model.name, strategy=strategy, assumptions=a, breakdown=explained,
+        allocated_peak_bytes=allocated, reserved_peak_bytes=allocated + int(reserve.value),
+        device_total_bytes=int(explained.total), peak_phase=phase,
+        phases=phases, host_ram_bytes=int(host.total),
+        host=host, trainable_params=fixed.trainable.total, total_params=static.total_params)
+
+
+_DEFAULT_ASSUMPTIONS = MemoryAssumptions()
+#: Every Strategy field but the micro-batch: what the batch-independent work depends on.
+_FIXED_FIELDS = attrgetter(*(f for f in Strategy.__dataclass_fields__ if f != "batch_size"))
+_FIXED_LIMIT = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class _Fixed:
+    """What one estimate shares with every other micro-batch of the same strategy (the
+    checks, trainable counts, precision and shard plans, the batch-independent terms)."""
+
+    source: ModelSpec            # the model passed in (the cache's identity check)
+    assumptions: MemoryAssumptions
+    model: ModelSpec             # the model estimated (a seq-cls head replaced)
+    trainable: Trainable
+    plan: PrecisionPlan
+    shards: ShardPlan
+    static: Static
+    widths: act.Widths
+    head_trains: bool
+    dequant: list[Piece]
+    resident: Group                             # static.resident, summed once
+    layer_inputs: tuple[act.LayerInputs, ...]   # per kind of block in ``model.layers``
+    layers: int                                 # blocks in all
+    forward_per_token: dict[str, int]           # act.forward_transient at one token
+    experts_adapted: bool                       # LoRA wraps some block's routed experts
+
+
+_FIXED: dict[tuple[object, ...], _Fixed] = {}
+
+
+def clear_cache() -> None:
+    """Forget the batch-independent work of earlier estimates (benchmarks time cold runs)."""
+    _FIXED.clear()
+
+
+def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed:
+    """The batch-independent part of an estimate, cached per (model, assumptions, strategy
+    but its micro-batch): the planner's bisection over batch sizes does it once. Model and
+    assumptions are keyed by identity (both are immutable; the entry keeps them alive)."""
+    key = (id(model), id(a), _FIXED_FIELDS(strategy))
+    found = _FIXED.get(key)
+    if found is not None and found.source is model and found.assumptions is a:
+        return found
     check_strategy(model, strategy)
+    source = model
     if strategy.task is Task.SEQ_CLS:
         # *ForSequenceClassification has no vocabulary head: a H×labels ``score`` instead
         # (tiny, counted with the logits); the embedding stays.
@@ -72,59 +140,63 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
     plan = precision_plan(strategy)
     sp = shard_plan(strategy)
     static = static_terms(model, strategy, plan, trainable, sp, a)
-    moments = _moments(model, strategy, plan, static, a)
-    phase, peak_terms = max(moments.items(), key=lambda kv: total(kv[1]))
-    peak_terms = [*peak_terms, workspace_term(generation, a)]
-    allocated = total(peak_terms)
-    reserve = reserve_term(allocated, a)
-    device = [reserve, *device_terms(generation, strategy.world_size, a), *static.outside]
-    breakdown = Breakdown.of("bytes", [*peak_terms, *device])
-    host = Breakdown.of("bytes", host_terms(model, strategy, static, sp))
-    return MemoryEstimate(
-        model=model.name, strategy=strategy, assumptions=a, breakdown=breakdown,
-        allocated_peak_bytes=allocated, reserved_peak_bytes=allocated + int(reserve.value),
-        device_total_bytes=int(breakdown.total), peak_phase=phase,
-        phases={k: total(v) for k, v in moments.items()}, host_ram_bytes=int(host.total),
-        host=host, trainable_params=trainable.total, total_params=static.total_params)
+    w = act.widths(strategy, plan, a.dropout_mask_bytes)
+    found = _Fixed(
+        source=source, assumptions=a, model=model, trainable=trainable, plan=plan, shards=sp,
+        static=static, widths=w,
+        layer_inputs=tuple(act.layer_inputs(model, layer, strategy, w) for layer in model.layers),
+        layers=sum(layer.count for layer in model.layers),
+        experts_adapted=any(experts.experts_adapted(model, layer, strategy)
+                            for layer in model.layers),
+        forward_per_token=act.forward_transient(model, strategy, w,
+                                                act.Shape(batch=1, seq_q=1, seq_kv=1)),
+        head_trains=strategy.method is Method.FULL or any(
+            m in ("lm_head", "score", "embed_out") for m in strategy.trainable_modules),
+        dequant=_dequant_term(strategy, static),
+        resident=Group(total(static.resident), lambda: static.resident))
+    if len(_FIXED) >= _FIXED_LIMIT:
+        _FIXED.clear()
+    _FIXED[key] = found
+    return found
 
 
 def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
-             a: MemoryAssumptions) -> dict[str, list[Term]]:
-    w = act.widths(s, plan, a.dropout_mask_bytes)
+             a: MemoryAssumptions, fixed: _Fixed) -> dict[str, list[Item]]:
+    w = fixed.widths
     prompt = s.num_virtual_tokens if s.method is Method.PROMPT else 0
     prefix = s.num_virtual_tokens if s.method is Method.PREFIX else 0
     shape = act.Shape(batch=s.batch_size, seq_q=s.seq_len + prompt,
                       seq_kv=s.seq_len + prompt + prefix)
-    blocks = _block_terms(model, s, w, shape, a)
-    head_trains = s.method is Method.FULL or any(
-        m in ("lm_head", "score", "embed_out") for m in s.trainable_modules)
-    loss = loss_moments(model, s, plan, w, shape, head_trains, a.loss_chunks)
+    blocks = _block_terms(model, s, w, shape, a, fixed)
+    loss = loss_moments(model, s, plan, w, shape, fixed.head_trains, a.loss_chunks)
     grads_fb = st.grads if s.grad_accum > 1 else []
-    dq = _dequant_term(s, st)
-    base = [*st.resident, *_inputs(model, s, w, shape)]
+    dq = fixed.dequant
+    # what every moment holds (weights, states, inputs), summed once
+    held: list[Item] = [fixed.resident, *_inputs(model, s, w, shape)]
+    base = Group(total(held), lambda: flatten(held))
     own = part("gradients/current_block", st.block_grads[blocks.when],
                f"the running block's gradients already made ({blocks.when} backward)")
     cast = st.autocast_copies
     moments = {
-        "forward": [*base, *grads_fb, *blocks.kept, *cast["forward"], *loss.kept,
+        "forward": [base, *grads_fb, *blocks.kept, *cast["forward"], *loss.kept,
                     *loss.forward_only, *dq],
-        "backward-start": [*base, *grads_fb, *blocks.kept, *cast["backward-start"], *loss.kept,
+        "backward-start": [base, *grads_fb, *blocks.kept, *cast["backward-start"], *loss.kept,
                            *loss.backward_only, *dq],
-        "backward-top-block": [*base, *(grads_fb or [*st.grads_top, own]), *blocks.top,
+        "backward-top-block": [base, *(grads_fb or [*st.grads_top, own]), *blocks.top,
                                *cast["top"], *dq],
-        "backward-bottom-block": [*base, *(grads_fb or [*st.grads_bottom, own]), *blocks.bottom,
+        "backward-bottom-block": [base, *(grads_fb or [*st.grads_bottom, own]), *blocks.bottom,
                                   *cast["bottom"], *dq],
-        "forward-last-block": [*base, *grads_fb, *blocks.forward_last, *cast["forward"], *dq],
+        "forward-last-block": [base, *grads_fb, *blocks.forward_last, *cast["forward"], *dq],
     }
     if blocks.recompute:
-        moments["backward-recompute"] = [*base, *(grads_fb or st.grads_top), *blocks.recompute,
+        moments["backward-recompute"] = [base, *(grads_fb or st.grads_top), *blocks.recompute,
                                          *cast["bottom"], *dq]
     if not s.optimizer_in_backward:
-        moments["optimizer"] = [*base, *st.grads, *st.step]
+        moments["optimizer"] = [base, *st.grads, *st.step]
     return moments
 
 
-def _inputs(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape) -> list[Term]:
+def _inputs(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape) -> list[Piece]:
     inputs = [part("activations/inputs", 2 * shape.tokens * 8,
                    "input ids + labels: 2·T·8 (int64)", tokens=shape.tokens)]
     if s.method is Method.PROMPT and s.checkpointing is not Checkpointing.NONE:
@@ -137,42 +209,53 @@ def _inputs(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape) -> l
     return inputs
 
 
+def _group(prefix: str, values: dict[str, int], formula: str,
+           special: Mapping[str, str] | None = None, **inputs: Any) -> Group:
+    """One piece per entry of ``values`` (path ``prefix + key``, formula ``formula`` with
+    ``{k}`` the key, or ``special[key]``), made only if the moment holding them is the peak."""
+    other = special or {}
+    return Group(sum(values.values()), lambda: [
+        part(prefix + k, v, other.get(k) or formula.format(k=k), **inputs)
+        for k, v in values.items()])
+
+
 @dataclass(frozen=True, slots=True)
 class _Blocks:
-    kept: list[Term]
-    top: list[Term]
-    bottom: list[Term]
-    forward_last: list[Term]   # all blocks' saved tensors while the last one runs forward
-    recompute: list[Term]      # checkpointing: the top block being recomputed
+    kept: list[Item]
+    top: list[Item]
+    bottom: list[Item]
+    forward_last: list[Item]   # all blocks' saved tensors while the last one runs forward
+    recompute: list[Item]      # checkpointing: the top block being recomputed
     when: str          # "mlp" or "attention": where the running block's backward peaks
 
 
 def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
-                 a: MemoryAssumptions) -> _Blocks:
-    layers = sum(layer.count for layer in model.layers)
+                 a: MemoryAssumptions, fixed: _Fixed) -> _Blocks:
+    layers = fixed.layers
     per_block: dict[str, int] = {}
-    for layer in model.layers:
-        for key, value in act.block_saved(model, layer, s, w, shape).items():
+    for layer, inputs in zip(model.layers, fixed.layer_inputs, strict=True):
+        for key, value in act.block_saved(model, layer, s, w, shape, inputs).items():
             per_block[key] = per_block.get(key, 0) + value * layer.count
     one = {k: v // layers for k, v in per_block.items()}
     current, transient, when = _current_block(model, s, w, shape, one,
-                                              s.checkpointing is not Checkpointing.NONE)
+                                              s.checkpointing is not Checkpointing.NONE,
+                                              fixed.experts_adapted)
     cos_sin = part("activations/rope", 2 * shape.seq_kv * model.head_dim * w.compute,
                    "RoPE cos and sin 2·S·head_dim·bytes (shared by all blocks)")
-    fwd_parts, fwd = _forward_moment(model, s, w, shape, one)
+    fwd_parts, fwd = _forward_moment(model, s, w, shape, one, fixed)
     if s.checkpointing is Checkpointing.NONE:
         per_block["norms"] -= act.first_norm_without_grad(model, s, w, shape)
-        kept = [part(f"activations/blocks/{k}", v, f"{layers} blocks · saved {k}",
-                     tokens=shape.tokens) for k, v in per_block.items()]
-        others = [part(f"activations/blocks/{k}", v - one[k], f"{layers - 1} blocks · saved {k}")
-                  for k, v in per_block.items()]
-        return _Blocks(kept=[*kept, cos_sin], top=[*others, *current, cos_sin, transient],
-                       bottom=[*current, cos_sin, transient], when=when,
-                       forward_last=[*others, *fwd_parts, cos_sin, fwd], recompute=[])
+        saved = _group("activations/blocks/", per_block, f"{layers} blocks · saved {{k}}",
+                       tokens=shape.tokens)
+        others = _group("activations/blocks/", {k: v - one[k] for k, v in per_block.items()},
+                        f"{layers - 1} blocks · saved {{k}}")
+        return _Blocks(kept=[saved, cos_sin], top=[others, current, cos_sin, transient],
+                       bottom=[current, cos_sin, transient], when=when,
+                       forward_last=[others, fwd_parts, cos_sin, fwd], recompute=[])
     inp = act.block_input_bytes(model, w, shape)
     on_device = min(layers, a.offload_blocks_on_device) if (
         s.checkpointing is Checkpointing.OFFLOAD) else layers
-    kept = [part("activations/checkpoints", inp * on_device,
+    kept: list[Item] = [part("activations/checkpoints", inp * on_device,
                  "block inputs kept by checkpointing: blocks on device · T·H·bytes",
                  "torch.utils.checkpoint (non-reentrant)", blocks=on_device, tokens=shape.tokens),
             cos_sin]
@@ -180,17 +263,18 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
                    cos_sin]
     flowing = part("activations/output_grad", shape.tokens * model.hidden_size * w.compute,
                    "gradient arriving at the recomputed block T·H·bytes")
-    return _Blocks(kept=kept, top=[*kept, *current, transient],
-                   bottom=[*bottom_kept, *current, transient], when=when,
-                   forward_last=[*kept, fwd], recompute=[*kept, *fwd_parts, fwd, flowing])
+    return _Blocks(kept=kept, top=[*kept, current, transient],
+                   bottom=[*bottom_kept, current, transient], when=when,
+                   forward_last=[*kept, fwd], recompute=[*kept, fwd_parts, fwd, flowing])
 
 
 def _forward_moment(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
-                    one: dict[str, int]) -> tuple[list[Term], Term]:
+                    one: dict[str, int], fixed: _Fixed) -> tuple[Group, Piece]:
     """The block running forward (or being recomputed) at its MLP: what it has saved so far
     and the temporaries of its gate/up or down projection, whichever moment is larger."""
-    temps = act.forward_transient(model, s, w, shape)
-    live = act.forward_live(model, s, w, shape)
+    # forward_transient is tokens · a per-token size (made once, at one token, per strategy)
+    temps = {k: shape.tokens * v for k, v in fixed.forward_per_token.items()}
+    live = act.forward_live(model, s, w, shape, fixed.layer_inputs)
     at_gate = dict(one, mlp=0, mlp_tail=0, linear_inputs_down=0, adapters_mlp=0,
                    held=live["mlp_in"])
     at_down = dict(one, held=live["down_in"])
@@ -198,16 +282,18 @@ def _forward_moment(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Sha
         parts, temp, when = at_gate, temps["mlp_in"], "gate/up"
     else:
         parts, temp, when = at_down, temps["down_in"], "down"
-    return ([part(f"activations/running_block/{k}", v, f"block at its {when} projection · "
-                  + ("held unsaved: residual sum, norm output, MLP product" if k == "held"
-                     else f"saved {k}")) for k, v in parts.items()],
+    return (_group("activations/running_block/", parts,
+                   f"block at its {when} projection · saved {{k}}",
+                   {"held": f"block at its {when} projection · held unsaved: residual sum, "
+                            "norm output, MLP product"}),
             part("activations/forward_transient", temp,
                  f"{when} projection temporaries: PEFT input cast + base output + scaled "
                  "update (T·out each), or its T·out output", "peft lora.Linear.forward"))
 
 
 def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
-                   one: dict[str, int], recomputed: bool) -> tuple[list[Term], Term, str]:
+                   one: dict[str, int], recomputed: bool,
+                   experts_adapted: bool = True) -> tuple[Group, Piece, str]:
     """The block running backward: at its MLP (all saved) or, if larger, at eager attention
     (its MLP and second norm already freed, the fp32 softmax gradients alive)."""
     mlp_t, attn_t = act.backward_transients(model, s, w, shape)
@@ -226,16 +312,17 @@ def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shap
     combine = experts.moe_combine_transient(model, w, shape)
     if combine is not None:
         candidates.append((one, combine, "mlp"))
-    for freed, merged, transient in experts.adapted_expert_moments(model, s, w, shape):
+    adapted = experts.adapted_expert_moments(model, s, w, shape) if experts_adapted else []
+    for freed, merged, transient in adapted:
         rest = dict(one, mlp_tail=0, mlp=one["mlp"] + one["mlp_tail"] - freed,
                     adapters_mlp=one["adapters_mlp"] - merged)
         candidates.append((rest, transient, "mlp"))
     parts, transient, when = max(candidates, key=lambda c: c[1].value + sum(c[0].values()))
-    return [part(f"activations/current_block/{k}", v, f"block in {when} backward · saved {k}")
-            for k, v in parts.items()], transient, when
+    return _group("activations/current_block/", parts,
+                  f"block in {when} backward · saved {{k}}"), transient, when
 
 
-def _dequant_term(s: Strategy, st: Static) -> list[Term]:
+def _dequant_term(s: Strategy, st: Static) -> list[Piece]:
     if effective_quant(s) is None:
         return []
     size = st.largest_linear * s.precision.compute_bytes

@@ -11,9 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tuneplan.core.job.methods import lora_rank_of, targeted_linears
-from tuneplan.core.memory.parts import part
+from tuneplan.core.memory.parts import Piece, part
 from tuneplan.core.models import LayerSpec, Linear, LinearRole, ModelSpec
-from tuneplan.explain import Term
 
 if TYPE_CHECKING:
     from tuneplan.core.job.strategy import Strategy
@@ -42,7 +41,7 @@ def experts_adapted(model: ModelSpec, layer: LayerSpec, strategy: Strategy) -> b
         lin.role is LinearRole.EXPERT for lin in targeted_linears(model, strategy, layer))
 
 
-def moe_combine_transient(model: ModelSpec, w: Widths, shape: Shape) -> Term | None:
+def moe_combine_transient(model: ModelSpec, w: Widths, shape: Shape) -> Piece | None:
     """MoE blocks start backward at the routing-weight combine, everything saved still alive:
     the fp32 (routing weights are fp32) gradients of the per-pair outputs, their un-permuted
     copy and the expanded sum gradient, 3·T·k·H·4, plus the T·H gradient arriving."""
@@ -56,7 +55,7 @@ def moe_combine_transient(model: ModelSpec, w: Widths, shape: Shape) -> Term | N
 
 
 def adapted_expert_moments(model: ModelSpec, strategy: Strategy, w: Widths,
-                           shape: Shape) -> list[tuple[int, int, Term]]:
+                           shape: Shape) -> list[tuple[int, int, Piece]]:
     """LoRA-wrapped experts (lora.ParamWrapper): each grouped matmul's backward makes a gradient
     of its whole merged E·in·out weight. (saved bytes freed by then, transient) at the down
     backward (its output freed) and at the gate/up backward (down side, activation and gate/up

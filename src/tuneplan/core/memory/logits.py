@@ -14,18 +14,17 @@ from typing import Any
 from tuneplan.core.job.recipes import PrecisionPlan, Recipe
 from tuneplan.core.job.strategy import Loss, Strategy, Task
 from tuneplan.core.memory.activations import Shape, Widths, norm_saved
-from tuneplan.core.memory.parts import part
+from tuneplan.core.memory.parts import Piece, part
 from tuneplan.core.models import ModelSpec
-from tuneplan.explain import Term
 
 _SRC = "transformers loss_utils.ForCausalLMLoss; torch log_softmax saves its fp32 output"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LossMoments:
-    kept: tuple[Term, ...]          # saved from the end of forward until backward starts
-    forward_only: tuple[Term, ...]  # alive only while the loss is computed
-    backward_only: tuple[Term, ...]  # gradients alive at the start of backward
+    kept: tuple[Piece, ...]          # saved from the end of forward until backward starts
+    forward_only: tuple[Piece, ...]  # alive only while the loss is computed
+    backward_only: tuple[Piece, ...]  # gradients alive at the start of backward
 
 
 def effective_loss(strategy: Strategy, plan: PrecisionPlan) -> Loss:
@@ -65,7 +64,7 @@ def loss_moments(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan, w: W
     return _standard(kept, t, v, cl, ins)
 
 
-def _chunked(kept: list[Term], t: int, v: int, cl: int, chunks: int,
+def _chunked(kept: list[Piece], t: int, v: int, cl: int, chunks: int,
              ins: dict[str, Any]) -> LossMoments:
     """Chunked/fused CE (torchtune CEWithChunkedOutputLoss under torch.compile, Liger): the
     compute-dtype logits are kept and each chunk's fp32 softmax is recomputed in backward,
@@ -80,7 +79,7 @@ def _chunked(kept: list[Term], t: int, v: int, cl: int, chunks: int,
     return LossMoments(kept=tuple(kept), forward_only=fwd, backward_only=bwd)
 
 
-def _standard(kept: list[Term], t: int, v: int, cl: int, ins: dict[str, Any]) -> LossMoments:
+def _standard(kept: list[Piece], t: int, v: int, cl: int, ins: dict[str, Any]) -> LossMoments:
     """transformers ForCausalLMLoss: logits.float(), cross_entropy saving the fp32 log-softmax;
     the output object is dropped before backward (``model(...).loss.backward()``)."""
     fp32 = t * v * 4

@@ -8,18 +8,17 @@ Reported as explicit terms, never folded into a fudge factor. Constants live in
 from __future__ import annotations
 
 from tuneplan.core.memory.assumptions import MemoryAssumptions
-from tuneplan.core.memory.parts import part
-from tuneplan.explain import Term
+from tuneplan.core.memory.parts import Piece, part
 
 
-def workspace_term(generation: str | None, a: MemoryAssumptions) -> Term:
+def workspace_term(generation: str | None, a: MemoryAssumptions) -> Piece:
     size = a.workspace_bytes_hopper if (generation or "").lower() in ("hopper", "blackwell") \
         else a.workspace_bytes_other
     return part("overheads/cublas_workspace", size, "cuBLAS workspace (allocated through torch)",
                 "torch CUDABlas getChosenWorkspaceSize defaults", generation=generation)
 
 
-def reserve_term(allocated: int, a: MemoryAssumptions) -> Term:
+def reserve_term(allocated: int, a: MemoryAssumptions) -> Piece:
     reserve = max(int(allocated * a.allocator_reserve_fraction), a.allocator_reserve_min_bytes)
     return part("overheads/allocator_reserve", reserve,
                 "max(fraction · allocated peak, floor): block rounding and fragmentation",
@@ -28,7 +27,7 @@ def reserve_term(allocated: int, a: MemoryAssumptions) -> Term:
                 fraction=a.allocator_reserve_fraction, floor_bytes=a.allocator_reserve_min_bytes)
 
 
-def device_terms(generation: str | None, world: int, a: MemoryAssumptions) -> list[Term]:
+def device_terms(generation: str | None, world: int, a: MemoryAssumptions) -> list[Piece]:
     terms = [part("overheads/cuda_context", a.context_bytes(generation),
                   "CUDA context + loaded kernels by GPU generation (outside the allocator)",
                   a.source_of("context_bytes", "MemoryAssumptions.context_bytes_by_generation"),

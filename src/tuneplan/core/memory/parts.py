@@ -1,22 +1,78 @@
 """A tiny builder for byte-valued terms, so each memory module writes one line per term.
 
-Terms are ``tuneplan.explain.Term`` with unit ``bytes``; nothing else lives here.
+A ``Piece`` is a term before it is explained: path, value, formula, inputs and source, as
+cheap to make as a tuple. An estimate composes many moments of the step and keeps only the
+peak's pieces; those become ``tuneplan.explain.Term`` (unit ``bytes``) when its breakdown is
+read (``breakdown``). Nothing else lives here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from tuneplan.explain import Term
+from tuneplan.explain import Breakdown, LazyBreakdown, Term
 
 UNIT = "bytes"
 
 
-def part(path: str, value: int, formula: str, source: str = "", **inputs: Any) -> Term:
+class Piece:
+    """One byte term, not yet a ``Term``: ``path`` slash-keyed, ``value`` in bytes (int)."""
+
+    __slots__ = ("formula", "inputs", "path", "source", "value")
+
+    def __init__(self, path: str, value: int, formula: str, source: str,
+                 inputs: Mapping[str, Any]) -> None:
+        self.path = path
+        self.value = value
+        self.formula = formula
+        self.source = source
+        self.inputs = inputs
+
+    def term(self) -> Term:
+        return Term(path=self.path, value=self.value, unit=UNIT, formula=self.formula,
+                    inputs=self.inputs, source=self.source)
+
+    def __repr__(self) -> str:
+        return f"Piece({self.path!r}, {self.value})"
+
+
+class Group:
+    """Pieces made only when needed (a moment that is not the peak never shows them);
+    ``value`` is their sum, known up front."""
+
+    __slots__ = ("make", "value")
+
+    def __init__(self, value: int, make: Callable[[], list[Piece]]) -> None:
+        self.value = value
+        self.make = make
+
+
+Item = Piece | Group
+
+
+def flatten(items: Iterable[Item]) -> list[Piece]:
+    """The pieces of ``items``, groups expanded in place."""
+    out: list[Piece] = []
+    for item in items:
+        if isinstance(item, Group):
+            out += item.make()
+        else:
+            out.append(item)
+    return out
+
+
+def part(path: str, value: int, formula: str, source: str = "", **inputs: Any) -> Piece:
     """A byte term: ``path`` slash-keyed, ``value`` in bytes (int), formula in words/symbols."""
-    return Term(path=path, value=int(value), unit=UNIT, formula=formula, inputs=inputs,
-                source=source)
+    return Piece(path, int(value), formula, source, inputs)
 
 
-def total(terms: list[Term] | tuple[Term, ...]) -> int:
+def total(terms: Sequence[Item]) -> int:
     return int(sum(t.value for t in terms))
+
+
+def breakdown(pieces: Iterable[Piece]) -> Breakdown:
+    """A bytes Breakdown of ``pieces`` whose Terms are made (and checked) when first read."""
+    found = tuple(pieces)
+    return LazyBreakdown(UNIT, lambda: tuple(p.term() for p in found),
+                         int(sum(p.value for p in found)))

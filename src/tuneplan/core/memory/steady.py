@@ -21,24 +21,23 @@ from tuneplan.core.job.strategy import Checkpointing, Sharding, Strategy, Task
 from tuneplan.core.memory.activations import linear_group
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.core.memory.optimizer import optimizer_bytes
-from tuneplan.core.memory.parts import part, total
+from tuneplan.core.memory.parts import Piece, part, total
 from tuneplan.core.memory.sharding import ShardPlan, shard
 from tuneplan.core.memory.weights import split_params, weight_terms
 from tuneplan.core.models import Linear, ModelSpec
-from tuneplan.explain import Term
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Static:
-    resident: list[Term]         # weights + states + master + buffers on the GPU all step
-    grads: list[Term]            # all gradients (after backward)
-    grads_top: list[Term]        # gradients alive while the top block runs backward
-    grads_bottom: list[Term]     # gradients alive while the bottom block runs backward
+    resident: list[Piece]         # weights + states + master + buffers on the GPU all step
+    grads: list[Piece]            # all gradients (after backward)
+    grads_top: list[Piece]        # gradients alive while the top block runs backward
+    grads_bottom: list[Piece]     # gradients alive while the bottom block runs backward
     block_grads: dict[str, int]  # the running block's own gradients at its MLP / attention
-    step: list[Term]             # optimizer-step temporary
-    autocast_copies: dict[str, list[Term]]  # compute-dtype weight copies, by moment
-    outside: list[Term]          # on the device but outside the allocator (paged state)
-    host: list[Term]             # offloaded to host RAM, per rank
+    step: list[Piece]             # optimizer-step temporary
+    autocast_copies: dict[str, list[Piece]]  # compute-dtype weight copies, by moment
+    outside: list[Piece]          # on the device but outside the allocator (paged state)
+    host: list[Piece]             # offloaded to host RAM, per rank
     weights_bytes: int
     largest_linear: int
     total_params: int
@@ -50,8 +49,8 @@ def static_terms(model: ModelSpec, s: Strategy, plan: PrecisionPlan, trainable: 
     wbytes = total(weights)
     ob = optimizer_bytes(s, plan, trainable, a)
     split = split_params(model)
-    resident: list[Term] = []
-    host: list[Term] = []
+    resident: list[Piece] = []
+    host: list[Piece] = []
     if sp.params_on_host:
         host.append(part("host/params", shard(wbytes, sp.shards), "weights / shards"))
     else:
@@ -60,7 +59,7 @@ def static_terms(model: ModelSpec, s: Strategy, plan: PrecisionPlan, trainable: 
                   + (f" / {sp.states_div} shards" if sp.states_div > 1 else ""))
     master = part("optimizer/master_weights", shard(ob.master, sp.states_div),
                   "fp32 master copy of trainable params / shards", "DeepSpeed bf16/fp16")
-    outside: list[Term] = []
+    outside: list[Piece] = []
     if sp.states_on_host:
         host += [states, master]
     elif s.optimizer.is_paged:
@@ -84,7 +83,7 @@ def static_terms(model: ModelSpec, s: Strategy, plan: PrecisionPlan, trainable: 
 
 
 def _autocast_copies(model: ModelSpec, s: Strategy, plan: PrecisionPlan,
-                     trainable: Trainable) -> dict[str, list[Term]]:
+                     trainable: Trainable) -> dict[str, list[Piece]]:
     """Autocast's compute-dtype copies of fp32 weights, per moment of the step.
 
     Casts of trainable (leaf) weights stay in autocast's cache until forward leaves autocast,
@@ -110,7 +109,7 @@ def _autocast_copies(model: ModelSpec, s: Strategy, plan: PrecisionPlan,
     ckpt = s.checkpointing is not Checkpointing.NONE
     src = "torch.autocast weight casts (cached for leaf weights until autocast exits)"
 
-    def term(blocks: int, with_head: bool, when: str) -> list[Term]:
+    def term(blocks: int, with_head: bool, when: str) -> list[Piece]:
         return [part("weights/autocast_copies", block * blocks + (head if with_head else 0),
                      f"bf16 copies of fp32 weights {when}: {blocks} blocks' {what} · 2"
                      + (" + the output head's V·H·2" if with_head and head else ""), src,
@@ -122,7 +121,7 @@ def _autocast_copies(model: ModelSpec, s: Strategy, plan: PrecisionPlan,
 
 
 def _zero_fp32_grads(s: Strategy, plan: PrecisionPlan, trainable: Trainable, sp: ShardPlan,
-                     a: MemoryAssumptions) -> list[Term]:
+                     a: MemoryAssumptions) -> list[Piece]:
     """DeepSpeed ZeRO with fp32 master weights steps on fp32 gradients: it flattens the 16-bit
     gradient partition (a copy) and casts it to fp32, ZeRO-1/2 for the whole partition at once,
     ZeRO-3 one ``sub_group_size`` sub-group at a time: 2 + 4 bytes per element, on the GPU
@@ -140,7 +139,7 @@ def _zero_fp32_grads(s: Strategy, plan: PrecisionPlan, trainable: Trainable, sp:
                  elements=elements)]
 
 
-def _sharded(t: Term, div: int) -> Term:
+def _sharded(t: Piece, div: int) -> Piece:
     if div == 1:
         return t
     return part(t.path, shard(int(t.value), div), f"({t.formula}) / {div} shards", t.source,
@@ -148,8 +147,8 @@ def _sharded(t: Term, div: int) -> Term:
 
 
 def _buffers(model: ModelSpec, sp: ShardPlan, grads: int, wbytes: int,
-             params: int, a: MemoryAssumptions) -> list[Term]:
-    out: list[Term] = []
+             params: int, a: MemoryAssumptions) -> list[Piece]:
+    out: list[Piece] = []
     if sp.ddp_buckets:
         out.append(part("sharding/ddp_buckets", grads, "DDP gradient buckets: a copy of the "
                         "gradients", "torch DDP gradient_as_bucket_view=False (default)"))
@@ -168,7 +167,7 @@ def _buffers(model: ModelSpec, sp: ShardPlan, grads: int, wbytes: int,
 
 
 def _grad_terms(model: ModelSpec, s: Strategy, trainable: Trainable, grads: int,
-                largest: int, sp: ShardPlan) -> tuple[list[Term], list[Term], list[Term]]:
+                largest: int, sp: ShardPlan) -> tuple[list[Piece], list[Piece], list[Piece]]:
     if s.optimizer_in_backward:
         one = [part("gradients/in_flight", largest, "optimizer in backward: one tensor's grad",
                     "torchtune optimizer_in_bwd")]
@@ -226,7 +225,7 @@ def _linear_grad(lin: Linear, s: Strategy, plan: PrecisionPlan, targeted: bool) 
     return per * lin.copies * plan.adapter_bytes
 
 
-def host_terms(model: ModelSpec, s: Strategy, st: Static, sp: ShardPlan) -> list[Term]:
+def host_terms(model: ModelSpec, s: Strategy, st: Static, sp: ShardPlan) -> list[Piece]:
     """Host RAM per node: offloaded state of each local rank, offloaded checkpoints, loading."""
     ranks = s.gpus
     out = [part(t.path, int(t.value) * ranks, f"{ranks} ranks · ({t.formula})", t.source)

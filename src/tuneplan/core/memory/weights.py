@@ -15,9 +15,8 @@ from tuneplan.core.job.methods import Method, Quant, Trainable, count_params, ef
 from tuneplan.core.job.recipes import PrecisionPlan
 from tuneplan.core.job.strategy import Strategy
 from tuneplan.core.memory.assumptions import MemoryAssumptions
-from tuneplan.core.memory.parts import part
+from tuneplan.core.memory.parts import Piece, part
 from tuneplan.core.models import LinearRole, ModelSpec
-from tuneplan.explain import Term
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,7 +68,7 @@ def quantized_bytes(n: int, rows: int, quant: Quant, double_quant: bool,
 
 
 def weight_terms(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan,
-                 trainable: Trainable, a: MemoryAssumptions) -> list[Term]:
+                 trainable: Trainable, a: MemoryAssumptions) -> list[Piece]:
     """Terms for every stored weight byte on one (unsharded) replica."""
     split = split_params(model)
     quant = effective_quant(strategy)
@@ -101,7 +100,7 @@ def weight_terms(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan,
 
 
 def _quantized_terms(split: ParamSplit, strategy: Strategy, plan: PrecisionPlan, quant: Quant,
-                     a: MemoryAssumptions) -> list[Term]:
+                     a: MemoryAssumptions) -> list[Piece]:
     """Packed block linears, their constants, and everything left unquantized."""
     packed, consts = quantized_bytes(split.quantizable, split.quantizable_rows, quant,
                                      strategy.double_quant, a, split.quantizable_tensors,

@@ -9,20 +9,9 @@ everything public is re-exported here.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
-from tuneplan.core.models.config import ConfigReader, describe
-from tuneplan.core.models.decoders import TRAITS, parse_deepseek_v3, parse_llama_like
-from tuneplan.core.models.encoders import parse_bert, parse_gemma3, parse_t5
-from tuneplan.core.models.legacy import (
-    parse_bloom,
-    parse_falcon,
-    parse_gpt2,
-    parse_gpt_neox,
-    parse_opt,
-    parse_phi,
-    parse_stablelm,
-)
 from tuneplan.core.models.spec import (
     LayerSpec,
     Linear,
@@ -33,6 +22,9 @@ from tuneplan.core.models.spec import (
     ParameterCounts,
 )
 from tuneplan.errors import ModelConfigError
+
+if TYPE_CHECKING:
+    from tuneplan.core.models.config import ConfigReader
 
 __all__ = [
     "MAX_TOTAL_PARAMS",
@@ -50,24 +42,47 @@ __all__ = [
 
 MAX_TOTAL_PARAMS = 10**14   # beyond this a config is a typo or hostile, not a model
 
-_Parser = Callable[[ConfigReader, str, str], ModelSpec]
-_PARSERS: dict[str, _Parser] = {
-    **dict.fromkeys(TRAITS, parse_llama_like),
-    "gemma3": parse_gemma3,
-    "deepseek_v3": parse_deepseek_v3,
-    "gpt2": parse_gpt2,
-    "gpt_neox": parse_gpt_neox,
-    "opt": parse_opt,
-    "bloom": parse_bloom,
-    "falcon": parse_falcon,
-    "phi": parse_phi,
-    "stablelm": parse_stablelm,
-    "t5": parse_t5,
-    "mt5": parse_t5,
-    "bert": parse_bert,
-}
+_Parser = Callable[["ConfigReader", str, str], ModelSpec]
 
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(_PARSERS))
+
+@cache
+def _parsers() -> dict[str, _Parser]:
+    """model_type -> parser; the parser modules load on the first parse (not on import: the
+    CLI's start-up needs the spec types, not the parsers)."""
+    from tuneplan.core.models.decoders import TRAITS, parse_deepseek_v3, parse_llama_like
+    from tuneplan.core.models.encoders import parse_bert, parse_gemma3, parse_t5
+    from tuneplan.core.models.legacy import (
+        parse_bloom,
+        parse_falcon,
+        parse_gpt2,
+        parse_gpt_neox,
+        parse_opt,
+        parse_phi,
+        parse_stablelm,
+    )
+
+    return {
+        **dict.fromkeys(TRAITS, parse_llama_like),
+        "gemma3": parse_gemma3,
+        "deepseek_v3": parse_deepseek_v3,
+        "gpt2": parse_gpt2,
+        "gpt_neox": parse_gpt_neox,
+        "opt": parse_opt,
+        "bloom": parse_bloom,
+        "falcon": parse_falcon,
+        "phi": parse_phi,
+        "stablelm": parse_stablelm,
+        "t5": parse_t5,
+        "mt5": parse_t5,
+        "bert": parse_bert,
+    }
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SUPPORTED_MODEL_TYPES":  # tuple[str, ...]: every model_type with a parser
+        return tuple(sorted(_parsers()))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # by_component prefix per LayerSpec.kind, and component name per linear role.
 _PREFIX = {"decoder": "layers", "encoder": "encoder", "decoder-cross": "decoder",
@@ -85,19 +100,22 @@ def parse_model_config(config: Mapping[str, Any], *, name: str) -> ModelSpec:
     wrong types, out-of-range or inconsistent sizes, unsupported ``model_type``); it raises
     nothing else for any JSON-like input.
     """
+    from tuneplan.core.models.config import ConfigReader, describe
+
     if not isinstance(config, Mapping):
         raise ModelConfigError(f"{name}: config must be a JSON object, got {describe(config)}",
                                problems=("config is not an object",))
+    parsers = _parsers()
     model_type = config.get("model_type")
-    if not isinstance(model_type, str) or model_type not in _PARSERS:
+    if not isinstance(model_type, str) or model_type not in parsers:
         problem = ("missing 'model_type'" if model_type is None else
                    f"unsupported model_type {model_type[:40]!r}" if isinstance(model_type, str)
                    else f"model_type must be a string, got {describe(model_type)}")
         raise ModelConfigError(
-            f"{name}: {problem}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}",
+            f"{name}: {problem}; supported: {', '.join(sorted(parsers))}",
             problems=(problem,))
     reader = ConfigReader(config, family=model_type)
-    spec = _PARSERS[model_type](reader, model_type, name)
+    spec = parsers[model_type](reader, model_type, name)
     if not reader.problems:
         total = count_parameters(spec).total
         if total > MAX_TOTAL_PARAMS:

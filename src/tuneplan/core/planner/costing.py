@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
+from functools import lru_cache
 
 from tuneplan.core.catalog.hardware import GpuSpec
 from tuneplan.core.catalog.offers import Offer
@@ -48,34 +49,55 @@ def node_link(offer: Offer, gpu: GpuSpec) -> str:
     return "nvswitch" if offer.gpu_count >= 4 else "nvlink"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CostOptions:
+    """What a person may set on top of the planner's cost model (``tuneplan cost``'s flags);
+    None everywhere is what the planner prices with. Storage idle days live on
+    ``CostAssumptions.storage_idle_days``."""
+
+    checkpoint_every_s: float | None = None      # None: Young/Daly from the write time
+    interruptions_per_hour: float | None = None  # None: CostAssumptions' default rate
+    dataset_bytes: int | None = None             # None: tokens x dataset_bytes_per_token
+
+
 def cost_inputs(c: Candidate, offer: Offer, provider: Provider | None, job: Job,
-                a: CostAssumptions, *, spot: bool) -> CostInputs:
-    """CostInputs of a fitted candidate on ``offer`` (``nodes`` instances billed alike)."""
+                a: CostAssumptions, *, spot: bool,
+                options: CostOptions | None = None) -> CostInputs:
+    """CostInputs of a fitted candidate on ``offer`` (``nodes`` instances billed alike): the
+    one builder, used by the planner and by ``tuneplan cost``."""
+    o = options or CostOptions()
     s, mem = c.strategy, c.memory
     with_opt, without = checkpoint_bytes(
         method=s.method, precision=s.precision, optimizer=s.optimizer,
         total_params=mem.total_params, trainable_params=mem.trainable_params)
     tokens = job.tokens_per_epoch or 0
     nodes = Decimal(s.nodes)
+    granularity = provider.billing_granularity_s if provider else None
+    minimum = provider.billing_minimum_s if provider else None
     billing = Billing(
-        granularity_s=(provider.billing_granularity_s if provider and
-                       provider.billing_granularity_s else a.default_billing_granularity_s),
-        minimum_s=(provider.billing_minimum_s if provider and provider.billing_minimum_s
-                   is not None else a.default_billing_minimum_s),
-        source=(f"{provider.name}: {provider.billing_granularity_raw}" if provider
-                else "provider terms unknown"))
+        granularity_s=granularity or a.default_billing_granularity_s,
+        minimum_s=minimum if minimum is not None else a.default_billing_minimum_s,
+        source=(f"{provider.name}: {provider.billing_granularity_raw}; minimum "
+                f"{provider.billing_minimum_raw}") if provider else "provider terms unknown")
+    notes = [] if granularity else [
+        f"billing granularity unknown: per {a.default_billing_granularity_s} s assumed"]
+    if spot and provider and provider.spot_interruption_data:
+        notes.append(f"{provider.name} interruption data (not a rate): "
+                     f"{provider.spot_interruption_data}")
     return CostInputs(
         train_s=(c.throughput.hours or 0.0) * HOUR_S,
         price_per_hour=None if offer.price_per_hour is None else offer.price_per_hour * nodes,
         spot_price_per_hour=(None if offer.spot_price_per_hour is None
                              else offer.spot_price_per_hour * nodes),
         billing=billing, model_bytes=mem.total_params * 2,
-        dataset_bytes=round(tokens * a.dataset_bytes_per_token),
+        dataset_bytes=(o.dataset_bytes if o.dataset_bytes is not None
+                       else round(tokens * a.dataset_bytes_per_token)),
         checkpoint_bytes_with_optimizer=with_opt, checkpoint_bytes_without_optimizer=without,
         artifact_bytes=without,
         storage_usd_per_gb_month=provider.storage_price_usd_per_gb_month if provider else None,
         egress_usd_per_gb=provider.egress_usd_per_gb if provider else None, spot=spot,
-        notice_s=provider.spot_notice_s if provider else None)
+        checkpoint_every_s=o.checkpoint_every_s, interruptions_per_hour=o.interruptions_per_hour,
+        notice_s=provider.spot_notice_s if provider else None, notes=tuple(notes))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,8 +114,8 @@ class UnitCost:
 def unit_cost(c: Candidate, provider: Provider | None, job: Job,
               a: CostAssumptions) -> UnitCost:
     """The cost model at 1 USD/h on-demand and spot (analytic spot expectation only)."""
-    fast = replace(a, monte_carlo_runs=1)
-    probe = replace(_ONE_DOLLAR, provider=provider.name if provider else "?")
+    fast = _analytic(a)
+    probe = _unit_offer(provider.name if provider else "?")
     est = estimate_cost(cost_inputs(c, probe, provider, job, fast, spot=False), fast)
     spot_hours: float | None = None
     if job.spot is not False:
@@ -112,6 +134,18 @@ _ONE_DOLLAR = Offer(provider="?", instance_type="unit", gpu="H100 SXM5", gpu_cou
                     fetched_at=datetime(2000, 1, 1, tzinfo=UTC), source="unit price")
 
 
+@lru_cache(maxsize=256)
+def _unit_offer(provider: str) -> Offer:
+    """The 1 USD/h offer of ``provider`` (built once: an Offer validates itself)."""
+    return replace(_ONE_DOLLAR, provider=provider)
+
+
+@lru_cache(maxsize=64)
+def _analytic(a: CostAssumptions) -> CostAssumptions:
+    """``a`` with one Monte Carlo run: the analytic spot expectation used while ranking."""
+    return replace(a, monte_carlo_runs=1)
+
+
 def scaled_costs(unit: UnitCost, offer: Offer, nodes: int) -> tuple[Decimal | None, Decimal | None]:
     """(on-demand USD, spot expected USD) of ``offer`` x ``nodes`` from the unit cost."""
     on_demand = spot = None
@@ -125,17 +159,20 @@ def scaled_costs(unit: UnitCost, offer: Offer, nodes: int) -> tuple[Decimal | No
 
 
 def price_plan(c: Candidate, offer: Offer, provider: Provider | None, job: Job,
-               a: CostAssumptions, *, runs: int) -> tuple[CostEstimate | None, CostEstimate | None]:
+               a: CostAssumptions, *, runs: int, options: CostOptions | None = None,
+               ) -> tuple[CostEstimate | None, CostEstimate | None]:
     """Full cost estimates (on-demand, spot) of one plan with ``runs`` Monte Carlo runs; each
     None when the offer has no such price, the job forbids spot, or spot cannot finish."""
     fast = replace(a, monte_carlo_runs=max(1, runs))
     on_demand = None
     if offer.price_per_hour is not None:
-        on_demand = estimate_cost(cost_inputs(c, offer, provider, job, fast, spot=False), fast)
+        on_demand = estimate_cost(
+            cost_inputs(c, offer, provider, job, fast, spot=False, options=options), fast)
     if job.spot is False or offer.spot_price_per_hour is None:
         return on_demand, None
     try:
-        spot = estimate_cost(cost_inputs(c, offer, provider, job, fast, spot=True), fast)
+        spot = estimate_cost(
+            cost_inputs(c, offer, provider, job, fast, spot=True, options=options), fast)
     except TuneplanError:
         return on_demand, None
     return on_demand, spot

@@ -13,7 +13,12 @@ from tuneplan.core.catalog.hardware import GpuSpec
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.strategy import Checkpointing, Loss, Offload, Optimizer, Sharding, Strategy
 from tuneplan.core.memory import MemoryEstimate
-from tuneplan.core.planner.search import AUTO_METHODS, StrategySearch, largest_fitting
+from tuneplan.core.planner.search import (
+    AUTO_METHODS,
+    Refused,
+    StrategySearch,
+    largest_fitting,
+)
 from tuneplan.units import GiB
 
 MAX_BATCH = 256
@@ -85,19 +90,19 @@ def fit(search: StrategySearch, gpu: GpuSpec, *, max_gpus: int = 64) -> FitRepor
                      fits=first.fits, methods=tuple(fits), suggestions=suggestions)
 
 
-def _peak(search: StrategySearch, s: Strategy, gen: str) -> MemoryEstimate | str:
+def _peak(search: StrategySearch, s: Strategy, gen: str) -> MemoryEstimate | Refused:
     return search.memory(s, gen)
 
 
 def _method_fit(search: StrategySearch, s: Strategy, limit: int, gen: str) -> MethodFit:
     est = _peak(search, s, gen)
-    if isinstance(est, str):
+    if isinstance(est, Refused):
         return MethodFit(method=s.method, peak_bytes=None, fits=False, largest_batch=0,
-                         largest_seq_len=0, refusal=est)
+                         largest_seq_len=0, refusal=est.reason)
 
     def ok(candidate: Strategy) -> bool:
         found = _peak(search, candidate, gen)
-        return not isinstance(found, str) and found.device_total_bytes <= limit
+        return not isinstance(found, Refused) and found.device_total_bytes <= limit
 
     batch = largest_fitting(lambda b: ok(replace(s, batch_size=b)), 1, MAX_BATCH)
     top = (search.model.max_position_embeddings or NO_LIMIT_SEQ) // SEQ_STEP
@@ -175,7 +180,7 @@ def _powers(start: int, limit: int) -> list[int]:
 def _largest_seq(search: StrategySearch, s: Strategy, limit: int, gen: str) -> int:
     def ok(k: int) -> bool:
         found = _peak(search, replace(s, seq_len=k * SEQ_STEP), gen)
-        return not isinstance(found, str) and found.device_total_bytes <= limit
+        return not isinstance(found, Refused) and found.device_total_bytes <= limit
 
     top = max(1, (s.seq_len - 1) // SEQ_STEP)
     return max(0, largest_fitting(ok, 1, top)) * SEQ_STEP
@@ -184,7 +189,7 @@ def _largest_seq(search: StrategySearch, s: Strategy, limit: int, gen: str) -> i
 def _add(out: list[Suggestion], search: StrategySearch, change: str, s: Strategy, limit: int,
          gen: str) -> bool:
     est = _peak(search, s, gen)
-    if isinstance(est, str):
+    if isinstance(est, Refused):
         return False
     fits = est.device_total_bytes <= limit
     out.append(Suggestion(change=change, strategy=s, peak_bytes=est.device_total_bytes,

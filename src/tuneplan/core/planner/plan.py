@@ -20,7 +20,7 @@ from tuneplan.core.catalog.hardware import GpuSpec
 from tuneplan.core.catalog.offers import Offer, gpu_matches, provider_matches
 from tuneplan.core.catalog.providers import Provider
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
-from tuneplan.core.cost.estimate import CostAssumptions, CostEstimate
+from tuneplan.core.cost.estimate import CostAssumptions, CostEstimate, cents
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.strategy import Interconnect, Job, Objective, Offload, Precision, Strategy
 from tuneplan.core.memory import MemoryAssumptions
@@ -30,7 +30,6 @@ from tuneplan.core.planner.costing import (
     node_link,
     plan_warnings,
     price_plan,
-    scaled_costs,
     storage_note,
     unit_cost,
 )
@@ -38,6 +37,7 @@ from tuneplan.core.planner.search import (
     DEFAULT_MEMORY_MARGIN,
     Candidate,
     Node,
+    Refused,
     SearchOutcome,
     StrategySearch,
 )
@@ -171,20 +171,31 @@ def plan_offers(model: ModelSpec, job: Job, offers: Sequence[Offer],
 
     Offers sharing a GPU type, count, capacity and link share one strategy search (and the
     memory estimates inside it). Raises nothing for infeasible offers: they are rejected.
+
+    The catalog's size costs only a few look-ups and two Decimal products per offer:
+    everything the strategy search and the cost model depend on (provider, GPU, count,
+    memory, interconnect, host RAM) is worked out once per ``_Shape``, and only the winner
+    of each de-duplication key becomes a ``Plan`` (id, warnings). The result is the one of
+    building a Plan for every offer and then de-duplicating (tests/core check it against
+    such a reference).
     """
     a = assumptions or PlanAssumptions()
-    search = StrategySearch(
-        model=model, base=job.strategy, tokens=job.tokens_per_epoch, epochs=job.epochs,
-        avg_tokens=None if job.strategy.packing else job.avg_tokens,
-        margin=a.memory_margin, max_micro_batch_log2=max(
-            0, (a.max_micro_batch_tokens // job.strategy.seq_len).bit_length() - 1),
-        memory_assumptions=a.memory, throughput_assumptions=a.throughput)
-    plans: list[Plan] = []
+    # The plan carries the resolved model id (an alias becomes its hub id), as launch needs.
+    job = replace(job, model=model.name) if job.model != model.name else job
+    search = strategy_search(model, job, a)
     rejected: list[Rejection] = []
+    late: list[Rejection] = []      # over the deadline or budget: listed after the others
     considered = 0
     prices: dict[tuple[object, ...], UnitCost] = {}
+    shapes: dict[tuple[object, ...], _Shape | Refused] = {}
+    best: dict[tuple[object, ...], _Priced] = {}
+    rates = inter_node_bytes_per_s or {}
+    spot_wins = job.spot is True
+    filtered = bool(job.providers or job.regions or job.gpu or job.max_gpus is not None)
     for offer in offers:
-        if not _wanted(job, offer):
+        if filtered and not _wanted(job, offer):
+            continue
+        if offer.price_per_hour is None and not spot_wins:
             continue
         considered += 1
         if offer.attachable:
@@ -192,19 +203,164 @@ def plan_offers(model: ModelSpec, job: Job, offers: Sequence[Offer],
                 "GPU priced without its host VM (GCP attachable GPU): not a rentable machine "
                 "on its own; add the host's price with `tuneplan catalog import`")))
             continue
-        found = _plan_offer(search, job, offer, gpus, providers, now,
-                            (inter_node_bytes_per_s or {}).get(offer.provider), a, prices)
-        if isinstance(found, str):
-            rejected.append(Rejection(offer=offer, reason=found))
-        else:
-            plans.extend(found)
-    kept, late = _within_limits(job, plans)
+        key = (offer.provider, offer.gpu, offer.gpu_count, offer.gpu_memory_bytes,
+               offer.interconnect, offer.ram_bytes)
+        shape = shapes.get(key)
+        if shape is None:
+            shape = _offer_shape(search, job, offer, gpus, providers, rates.get(offer.provider),
+                                 a, prices)
+            shapes[key] = shape
+        if isinstance(shape, Refused):
+            rejected.append(Rejection(offer=offer, reason=shape.reason))
+            continue
+        price, spot_price = offer.price_per_hour, offer.spot_price_per_hour
+        for option in shape.options:
+            # ``costing.scaled_costs``, with the unit cost's Decimals made once per shape.
+            cost = spot = None
+            if price is not None:
+                cost = cents(price * option.nodes * option.billed + option.extras)
+            if spot_price is not None and option.spot_hours is not None:
+                spot = cents(spot_price * option.nodes * option.spot_hours + option.extras)
+            ranked_cost = ranking_cost(cost, spot, spot_wins)
+            if job.deadline_s is not None and option.hours * HOUR_S > job.deadline_s:
+                late.append(Rejection(offer=offer, reason=(
+                    f"takes {option.hours:.1f} h, deadline {job.deadline_s / HOUR_S:.1f} h")))
+                continue
+            if job.budget_usd is not None and ranked_cost > job.budget_usd:
+                late.append(Rejection(offer=offer, reason=(
+                    f"costs ${ranked_cost:,.2f}, budget ${job.budget_usd:,.2f}")))
+                continue
+            # One plan per provider, instance shape and method: the cheapest region wins.
+            dedupe = (offer.provider, offer.instance_type, offer.gpu, offer.gpu_count,
+                      option.nodes, option.method)
+            held = best.get(dedupe)
+            if held is None or (ranked_cost, option.hours) < (held.best_cost, held.option.hours):
+                best[dedupe] = _Priced(offer, shape, option, cost, spot, ranked_cost)
     rejected += late
-    ranked, front = rank_plans(_dedupe(kept), job.objective, a.min_pareto_saving_s)
+    plans = [_build_plan(p, job, now, a) for p in best.values()]
+    ranked, front = rank_plans(plans, job.objective, a.min_pareto_saving_s)
     ranked = _explain(ranked, front, job, a, providers, search)
     return PlanResult(job=job, model=model.name, plans=tuple(ranked), pareto_ids=front,
                       rejected=tuple(rejected), considered=considered, assumptions=a,
                       memory_estimates=search.memory_calls)
+
+
+def strategy_search(model: ModelSpec, job: Job, a: PlanAssumptions) -> StrategySearch:
+    """The planner's search for ``job`` (training length, packing, micro-batch cap, margin
+    and assumptions): what ``plan_offers`` searches with and ``tuneplan cost`` re-prices with."""
+    return StrategySearch(
+        model=model, base=job.strategy, tokens=job.tokens_per_epoch, epochs=job.epochs,
+        avg_tokens=None if job.strategy.packing else job.avg_tokens,
+        margin=a.memory_margin, max_micro_batch_log2=max(
+            0, (a.max_micro_batch_tokens // job.strategy.seq_len).bit_length() - 1),
+        memory_assumptions=a.memory, throughput_assumptions=a.throughput)
+
+
+def offer_node(offer: Offer, gpu: GpuSpec, *, nodes: int = 1,
+               inter_node_bytes_per_s: float | None = None) -> Node:
+    """The Node ``offer`` x ``nodes`` gives a strategy: its GPUs, the usable memory per card
+    (the spec's usable bytes unless the offer reports clearly less), the link inside a node
+    (``node_link``) and, across nodes, the provider's fabric rate."""
+    link = node_link(offer, gpu)
+    capacity = min(gpu.usable_memory_bytes, offer.gpu_memory_bytes) if (
+        offer.gpu_memory_bytes >= gpu.memory_bytes * 0.9) else offer.gpu_memory_bytes
+    return Node(gpu=gpu, gpus_per_node=offer.gpu_count, capacity_bytes=capacity,
+                intra_link="pcie" if link == "pcie" else "auto", nodes=nodes,
+                inter_node_bytes_per_s=inter_node_bytes_per_s if nodes > 1 else None)
+
+
+
+@dataclass(frozen=True, slots=True)
+class _Option:
+    """One fitted candidate of a shape, with its unit cost as the Decimals pricing needs."""
+
+    candidate: Candidate
+    unit: UnitCost
+    nodes: int
+    method: Method
+    hours: float
+    billed: Decimal                  # Decimal(str(unit.billed_hours))
+    spot_hours: Decimal | None       # Decimal(str(unit.spot_expected_hours))
+    extras: Decimal
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What every offer with the same provider, GPU, count, memory, link and host RAM shares."""
+
+    gpu: GpuSpec
+    link: str
+    capacity: int
+    provider: Provider | None
+    options: tuple[_Option, ...]
+
+
+@dataclass(slots=True)
+class _Priced:
+    """The best offer so far of one de-duplication key, priced."""
+
+    offer: Offer
+    shape: _Shape
+    option: _Option
+    cost: Decimal | None
+    spot: Decimal | None
+    best_cost: Decimal
+
+
+def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[str, GpuSpec],
+                 providers: Mapping[str, Provider], inter: float | None, a: PlanAssumptions,
+                 prices: dict[tuple[object, ...], UnitCost]) -> _Shape | Refused:
+    """The fitted candidates (with unit costs) of ``offer``'s shape, or why it has none."""
+    gpu = gpus.get(offer.gpu)
+    if gpu is None:
+        return Refused(f"no GPU specification for {offer.gpu}")
+    link = node_link(offer, gpu)
+    problem = _hardware_problem(job, gpu, link)
+    if problem:
+        return Refused(problem)
+    node = offer_node(offer, gpu)
+    capacity = node.capacity_bytes
+    provider = providers.get(offer.provider)
+    outcome = search.search(node)
+    short = _host_ram_short(outcome.best.values(), offer)
+    if len(short) == len(outcome.best) and job.multi_node and _multi_node_ok(provider):
+        bigger = _more_nodes(search, job, node, inter, a, offer)
+        if bigger is not None:
+            outcome, short = bigger, {}
+    if not outcome.best:
+        return Refused(_why_not(outcome.smallest_need_bytes, outcome.refusals, capacity, a))
+    options: list[_Option] = []
+    for candidate in outcome.best.values():
+        if id(candidate) in short:
+            continue
+        # Money scales with the price: one cost-model run per candidate and provider.
+        key = (id(candidate), offer.provider)
+        if key not in prices:
+            prices[key] = unit_cost(candidate, provider, job, a.cost)
+        unit = prices[key]
+        options.append(_Option(
+            candidate=candidate, unit=unit, nodes=candidate.strategy.nodes,
+            method=candidate.strategy.method, hours=unit.wall_hours,
+            billed=Decimal(str(unit.billed_hours)),
+            spot_hours=None if unit.spot_expected_hours is None
+            else Decimal(str(unit.spot_expected_hours)), extras=unit.extras_usd))
+    if not options:
+        return Refused(next(iter(short.values())))
+    return _Shape(gpu=gpu, link=link, capacity=capacity, provider=provider,
+                  options=tuple(options))
+
+
+def _build_plan(p: _Priced, job: Job, now: datetime, a: PlanAssumptions) -> Plan:
+    option, shape, offer = p.option, p.shape, p.offer
+    candidate = option.candidate
+    return Plan(id=plan_id(offer, candidate.strategy), offer=offer, gpu=shape.gpu,
+                candidate=candidate, link=shape.link, capacity_bytes=shape.capacity,
+                hours=option.hours, cost_usd=p.cost, spot_usd=p.spot,
+                spot_hours=option.unit.spot_expected_hours, spot_may_win=job.spot is True,
+                best_cost=p.best_cost, storage=storage_note(shape.provider),
+                warnings=tuple(plan_warnings(candidate, offer, shape.gpu, shape.provider,
+                                             shape.link, now=now,
+                                             stale_after_s=a.stale_after_s)))
 
 
 def _wanted(job: Job, offer: Offer) -> bool:
@@ -221,53 +377,6 @@ def _wanted(job: Job, offer: Offer) -> bool:
 
 
 _LINK_RANK = {"single": 3, "pcie": 1, "nvlink": 2, "nvswitch": 3}
-
-
-def _plan_offer(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[str, GpuSpec],
-                providers: Mapping[str, Provider], now: datetime, inter: float | None,
-                a: PlanAssumptions,
-                prices: dict[tuple[object, ...], UnitCost],
-                ) -> list[Plan] | str:
-    gpu = gpus.get(offer.gpu)
-    if gpu is None:
-        return f"no GPU specification for {offer.gpu}"
-    link = node_link(offer, gpu)
-    problem = _hardware_problem(job, gpu, link)
-    if problem:
-        return problem
-    capacity = min(gpu.usable_memory_bytes, offer.gpu_memory_bytes) if (
-        offer.gpu_memory_bytes >= gpu.memory_bytes * 0.9) else offer.gpu_memory_bytes
-    node = Node(gpu=gpu, gpus_per_node=offer.gpu_count, capacity_bytes=capacity,
-                intra_link="pcie" if link == "pcie" else "auto")
-    provider = providers.get(offer.provider)
-    outcome = search.search(node)
-    short = _host_ram_short(outcome.best.values(), offer)
-    if len(short) == len(outcome.best) and job.multi_node and _multi_node_ok(provider):
-        bigger = _more_nodes(search, job, node, inter, a, offer)
-        if bigger is not None:
-            outcome, short = bigger, {}
-    if not outcome.best:
-        return _why_not(outcome.smallest_need_bytes, outcome.refusals, capacity, a)
-    out: list[Plan] = []
-    for candidate in outcome.best.values():
-        if id(candidate) in short:
-            continue
-        # Money scales with the price: one cost-model run per candidate and provider.
-        key = (id(candidate), offer.provider)
-        if key not in prices:
-            prices[key] = unit_cost(candidate, provider, job, a.cost)
-        cost, spot = scaled_costs(prices[key], offer, candidate.strategy.nodes)
-        out.append(Plan(id=plan_id(offer, candidate.strategy), offer=offer, gpu=gpu,
-                        candidate=candidate, link=link, capacity_bytes=capacity,
-                        hours=prices[key].wall_hours, cost_usd=cost, spot_usd=spot,
-                        spot_hours=prices[key].spot_expected_hours,
-                        spot_may_win=job.spot is True,
-                        best_cost=ranking_cost(cost, spot, job.spot is True),
-                        storage=storage_note(provider),
-                        warnings=tuple(plan_warnings(
-                            candidate, offer, gpu, provider, link, now=now,
-                            stale_after_s=a.stale_after_s))))
-    return out or next(iter(short.values()))
 
 
 def _hardware_problem(job: Job, gpu: GpuSpec, link: str) -> str | None:
@@ -319,32 +428,6 @@ def _why_not(need: int | None, refusals: list[str], capacity: int, a: PlanAssump
         return (f"needs {need / GiB:.1f} GiB per GPU at micro-batch 1, card has "
                 f"{capacity / GiB:.0f} GiB ({a.memory_margin:.0%} usable)")
     return refusals[0] if refusals else "no strategy fits"
-
-
-def _within_limits(job: Job, plans: list[Plan]) -> tuple[list[Plan], list[Rejection]]:
-    kept: list[Plan] = []
-    rejected: list[Rejection] = []
-    for p in plans:
-        if job.deadline_s is not None and p.hours * HOUR_S > job.deadline_s:
-            rejected.append(Rejection(offer=p.offer, reason=(
-                f"takes {p.hours:.1f} h, deadline {job.deadline_s / HOUR_S:.1f} h")))
-        elif job.budget_usd is not None and p.best_cost > job.budget_usd:
-            rejected.append(Rejection(offer=p.offer, reason=(
-                f"costs ${p.best_cost:,.2f}, budget ${job.budget_usd:,.2f}")))
-        else:
-            kept.append(p)
-    return kept, rejected
-
-
-def _dedupe(plans: list[Plan]) -> list[Plan]:
-    """One plan per provider, instance shape and method: the cheapest region wins."""
-    best: dict[tuple[object, ...], Plan] = {}
-    for p in plans:
-        key = (p.offer.provider, p.offer.instance_type, p.offer.gpu, p.offer.gpu_count,
-               p.strategy.nodes, p.strategy.method)
-        if key not in best or (p.best_cost, p.hours) < (best[key].best_cost, best[key].hours):
-            best[key] = p
-    return list(best.values())
 
 
 def pareto_front(plans: Sequence[Plan], min_saving_s: float = 0.0) -> list[Plan]:

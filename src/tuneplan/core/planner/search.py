@@ -62,6 +62,14 @@ def largest_fitting(fits: Callable[[int], bool], low: int, high: int) -> int:
     return good
 
 
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Why a strategy, node or offer has no candidate: a typed result (the search tries
+    thousands of settings and most refusals are expected, so they are values, not raised)."""
+
+    reason: str
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Node:
     """The hardware a strategy runs on: GPU type, GPUs per node, nodes, links."""
@@ -115,10 +123,13 @@ class StrategySearch:
     max_micro_batch_log2: int = 6
     memory_assumptions: MemoryAssumptions = field(default_factory=MemoryAssumptions)
     throughput_assumptions: ThroughputAssumptions = field(default_factory=ThroughputAssumptions)
-    _memory: dict[tuple[Strategy, str | None], MemoryEstimate | str] = field(default_factory=dict)
-    _batches: dict[tuple[Strategy, int], MemoryEstimate | str] = field(default_factory=dict)
-    _speed: dict[tuple[object, ...], Throughput | str] = field(default_factory=dict)
+    _memory: dict[tuple[Strategy, str | None], MemoryEstimate | Refused] = field(
+        default_factory=dict)
+    _batches: dict[tuple[Strategy, int], MemoryEstimate | Refused] = field(default_factory=dict)
+    _speed: dict[tuple[object, ...], Throughput | Refused] = field(default_factory=dict)
     _nodes: dict[Node, SearchOutcome] = field(default_factory=dict)
+    _twins: dict[Strategy, Strategy] = field(default_factory=dict)
+    _workspace: dict[str | None, int] = field(default_factory=dict)
     memory_calls: int = 0
     _shape: ModelShape | None = None
 
@@ -128,8 +139,8 @@ class StrategySearch:
     def methods(self) -> tuple[Method, ...]:
         return AUTO_METHODS if self.base.method is Method.AUTO else (self.base.method,)
 
-    def memory(self, strategy: Strategy, generation: str | None) -> MemoryEstimate | str:
-        """Cached estimate, or the refusal's one-line reason."""
+    def memory(self, strategy: Strategy, generation: str | None) -> MemoryEstimate | Refused:
+        """Cached estimate, or why it is refused."""
         key = (strategy, generation)
         found = self._memory.get(key)
         if found is None:
@@ -138,17 +149,20 @@ class StrategySearch:
                 found = estimate_memory(self.model, strategy, self.memory_assumptions,
                                         generation=generation)
             except TuneplanError as exc:
-                found = str(exc)
+                found = Refused(str(exc))
             self._memory[key] = found
         return found
 
-    def at_batch(self, family: Strategy, batch: int) -> MemoryEstimate | str:
+    def at_batch(self, family: Strategy, batch: int) -> MemoryEstimate | Refused:
         """The generation-neutral estimate of ``family`` at micro-batch ``batch`` (cached).
 
         DDP replicates everything, so its per-GPU memory is the same on 2 or 16 GPUs: all
         DDP families share the 2-GPU estimate (host RAM, which grows with the ranks of a
         node, is rescaled by ``host_ram``)."""
-        key = (_ddp_twin(family), batch)
+        twin = self._twins.get(family)
+        if twin is None:
+            twin = self._twins[family] = _ddp_twin(family)
+        key = (twin, batch)
         found = self._batches.get(key)
         if found is None:
             found = self.memory(replace(key[0], batch_size=batch), None)
@@ -160,13 +174,20 @@ class StrategySearch:
         only the cuBLAS workspace (inside the allocated peak, so the reserve follows) and the
         CUDA context depend on the GPU generation (``core.memory.overheads``)."""
         a = self.memory_assumptions
-        allocated = (est.allocated_peak_bytes - int(workspace_term(None, a).value)
-                     + int(workspace_term(generation, a).value))
+        allocated = (est.allocated_peak_bytes - self._workspace_bytes(None)
+                     + self._workspace_bytes(generation))
         reserved = allocated + int(reserve_term(allocated, a).value)
         context = a.context_bytes(generation) - a.context_bytes(None)
         return est.device_total_bytes - est.reserved_peak_bytes + reserved + context
 
-    def speed(self, strategy: Strategy, node: Node) -> Throughput | str:
+    def _workspace_bytes(self, generation: str | None) -> int:
+        found = self._workspace.get(generation)
+        if found is None:
+            found = self._workspace[generation] = int(
+                workspace_term(generation, self.memory_assumptions).value)
+        return found
+
+    def speed(self, strategy: Strategy, node: Node) -> Throughput | Refused:
         key = (strategy, node.gpu.name, node.intra_link, node.inter_node_bytes_per_s)
         found = self._speed.get(key)
         if found is None:
@@ -179,7 +200,7 @@ class StrategySearch:
                                             assumptions=self.throughput_assumptions,
                                             tokens=self.tokens, epochs=self.epochs)
             except TuneplanError as exc:
-                found = str(exc)
+                found = Refused(str(exc))
             self._speed[key] = found
         return found
 
@@ -210,7 +231,7 @@ class StrategySearch:
         if candidate.exact:
             return candidate
         found = self.memory(candidate.strategy, gpu.generation)
-        if isinstance(found, str):
+        if isinstance(found, Refused):
             return candidate
         return replace(candidate, memory=found, device_total_bytes=found.device_total_bytes,
                        host_ram_bytes=found.host_ram_bytes, exact=True)
@@ -264,11 +285,11 @@ class StrategySearch:
                     out: SearchOutcome) -> list[Candidate]:
         def fits(log2: int) -> bool:
             est = self.at_batch(family, 2**log2)
-            return not isinstance(est, str) and self.device_total(est, generation) <= limit
+            return not isinstance(est, Refused) and self.device_total(est, generation) <= limit
 
         first = self.at_batch(family, 1)
-        if isinstance(first, str):
-            out.refusals.append(first)
+        if isinstance(first, Refused):
+            out.refusals.append(first.reason)
             return []
         need = self.device_total(first, generation)
         if need > limit:
@@ -277,12 +298,29 @@ class StrategySearch:
             return []
         best = largest_fitting(fits, 0, self.max_micro_batch_log2)
         est = self.at_batch(family, 2**best)
-        assert not isinstance(est, str)
+        assert not isinstance(est, Refused)
         strategy = self._precision_for(replace(family, batch_size=2**best), node.gpu)
-        speed = self.speed(strategy, node)
-        if isinstance(speed, str):
-            out.refusals.append(speed)
+        found = evaluate_strategy(self, node, strategy, memory=est)
+        if isinstance(found, Refused):
+            out.refusals.append(found.reason)
             return []
-        return [Candidate(strategy=strategy, memory=est, throughput=speed,
-                          device_total_bytes=self.device_total(est, generation),
-                          host_ram_bytes=host_ram(est, strategy))]
+        return [found]
+
+
+def evaluate_strategy(search: StrategySearch, node: Node, strategy: Strategy, *,
+                      memory: MemoryEstimate | None = None) -> Candidate | Refused:
+    """``strategy`` as a Candidate on ``node``: its generation-neutral memory (``at_batch``,
+    unless ``memory`` is given), per-GPU total on the node's GPU, host RAM and speed; or the
+    one-line reason it is refused. Does not check that it fits: the search does that, and
+    ``tuneplan cost`` prices a given strategy with this same function, so a plan and its
+    re-pricing are equal by construction."""
+    est = memory if memory is not None else search.at_batch(
+        replace(strategy, batch_size=1), strategy.batch_size)
+    if isinstance(est, Refused):
+        return est
+    speed = search.speed(strategy, node)
+    if isinstance(speed, Refused):
+        return speed
+    return Candidate(strategy=strategy, memory=est, throughput=speed,
+                     device_total_bytes=search.device_total(est, node.gpu.generation),
+                     host_ram_bytes=host_ram(est, strategy))

@@ -1,0 +1,51 @@
+"""``tuneplan launch``'s use case, shared with the web's bundle download: a typed plan (saved,
+or fresh from a result) -> its launch files, rendered by ``core.launch``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tuneplan.core.launch.bundle import LaunchSpec
+    from tuneplan.core.planner.plan import Plan, PlanResult
+    from tuneplan.core.planner.record import SavedPlan
+
+
+def bundle(plan: SavedPlan, targets: Iterable[str]) -> tuple[LaunchSpec, dict[str, str]]:
+    """(spec, {relative path: text}) of ``plan``'s bundle for ``targets`` (accelerate,
+    deepspeed, skypilot, dstack, all; comma lists accepted)."""
+    from tuneplan.adapters.launch_files import read_train_script
+    from tuneplan.core.launch.bundle import bundle_files, expand_targets, launch_spec
+
+    spec = launch_spec(plan)
+    files = bundle_files(spec, expand_targets(targets), train_script=read_train_script())
+    return spec, files
+
+
+def saved_bundle(plan_id: str | None, plan_file: Path | None, targets: Iterable[str]
+                 ) -> tuple[LaunchSpec, dict[str, str]]:
+    """The bundle of a plan from the last ``tuneplan plan`` (or a ``--plan`` file)."""
+    from tuneplan.adapters.launch_files import load_plan
+
+    return bundle(load_plan(plan_id, plan_file), targets)
+
+
+def result_bundle(plan: Plan, result: PlanResult, targets: Iterable[str]
+                  ) -> tuple[LaunchSpec, dict[str, str]]:
+    """The bundle of a plan of a result still in memory (the web's download)."""
+    from tuneplan.core.planner.record import saved_plan
+
+    return bundle(saved_plan(plan, result), targets)
+
+
+def written_document(spec: LaunchSpec, folder: Path, files: dict[str, str],
+                     targets: Iterable[str]) -> dict[str, Any]:
+    """``tuneplan launch --json``."""
+    from tuneplan.core.launch.bundle import expand_targets
+
+    return {"plan_id": spec.plan_id, "out": str(folder),
+            "targets": [t.value for t in expand_targets(targets)], "files": sorted(files),
+            "save_steps": spec.save_steps, "save_total_limit": spec.save_total_limit,
+            "checkpoint_interval_s": spec.checkpoint_interval_s}
