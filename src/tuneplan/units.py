@@ -95,10 +95,20 @@ def parse_usd(text: str | float | int) -> Decimal:
     return value
 
 
+#: Largest integer a size or count may reach: SQLite's INTEGER is a signed 64-bit value.
+MAX_INT = 2**63 - 1
+
+
 def _to_int(number: str, scale: int, original: str) -> int:
-    value = Decimal(number) * scale
+    shown = original if len(original) <= 40 else original[:40] + "..."
+    try:
+        value = Decimal(number) * scale
+    except ArithmeticError as exc:  # decimal.Overflow past the context's exponent range
+        raise InvalidValueError(f"{shown!r} is out of range") from exc
+    if value > MAX_INT:
+        raise InvalidValueError(f"{shown!r} is too large (at most 2^63 - 1)")
     if value != value.to_integral_value():
-        raise InvalidValueError(f"{original!r} is not a whole number of units")
+        raise InvalidValueError(f"{shown!r} is not a whole number of units")
     return int(value)
 
 

@@ -32,6 +32,7 @@ def test_the_app_has_the_commands_of_the_cli_contract() -> None:
     names = {path for path, _ in _commands()}
     contract = {"memory", "explain", "fit", "throughput", "gpus", "providers", "offers",
                 "catalog status", "catalog refresh", "catalog import", "catalog history",
+                "catalog remove",
                 "cost", "plan", "launch", "probe", "serve", "models"}
     assert contract <= names
 

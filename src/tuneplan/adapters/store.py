@@ -7,9 +7,10 @@ snapshot in one transaction; older snapshots stay as price history. Queries use 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -18,10 +19,11 @@ from typing import Any
 
 from tuneplan.core.catalog.gpu_names import CANONICAL_GPUS, gpu_matches
 from tuneplan.core.catalog.offers import Offer, OfferFilter, OfferSort, sort_offers
-from tuneplan.errors import CatalogError
+from tuneplan.errors import CatalogError, InvalidValueError
 
 SCHEMA_VERSION = 2
 STALE_AFTER_S = 7 * 86_400
+_MAX_SQLITE_INT = 2**63 - 1
 _MIGRATIONS: dict[int, str] = {
     1: """
     CREATE TABLE snapshots (
@@ -112,21 +114,35 @@ class CatalogStore:
         target = Path(path) if path is not None else default_path()
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            connection = sqlite3.connect(target, timeout=30, isolation_level=None)
-        except (OSError, sqlite3.Error) as exc:
+        except OSError as exc:
             raise CatalogError(f"cannot open catalog {target}: {exc}") from exc
-        store = cls(connection, target)
-        try:
-            store._migrate()
-            if seed:
-                store._seed()
-        except sqlite3.Error as exc:
-            connection.close()
-            raise CatalogError(f"catalog {target} is unreadable ({exc}); delete it to rebuild "
-                               "it from the bundled snapshot") from exc
-        except CatalogError:
-            connection.close()
-            raise
+        # Creating, migrating and seeding happen under an exclusive lock on a file beside the
+        # catalog, so concurrent first uses (CLI processes, a server) wait for the one that
+        # builds it instead of reading a half-made file; each re-checks the schema inside.
+        with _setup_lock(target):
+            try:
+                connection = sqlite3.connect(target, timeout=30, isolation_level=None)
+            except (OSError, sqlite3.Error) as exc:
+                raise CatalogError(f"cannot open catalog {target}: {exc}") from exc
+            store = cls(connection, target)
+            try:
+                store._migrate()
+                if seed:
+                    store._seed()
+            except sqlite3.OperationalError as exc:
+                connection.close()
+                if _is_busy(exc):
+                    raise CatalogError(f"catalog {target} is busy ({exc}): another tuneplan "
+                                       "is writing it; try again") from exc
+                raise CatalogError(f"catalog {target} is unreadable ({exc}); delete it to "
+                                   "rebuild it from the bundled snapshot") from exc
+            except sqlite3.Error as exc:
+                connection.close()
+                raise CatalogError(f"catalog {target} is unreadable ({exc}); delete it to "
+                                   "rebuild it from the bundled snapshot") from exc
+            except BaseException:
+                connection.close()
+                raise
         return store
 
     def _migrate(self) -> None:
@@ -134,10 +150,15 @@ class CatalogStore:
         if version > SCHEMA_VERSION:
             raise CatalogError(f"catalog {self.path} has schema {version}, newer than this "
                                f"tuneplan ({SCHEMA_VERSION}): upgrade tuneplan")
-        self._db.execute("PRAGMA journal_mode=WAL")
+        mode = self._db.execute("PRAGMA journal_mode").fetchone()
+        if not mode or str(mode[0]).lower() != "wal":
+            self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         for step in range(version + 1, SCHEMA_VERSION + 1):
             self._db.execute("BEGIN IMMEDIATE")
+            if self._count("PRAGMA user_version") >= step:  # another process got here first
+                self._db.execute("COMMIT")
+                continue
             try:
                 # Statement by statement: executescript would COMMIT the open transaction.
                 for statement in _MIGRATIONS[step].split(";"):
@@ -228,6 +249,35 @@ class CatalogStore:
                          (written, snapshot_id))
         return written
 
+    def remove_source(self, source: str) -> tuple[int, int]:
+        """Delete every snapshot of ``source`` and their offers, in one transaction (a killed
+        process leaves the catalog as it was). Returns (offers, snapshots) removed.
+
+        Raises InvalidValueError naming the stored sources when ``source`` has none, and
+        CatalogError on a database failure.
+        """
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                snapshots = self._count("SELECT COUNT(*) FROM snapshots WHERE source=?", source)
+                if not snapshots:
+                    known = [str(r[0]) for r in self._db.execute(
+                        "SELECT DISTINCT source FROM snapshots ORDER BY source")]
+                    raise InvalidValueError(
+                        f"no catalog source {source[:80]!r}; sources: "
+                        f"{', '.join(known) or 'none'}")
+                offers = self._db.execute(
+                    "DELETE FROM offers WHERE snapshot_id IN "
+                    "(SELECT id FROM snapshots WHERE source=?)", (source,)).rowcount
+                self._db.execute("DELETE FROM snapshots WHERE source=?", (source,))
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise CatalogError(f"could not remove {source} from {self.path}: {exc}") from exc
+        return offers, snapshots
+
     def offers(self, query: OfferFilter | None = None, *, sort: OfferSort | None = None
                ) -> list[Offer]:
         """Current offers passing ``query`` (all when None), sorted by ``sort`` if given.
@@ -311,6 +361,33 @@ class CatalogStore:
                                "rebuild it from the bundled snapshot") from exc
 
 
+@contextlib.contextmanager
+def _setup_lock(target: Path) -> Iterator[None]:
+    """Hold an exclusive ``fcntl.flock`` on ``<catalog>.lock`` (blocking: a process creating
+    the catalog is waited for). Where there is no fcntl (Windows) or the lock file cannot be
+    made, SQLite's own BEGIN IMMEDIATE and the re-checks inside it are what remain."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    try:
+        handle = open(target.with_name(target.name + ".lock"), "a+b")  # noqa: SIM115
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        yield
+    finally:
+        handle.close()  # closing the file releases the lock
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
 def _gpu_clause(query: str, args: list[object]) -> str:
     """SQL condition on ``o.gpu`` for a ``--gpu`` query: the family match (``gpu_matches``) is
     resolved once against the canonical names, then SQLite filters; appends the names to args."""
@@ -347,6 +424,11 @@ def _row(offer: Offer) -> tuple[object, ...]:
         raise CatalogError(f"not an Offer: {type(offer).__name__}")
     money = (None if p is None else str(p) for p in (offer.price_per_hour,
                                                      offer.spot_price_per_hour))
+    for label, number in (("gpu_count", offer.gpu_count), ("gpu_memory_bytes",
+                          offer.gpu_memory_bytes), ("ram_bytes", offer.ram_bytes),
+                          ("disk_bytes", offer.disk_bytes)):
+        if number is not None and not -_MAX_SQLITE_INT - 1 <= number <= _MAX_SQLITE_INT:
+            raise CatalogError(f"offer {offer.id}: {label} is beyond SQLite's 64-bit INTEGER")
     return (offer.id, offer.provider, offer.instance_type, offer.gpu, offer.gpu_count,
             offer.gpu_memory_bytes, offer.vcpus, offer.ram_bytes, offer.disk_bytes, offer.region,
             offer.zone, *money, offer.currency, offer.interconnect, _iso(offer.fetched_at),

@@ -124,7 +124,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except TuneplanError as exc:
         if _DEBUG["on"] or os.environ.get("TUNEPLAN_DEBUG"):
             raise
-        message = " ".join(str(exc).split())  # one line, whatever the message held
+        from tuneplan.cli.options import plain
+
+        message = plain(" ".join(str(exc).split()))  # one line, no control or escape chars
         sys.stderr.write(f"error: {message}\n")
         code = exc.exit_code
     sys.exit(code if isinstance(code, int) else 0)

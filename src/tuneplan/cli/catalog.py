@@ -38,7 +38,8 @@ from tuneplan.units import (
 if TYPE_CHECKING:
     from tuneplan.adapters.store import SourceStatus
 
-catalog_app = typer.Typer(help="The offer catalog: status, import, history (and refresh).",
+catalog_app = typer.Typer(help="The offer catalog: status, import, remove, history (and "
+                               "refresh).",
                           no_args_is_help=True)
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
@@ -47,6 +48,12 @@ def _console() -> Console:
     from tuneplan.cli.options import console
 
     return console
+
+
+def _safe(text: object) -> str:
+    from tuneplan.cli.options import safe
+
+    return safe(text)
 
 
 def _emit(document: object) -> None:
@@ -184,11 +191,12 @@ def _print_offers(offers: list[Offer], statuses: list[SourceStatus], limit: int 
                    "$/GPU-h", "spot $/h", "spot $/GPU-h", "source"):
         table.add_column(column, justify="right" if "$" in column or "mem" in column else "left")
     for o in shown:
-        table.add_row(o.id, o.provider, o.instance_type or "(GPU only)", f"{o.gpu} x{o.gpu_count}",
-                      format_bytes(o.gpu_memory_bytes), o.zone or o.region,
+        table.add_row(o.id, _safe(o.provider), _safe(o.instance_type or "(GPU only)"),
+                      f"{_safe(o.gpu)} x{o.gpu_count}", format_bytes(o.gpu_memory_bytes),
+                      _safe(o.zone or o.region),
                       _money(o.price_per_hour), _money(o.price_per_gpu_hour),
                       _money(o.spot_price_per_hour), _money(o.spot_price_per_gpu_hour),
-                      o.source)
+                      _safe(o.source))
     console = _console()
     console.print(table)
     console.print(_age_line(statuses), soft_wrap=True)
@@ -207,7 +215,7 @@ def _age_line(statuses: list[SourceStatus]) -> str:
         return "catalog is empty: run `tuneplan catalog refresh`"
     oldest = max(statuses, key=lambda s: s.age_s)
     stale = [s.source for s in statuses if s.stale]
-    line = (f"catalog: {len(statuses)} sources, oldest {oldest.source} fetched "
+    line = (f"catalog: {len(statuses)} sources, oldest {_safe(oldest.source)} fetched "
             f"{oldest.fetched_at:%Y-%m-%d %H:%M} UTC ({format_duration(oldest.age_s)} ago)")
     if stale:
         line += (f"; [yellow]{len(stale)} older than {_stale_after_days()} days: "
@@ -224,11 +232,11 @@ def catalog_status_command(as_json: JsonFlag = False) -> None:
     if as_json:
         _emit(document)
         return
-    table = Table(title=f"Catalog {document['path']}")
+    table = Table(title=f"Catalog {_safe(document['path'])}")
     for column in ("source", "fetched at (UTC)", "age", "offers", "snapshots", "note"):
         table.add_column(column)
     for s in document["sources"]:
-        table.add_row(s["source"], f"{s['fetched_at']:%Y-%m-%d %H:%M}",
+        table.add_row(_safe(s["source"]), f"{s['fetched_at']:%Y-%m-%d %H:%M}",
                       f"{s['age_s'] / DAY_S:.1f} d", str(s["offers"]), str(s["snapshots"]),
                       "[yellow]stale[/]" if s["stale"] else "")
     _console().print(table)
@@ -236,7 +244,8 @@ def catalog_status_command(as_json: JsonFlag = False) -> None:
     if stale:
         _console().print(f"[yellow]warning:[/] {len(stale)} sources older than "
                          f"{_stale_after_days()} days "
-                         f"({', '.join(stale)}): run `tuneplan catalog refresh`", soft_wrap=True)
+                         f"({_safe(', '.join(stale))}): run `tuneplan catalog refresh`",
+                         soft_wrap=True)
 
 
 @catalog_app.command("history")
@@ -252,11 +261,12 @@ def catalog_history_command(
     if as_json:
         _emit([asdict(p) for p in points])
         return
-    table = Table(title=f"Price history of {gpu} (USD per GPU-hour, cheapest per snapshot)")
+    table = Table(title=f"Price history of {_safe(gpu)} (USD per GPU-hour, cheapest per snapshot)")
     for column in ("fetched at (UTC)", "gpu", "source", "offers", "on-demand", "spot"):
         table.add_column(column)
     for p in points:
-        table.add_row(f"{p.fetched_at:%Y-%m-%d %H:%M}", p.gpu, p.source, str(p.offers),
+        table.add_row(f"{p.fetched_at:%Y-%m-%d %H:%M}", _safe(p.gpu), _safe(p.source),
+                      str(p.offers),
                       _money(p.min_price_per_gpu_hour), _money(p.min_spot_price_per_gpu_hour))
     _console().print(table)
 
@@ -268,17 +278,21 @@ def catalog_import_command(
     as_json: JsonFlag = False,
 ) -> None:
     """Add your own prices (negotiated, reserved, on-prem). All rows or nothing is written."""
-    from tuneplan.adapters.importers.user_csv import parse_user_csv
+    from tuneplan.adapters.importers.user_csv import MAX_FILE_CHARS, parse_user_csv
     from tuneplan.adapters.store import CatalogStore
 
     try:
+        if file.stat().st_size > MAX_FILE_CHARS:
+            raise InvalidValueError(f"{file}: {file.stat().st_size:,} bytes, more than "
+                                    f"{MAX_FILE_CHARS:,}")
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidValueError(f"cannot read {file}: {exc}") from exc
     source = f"user-import:{file.name}"
     fetched_at = datetime.now(UTC)
     result = parse_user_csv(text, source, fetched_at)
-    problems = [*result.rejected_rows, *(f"unknown GPU {n!r}" for n in result.unknown_gpu_names)]
+    problems = [*result.rejected_rows,
+                *(f"unknown GPU {n[:40]!r}" for n in result.unknown_gpu_names)]
     if problems or not result.offers:
         detail = "; ".join(problems[:10]) or "no rows"
         raise InvalidValueError(f"{file}: nothing imported ({result.total_rejected} bad rows, "
@@ -288,7 +302,25 @@ def catalog_import_command(
     if as_json:
         _emit({"source": source, "offers": written, "fetched_at": fetched_at})
     else:
-        _console().print(f"imported {written} offers as source {source}")
+        _console().print(f"imported {written} offers as source {_safe(source)}")
+
+
+@catalog_app.command("remove")
+def catalog_remove_command(
+    source: Annotated[str, typer.Argument(help="Source name as `catalog status` shows it "
+                                               "(user-import:prices.csv, runpod, ...).")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Delete a source: all its snapshots and offers, in one transaction (e.g. a bad import)."""
+    from tuneplan.adapters.store import CatalogStore
+
+    with CatalogStore.open() as store:
+        offers, snapshots = store.remove_source(source)
+    if as_json:
+        _emit({"source": source, "offers_removed": offers, "snapshots_removed": snapshots})
+    else:
+        _console().print(f"removed source {_safe(source)}: {offers} offers in "
+                         f"{snapshots} snapshots")
 
 
 def register(app: typer.Typer) -> None:

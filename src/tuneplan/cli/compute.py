@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tuneplan.cli.options import JsonFlag, ModelArg, emit_json, job_flags
+from tuneplan.cli.options import JsonFlag, ModelArg, emit_json, job_flags, safe
 from tuneplan.errors import InvalidValueError
 from tuneplan.service.jobs import JobRequest
 from tuneplan.units import HOUR_S, format_duration, parse_duration, parse_size
@@ -57,7 +57,7 @@ def _print_throughput(result: Throughput) -> None:
         table.add_row(f"  {term.path}", f"{term.value:.4f} s")
     Console().print(table)
     for note in result.notes:
-        Console().print(f"note: {note}")
+        Console().print(f"note: {safe(note)}")
 
 
 _PLAN_ID = re.compile(r"^[0-9a-f]{12}$")
@@ -119,7 +119,8 @@ def _usd(value: Decimal | None) -> str:
 
 def _print_cost(document: dict[str, Any]) -> None:
     nodes = document.get("nodes", 1)
-    table = Table(title=f"Cost on {document['offer']['provider']} {document['offer']['gpu']} "
+    table = Table(title=f"Cost on {safe(document['offer']['provider'])} "
+                        f"{safe(document['offer']['gpu'])} "
                         f"x{document['offer']['gpu_count']}"
                         + (f" x {nodes} nodes" if nodes > 1 else "")
                         + (f" (plan {document['plan_id']})" if document.get("plan_id") else ""))
@@ -137,7 +138,7 @@ def _print_cost(document: dict[str, Any]) -> None:
         table.add_row("interruptions expected", f"{spot['interruptions_expected']:.2f}")
     Console().print(table)
     for warning in document["warnings"]:
-        Console().print(f"warning: {warning}")
+        Console().print(f"warning: {safe(warning)}")
 
 
 def register(app: typer.Typer) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import unicodedata
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
@@ -27,6 +28,28 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document 
 ModelArg = Annotated[str, typer.Argument(help="Bundled name, HF id, folder or config.json.")]
 F = TypeVar("F", bound=Callable[..., Any])
 console = Console()
+
+
+#: Unicode categories never sent to a terminal: controls (ESC, NUL, C1), format characters
+#: (bidi overrides, zero-width), private use, surrogates, unassigned, line/paragraph separators.
+_UNSHOWN = frozenset(("Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"))
+
+
+def plain(text: object) -> str:
+    """``text`` with every control, escape or bidi character replaced by U+FFFD: for lines
+    written straight to stdout/stderr (no Rich markup there, so nothing else to escape)."""
+    raw = "" if text is None else str(text)
+    return "".join("\ufffd" if unicodedata.category(ch) in _UNSHOWN else ch for ch in raw)
+
+
+def safe(text: object) -> str:
+    """``text`` made inert for a Rich console: every control, escape or bidi character becomes
+    U+FFFD and Rich markup (``[/x]``, ``[link=...]``) is escaped, so data from a catalog file or
+    an API is shown as the characters it holds and can neither crash nor restyle the output.
+    Use it for every provider, instance, region, source, note or message printed with Rich."""
+    from rich.markup import escape
+
+    return escape(plain(text))
 
 
 def emit_json(document: Any) -> None:

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tuneplan.cli.options import JsonFlag
+from tuneplan.cli.options import JsonFlag, plain, safe
 
 if TYPE_CHECKING:
     from tuneplan.adapters.refresh import LiveSource, SourceOutcome
@@ -44,9 +44,9 @@ def catalog_refresh_command(source: SourceFlag = None, as_json: JsonFlag = False
         console.print(_table(outcomes))
     for outcome in outcomes:
         if outcome.failed:
-            sys.stderr.write(f"error: {outcome.message}\n")
+            sys.stderr.write(f"error: {plain(' '.join(outcome.message.split()))}\n")
     if failed:
-        sys.stderr.write(f"error: refresh failed for {', '.join(failed)} "
+        sys.stderr.write(f"error: refresh failed for {plain(', '.join(failed))} "
                          "(their previous snapshots are kept)\n")
         raise typer.Exit(1)
 
@@ -82,9 +82,9 @@ def _table(outcomes: list[SourceOutcome]) -> Table:
         table.add_column(column, justify="right" if column in ("offers", "rejected") else "left")
     colour = {"ok": "green", "failed": "red", "skipped": "yellow"}
     for o in outcomes:
-        table.add_row(o.source, f"[{colour.get(o.status, 'white')}]{o.status}[/]",
+        table.add_row(safe(o.source), f"[{colour.get(o.status, 'white')}]{o.status}[/]",
                       str(o.offers_written), str(o.rejected_rows),
-                      str(len(o.unknown_gpu_names)), o.message)
+                      str(len(o.unknown_gpu_names)), safe(o.message))
     return table
 
 

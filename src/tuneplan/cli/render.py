@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tuneplan.adapters.plans import CatalogInfo
+from tuneplan.cli.options import safe
 from tuneplan.core.planner.fit import FitReport
 from tuneplan.core.planner.plan import Plan, PlanResult
 from tuneplan.service.plan_report import spot_part
@@ -52,7 +53,7 @@ def _billing(p: Plan) -> str:
 
 def render_plans(result: PlanResult, catalog: CatalogInfo, top: int, now: datetime,
                  console: Console) -> None:
-    table = Table(title=f"{result.model}: top {min(top, len(result.plans))} of "
+    table = Table(title=f"{safe(result.model)}: top {min(top, len(result.plans))} of "
                         f"{len(result.plans)} plans by {result.job.objective.value}")
     for name in ("#", "id", "provider", "instance", "GPUs", "mem/GPU GiB", "settings",
                  "tok/s", "hours", "on-demand", "spot exp/P90", "billing", "storage"):
@@ -62,27 +63,28 @@ def render_plans(result: PlanResult, catalog: CatalogInfo, top: int, now: dateti
         gpus = f"{p.strategy.gpus}x {p.gpu.name}" + (
             f" x{p.strategy.nodes}" if p.strategy.nodes > 1 else "")
         table.add_row(
-            str(rank), p.id, p.offer.provider, f"{p.offer.instance_type} ({p.offer.region})",
+            str(rank), p.id, safe(p.offer.provider),
+            safe(f"{p.offer.instance_type} ({p.offer.region})"),
             gpus, f"{p.candidate.device_total_bytes / GiB:.1f}/{p.capacity_bytes / GiB:.0f}",
             _settings(p), f"{p.candidate.throughput.tokens_per_second:,.0f}",
-            f"{p.hours:.2f}", _usd(p.cost_usd), _spot_text(p), _billing(p), p.storage)
+            f"{p.hours:.2f}", _usd(p.cost_usd), _spot_text(p), _billing(p), safe(p.storage))
     console.print(table)
     _print_front(result, console)
     _print_catalog(catalog, now, console)
     for rank, p in enumerate(result.plans[:top], start=1):
-        console.print(f"[bold]#{rank} {p.id}[/bold] why: " + "; ".join(p.why[1:] or p.why))
+        console.print(f"[bold]#{rank} {p.id}[/bold] why: " + safe("; ".join(p.why[1:] or p.why)))
         for warning in p.warnings:
-            console.print(f"   warning: {warning}")
+            console.print(f"   warning: {safe(warning)}")
     if result.rejected:
         console.print(f"{len(result.rejected)} offers rejected (see --json), e.g. "
-                      f"{result.rejected[0].offer.gpu}: {result.rejected[0].reason}")
+                      f"{safe(result.rejected[0].offer.gpu)}: {safe(result.rejected[0].reason)}")
 
 
 def _print_front(result: PlanResult, console: Console) -> None:
     by_id = {p.id: p for p in result.plans}
     points = [by_id[i] for i in result.pareto_ids if i in by_id]
     text = ", ".join(f"{_usd(p.best_cost)} in {format_duration(p.hours * HOUR_S)} "
-                     f"({p.strategy.world_size}x {p.gpu.name}, {p.offer.provider})"
+                     f"({p.strategy.world_size}x {p.gpu.name}, {safe(p.offer.provider)})"
                      for p in points[:8])
     console.print(f"Pareto front (cost vs time): {text}")
 
@@ -95,7 +97,7 @@ def _print_catalog(catalog: CatalogInfo, now: datetime, console: Console) -> Non
     stale = [s["source"] for s in catalog.sources if s["stale"]]
     console.print(f"catalog: {len(catalog.sources)} sources, newest fetched "
                   f"{catalog.fetched_at:%Y-%m-%d %H:%M} UTC ({age} ago)"
-                  + (f"; stale: {', '.join(stale)}" if stale else ""))
+                  + (f"; stale: {safe(', '.join(stale))}" if stale else ""))
 
 
 def render_fit(report: FitReport, console: Console) -> None:

@@ -19,6 +19,13 @@ from tuneplan.errors import CatalogError, InvalidOfferError, InvalidValueError, 
 
 #: Longest name (instance type, region) an importer keeps; longer ones are hostile or garbage.
 MAX_NAME_CHARS = 200
+#: Longest free text (an offer's notes) an importer keeps.
+MAX_NOTES_CHARS = 4_000
+#: Longest text a number may be written with ("2.49", "8", "1e3"); longer is not a price.
+MAX_NUMBER_CHARS = 40
+#: Largest count (GPUs, vCPUs) and plainest price exponent a row may hold: far above any real
+#: instance, far below what SQLite (signed 64-bit INTEGER) or Decimal/float could overflow on.
+MAX_COUNT = 1_000_000
 #: How many reject reasons are kept verbatim (the count is always exact).
 MAX_REJECT_REASONS = 50
 
@@ -43,15 +50,30 @@ def read_price(value: Any, label: str) -> Decimal | None:
         raise RowRejected(f"{label} has type {type(value).__name__}, expected a number")
     if isinstance(value, float) and not math.isfinite(value):
         raise RowRejected(f"{label} is {value!r}")
+    text = repr(value) if isinstance(value, float) else _number_text(value, label)
     try:
-        price = Decimal(repr(value) if isinstance(value, float) else str(value).strip())
+        price = Decimal(text)
     except InvalidOperation as exc:
-        raise RowRejected(f"{label} {str(value)[:40]!r} is not a number") from exc
+        raise RowRejected(f"{label} {text[:40]!r} is not a number") from exc
     if not price.is_finite():
-        raise RowRejected(f"{label} is {str(value)[:40]}, not a finite number")
+        raise RowRejected(f"{label} is {text[:40]}, not a finite number")
     if price <= 0:
-        raise RowRejected(f"{label} must be > 0, got {str(value)[:40]}")
+        raise RowRejected(f"{label} must be > 0, got {text[:40]}")
+    if not -9 <= price.adjusted() <= 9:
+        raise RowRejected(f"{label} {text[:40]} is out of range (1e-9 .. 1e9 USD/h)")
     return price
+
+
+def _number_text(value: Any, label: str) -> str:
+    """``value`` as the short text of a number; RowRejected when it is too long to be one
+    (a 5,000-digit count would also trip Python's int/str conversion limit)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**18:
+        raise RowRejected(f"{label} is out of range")
+    text = str(value).strip()
+    if len(text) > MAX_NUMBER_CHARS:
+        raise RowRejected(f"{label} {text[:20]!r}... is {len(text)} characters, "
+                          f"longer than a number ({MAX_NUMBER_CHARS})")
+    return text
 
 
 def require_price(value: Any, label: str) -> Decimal:
@@ -66,12 +88,15 @@ def read_count(value: Any, label: str) -> int:
     """A whole, positive count (GPUs); ``8``, ``8.0`` and ``"8"`` are 8; 0.25 is rejected."""
     if isinstance(value, bool):
         raise RowRejected(f"{label} is a boolean")
+    text = _number_text(value, label)
     try:
-        number = Decimal(str(value).strip())
+        number = Decimal(text)
     except InvalidOperation as exc:
-        raise RowRejected(f"{label} {str(value)[:40]!r} is not a number") from exc
-    if not number.is_finite() or number != number.to_integral_value() or number < 1:
-        raise RowRejected(f"{label} must be a whole number >= 1, got {str(value)[:40]}")
+        raise RowRejected(f"{label} {text!r} is not a number") from exc
+    if not number.is_finite() or number < 1 or number > MAX_COUNT:
+        raise RowRejected(f"{label} must be a whole number 1..{MAX_COUNT}, got {text}")
+    if number != number.to_integral_value():
+        raise RowRejected(f"{label} must be a whole number >= 1, got {text}")
     return int(number)
 
 
@@ -81,12 +106,15 @@ def read_number(value: Any, label: str) -> float | None:
         return None
     if isinstance(value, bool):
         raise RowRejected(f"{label} is a boolean")
+    if not isinstance(value, (int, float, str, Decimal)):
+        raise RowRejected(f"{label} has type {type(value).__name__}, expected a number")
+    text = repr(value) if isinstance(value, float) else _number_text(value, label)
     try:
-        number = float(value)
+        number = float(text)
     except (TypeError, ValueError) as exc:
-        raise RowRejected(f"{label} {str(value)[:40]!r} is not a number") from exc
-    if not math.isfinite(number) or number < 0:
-        raise RowRejected(f"{label} must be finite and >= 0, got {value!r}")
+        raise RowRejected(f"{label} {text[:40]!r} is not a number") from exc
+    if not math.isfinite(number) or not 0 <= number <= MAX_COUNT:
+        raise RowRejected(f"{label} must be finite and 0..{MAX_COUNT}, got {text[:40]}")
     return number
 
 
@@ -97,6 +125,21 @@ def read_name(value: Any, label: str) -> str:
     text = str(value).strip()
     if not text or len(text) > MAX_NAME_CHARS or not is_safe_text(text):
         raise RowRejected(f"{label} {text[:40]!r} is empty, too long or has control characters")
+    return text
+
+
+def read_text(value: Any, label: str, *, max_chars: int = MAX_NAME_CHARS) -> str:
+    """Optional printable text (zone, interconnect, notes): "" when absent; RowRejected when it
+    is not text, longer than ``max_chars`` or holds control, escape or bidi characters."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise RowRejected(f"{label} has type {type(value).__name__}, expected text")
+    text = value.strip()
+    if len(text) > max_chars:
+        raise RowRejected(f"{label} is {len(text)} characters, more than {max_chars}")
+    if not is_safe_text(text):
+        raise RowRejected(f"{label} {text[:40]!r} has control characters")
     return text
 
 
@@ -117,7 +160,8 @@ class OfferCollector:
             self.unknown_gpu_names[exc.raw or str(exc)] = None
             return
         except (RowRejected, InvalidOfferError, InvalidValueError, KeyError, TypeError,
-                AttributeError) as exc:
+                AttributeError, ValueError, ArithmeticError) as exc:
+            # ValueError/ArithmeticError: an int() of a 5,000-digit string, a Decimal overflow
             self.reject(where, exc)
             return
         if offer is not None:

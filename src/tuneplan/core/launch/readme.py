@@ -10,6 +10,17 @@ from tuneplan.core.launch.bundle import LaunchSpec, Target
 from tuneplan.units import GB, format_duration
 
 
+def _md(text: str) -> str:
+    """Catalog text as literal Markdown: specials backslash-escaped, controls dropped."""
+    shown = "".join(ch for ch in text if ch.isprintable())
+    return "".join("\\" + ch if ch in "\\`*_[]<>#|!()" else ch for ch in shown)
+
+
+def _code(text: str) -> str:
+    """Catalog text inside a Markdown code span: no backtick can close it, controls dropped."""
+    return "".join(ch for ch in text if ch.isprintable()).replace("`", "'")
+
+
 def _chosen(spec: LaunchSpec) -> list[str]:
     s, offer = spec.strategy, spec.offer
     lora = (f", rank {s.lora_rank}, alpha {s.lora_alpha}, targets "
@@ -17,8 +28,8 @@ def _chosen(spec: LaunchSpec) -> list[str]:
     quant = f", base in {s.quant.value}" if s.method.value in ("qlora", "lora8bit") else ""
     return [
         f"- Model `{spec.model_id}`, method **{s.method.value}**{lora}{quant}.",
-        f"- {s.gpus} x {spec.gpu_name} x {s.nodes} node(s) on {offer.provider} "
-        f"`{offer.instance_type}` in {offer.region}, "
+        f"- {s.gpus} x {spec.gpu_name} x {s.nodes} node(s) on {_md(offer.provider)} "
+        f"`{_code(offer.instance_type)}` in {_md(offer.region)}, "
         f"{'spot' if spec.use_spot else 'on-demand'}.",
         f"- {s.precision.value}, optimizer {s.optimizer.value}, micro-batch "
         f"{s.batch_size} x accumulation {s.grad_accum}, sequence {s.seq_len}, "
