@@ -63,3 +63,26 @@ def test_a_lazy_breakdown_is_a_breakdown() -> None:
     twice = LazyBreakdown("bytes", lambda: (terms[0], terms[0]), 4)
     with pytest.raises(ValueError, match="duplicate"):
         _ = twice.terms   # checked like any Breakdown once built
+
+
+def test_the_same_estimate_again_is_answered_alike_and_shares_no_mutable_state() -> None:
+    model = resolve_model("Qwen/Qwen2.5-0.5B")
+    memory_estimate.clear_cache()
+    strategy = Strategy(method=Method.LORA, batch_size=3, seq_len=1024)
+    first = estimate_memory(model, strategy, generation="hopper")
+    again_strategy = replace(strategy)          # equal, not the same object
+    again = estimate_memory(model, again_strategy, generation="hopper")
+    assert again.strategy is again_strategy
+    assert again.breakdown.as_dict() == first.breakdown.as_dict()
+    assert again.host.as_dict() == first.host.as_dict()
+    assert (again.device_total_bytes, again.peak_phase, dict(again.phases)) == (
+        first.device_total_bytes, first.peak_phase, dict(first.phases))
+    assert again.phases is not first.phases
+    first.phases["forward"] = -1                # type: ignore[index]
+    third = estimate_memory(model, strategy, generation="hopper")
+    assert third.phases == again.phases and third.phases["forward"] != -1
+    # another generation is another question (its CUDA context differs)
+    other = estimate_memory(model, strategy, generation="ampere")
+    memory_estimate.clear_cache()
+    assert other.breakdown.as_dict() == estimate_memory(
+        model, strategy, generation="ampere").breakdown.as_dict()

@@ -65,6 +65,20 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
     UnsupportedError for strategies the estimate cannot honour.
     """
     a = assumptions or _DEFAULT_ASSUMPTIONS
+    key = (id(model), id(a), strategy, generation)
+    done = _DONE.get(key)
+    if done is not None and done[0] is model and done[1].assumptions is a:
+        # The same question again: the same answer (a fresh object for the strategy passed
+        # in, and a phases dict of its own, so no caller shares mutable state).
+        est = done[1]
+        return MemoryEstimate(
+            model=est.model, strategy=strategy, assumptions=a, breakdown=est.breakdown,
+            allocated_peak_bytes=est.allocated_peak_bytes,
+            reserved_peak_bytes=est.reserved_peak_bytes,
+            device_total_bytes=est.device_total_bytes, peak_phase=est.peak_phase,
+            phases=dict(done[2]), host_ram_bytes=est.host_ram_bytes, host=est.host,
+            trainable_params=est.trainable_params, total_params=est.total_params,
+            notes=est.notes)
     fixed = _fixed(model, strategy, a)
     model, plan, static = fixed.model, fixed.plan, fixed.static
     moments = _moments(model, strategy, plan, static, a, fixed)
@@ -78,12 +92,17 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
     # Terms (with their formulas and sources) are made when a breakdown is first read.
     explained = breakdown([*peak_terms, *device])
     host = breakdown(host_terms(model, strategy, static, fixed.shards))
-    return MemoryEstimate(
+    est = MemoryEstimate(
         model=model.name, strategy=strategy, assumptions=a, breakdown=explained,
         allocated_peak_bytes=allocated, reserved_peak_bytes=allocated + int(reserve.value),
         device_total_bytes=int(explained.total), peak_phase=phase,
         phases=phases, host_ram_bytes=int(host.total),
         host=host, trainable_params=fixed.trainable.total, total_params=static.total_params)
+    if len(_DONE) >= _DONE_LIMIT:
+        _DONE.clear()
+    # the entry keeps its own copy of the phases: the caller may do what it likes with its own
+    _DONE[key] = (fixed.source, est, dict(phases))
+    return est
 
 
 _DEFAULT_ASSUMPTIONS = MemoryAssumptions()
@@ -115,11 +134,17 @@ class _Fixed:
 
 
 _FIXED: dict[tuple[object, ...], _Fixed] = {}
+#: Whole estimates per (model, assumptions, strategy, generation): asked again (a planner
+#: re-run, the web app's repeated plans) they are answered from here. Bounded like _FIXED.
+_DONE: dict[tuple[object, ...], tuple[ModelSpec, MemoryEstimate, dict[str, int]]] = {}
+_DONE_LIMIT = 4096
 
 
 def clear_cache() -> None:
-    """Forget the batch-independent work of earlier estimates (benchmarks time cold runs)."""
+    """Forget earlier estimates and their batch-independent work (benchmarks time cold
+    runs)."""
     _FIXED.clear()
+    _DONE.clear()
 
 
 def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed:
