@@ -86,3 +86,20 @@ def test_the_same_estimate_again_is_answered_alike_and_shares_no_mutable_state()
     memory_estimate.clear_cache()
     assert other.breakdown.as_dict() == estimate_memory(
         model, strategy, generation="ampere").breakdown.as_dict()
+
+
+@pytest.mark.parametrize("model_name", ["Qwen/Qwen2.5-0.5B", "mistralai/Mixtral-8x7B-v0.1"])
+def test_cached_saved_bytes_per_batch_equal_the_blocks_summed_at_that_batch(
+        model_name: str) -> None:
+    model = resolve_model(model_name)
+    for strategy in STRATEGIES:
+        memory_estimate.clear_cache()
+        fixed = memory_estimate._fixed(model, strategy, memory_estimate._DEFAULT_ASSUMPTIONS)
+        assert fixed.saved_line is not None, strategy
+        for batch in (1, 5, 7, 64):
+            at = replace(strategy, batch_size=batch)
+            summed = memory_estimate._saved(fixed.model, at, fixed.widths,
+                                            memory_estimate._shape(at, batch),
+                                            fixed.layer_inputs)
+            line = {k: batch * per + rest for k, per, rest in fixed.saved_line}
+            assert list(line.items()) == list(summed.items()), (strategy, batch)

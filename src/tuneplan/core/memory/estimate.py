@@ -131,6 +131,9 @@ class _Fixed:
     layers: int                                 # blocks in all
     forward_per_token: dict[str, int]           # act.forward_transient at one token
     experts_adapted: bool                       # LoRA wraps some block's routed experts
+    #: all blocks' saved bytes by component as (key, per batch, fixed): affine in the batch
+    #: for a fixed sequence (checked at three batches), or None (then summed per estimate)
+    saved_line: _Line | None
 
 
 _FIXED: dict[tuple[object, ...], _Fixed] = {}
@@ -166,10 +169,11 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
     sp = shard_plan(strategy)
     static = static_terms(model, strategy, plan, trainable, sp, a)
     w = act.widths(strategy, plan, a.dropout_mask_bytes)
+    layer_inputs = tuple(act.layer_inputs(model, layer, strategy, w) for layer in model.layers)
     found = _Fixed(
         source=source, assumptions=a, model=model, trainable=trainable, plan=plan, shards=sp,
         static=static, widths=w,
-        layer_inputs=tuple(act.layer_inputs(model, layer, strategy, w) for layer in model.layers),
+        layer_inputs=layer_inputs, saved_line=_saved_line(model, strategy, w, layer_inputs),
         layers=sum(layer.count for layer in model.layers),
         experts_adapted=any(experts.experts_adapted(model, layer, strategy)
                             for layer in model.layers),
@@ -185,13 +189,43 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
     return found
 
 
+def _shape(s: Strategy, batch: int) -> act.Shape:
+    prompt = s.num_virtual_tokens if s.method is Method.PROMPT else 0
+    prefix = s.num_virtual_tokens if s.method is Method.PREFIX else 0
+    return act.Shape(batch=batch, seq_q=s.seq_len + prompt, seq_kv=s.seq_len + prompt + prefix)
+
+
+def _saved(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
+           layer_inputs: tuple[act.LayerInputs, ...]) -> dict[str, int]:
+    """All blocks' saved bytes by component (``act.block_saved`` times each kind's count)."""
+    per_block: dict[str, int] = {}
+    for layer, inputs in zip(model.layers, layer_inputs, strict=True):
+        for key, value in act.block_saved(model, layer, s, w, shape, inputs).items():
+            per_block[key] = per_block.get(key, 0) + value * layer.count
+    return per_block
+
+
+_Line = tuple[tuple[str, int, int], ...]
+
+
+def _saved_line(model: ModelSpec, s: Strategy, w: act.Widths,
+                layer_inputs: tuple[act.LayerInputs, ...]) -> _Line | None:
+    """``_saved`` as exact integer (key, per batch, fixed) triples: every saved size is the
+    batch times a size, plus batch-independent bytes (merged expert weights). Checked at a
+    third batch; anything not affine returns None and is summed per estimate instead."""
+    at = [_saved(model, replace(s, batch_size=b), w, _shape(s, b), layer_inputs)
+          for b in (1, 2, 3)]
+    line = tuple((k, at[1][k] - v, 2 * v - at[1][k]) for k, v in at[0].items())
+    if list(at[1]) != list(at[0]) or list(at[2]) != list(at[0]) or any(
+            at[2][k] != 3 * per + fixed for k, per, fixed in line):
+        return None
+    return line
+
+
 def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
              a: MemoryAssumptions, fixed: _Fixed) -> dict[str, list[Item]]:
     w = fixed.widths
-    prompt = s.num_virtual_tokens if s.method is Method.PROMPT else 0
-    prefix = s.num_virtual_tokens if s.method is Method.PREFIX else 0
-    shape = act.Shape(batch=s.batch_size, seq_q=s.seq_len + prompt,
-                      seq_kv=s.seq_len + prompt + prefix)
+    shape = _shape(s, s.batch_size)
     blocks = _block_terms(model, s, w, shape, a, fixed)
     loss = loss_moments(model, s, plan, w, shape, fixed.head_trains, a.loss_chunks)
     grads_fb = st.grads if s.grad_accum > 1 else []
@@ -257,10 +291,9 @@ class _Blocks:
 def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
                  a: MemoryAssumptions, fixed: _Fixed) -> _Blocks:
     layers = fixed.layers
-    per_block: dict[str, int] = {}
-    for layer, inputs in zip(model.layers, fixed.layer_inputs, strict=True):
-        for key, value in act.block_saved(model, layer, s, w, shape, inputs).items():
-            per_block[key] = per_block.get(key, 0) + value * layer.count
+    line, batch = fixed.saved_line, shape.batch
+    per_block = {k: batch * per + rest for k, per, rest in line} if line is not None else (
+        _saved(model, s, w, shape, fixed.layer_inputs))
     one = {k: v // layers for k, v in per_block.items()}
     current, transient, when = _current_block(model, s, w, shape, one,
                                               s.checkpointing is not Checkpointing.NONE,
