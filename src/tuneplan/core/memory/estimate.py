@@ -85,12 +85,12 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
     phases = {k: total(v) for k, v in moments.items()}
     phase = max(phases, key=phases.__getitem__)   # the first of equal peaks
     workspace = workspace_term(generation, a)
-    peak_terms = [*flatten(moments[phase]), workspace]
     allocated = phases[phase] + workspace.value
     reserve = reserve_term(allocated, a)
     device = [reserve, *device_terms(generation, strategy.world_size, a), *static.outside]
-    # Terms (with their formulas and sources) are made when a breakdown is first read.
-    explained = breakdown([*peak_terms, *device])
+    # The peak's groups are expanded, and Terms (with their formulas and sources) made, when
+    # a breakdown is first read.
+    explained = breakdown([*moments[phase], workspace, *device])
     host = breakdown(host_terms(model, strategy, static, fixed.shards))
     est = MemoryEstimate(
         model=model.name, strategy=strategy, assumptions=a, breakdown=explained,
