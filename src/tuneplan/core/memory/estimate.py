@@ -84,14 +84,18 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
     moments = _moments(model, strategy, plan, static, a, fixed)
     phases = {k: total(v) for k, v in moments.items()}
     phase = max(phases, key=phases.__getitem__)   # the first of equal peaks
-    workspace = workspace_term(generation, a)
+    overheads = fixed.overheads.get(generation)
+    if overheads is None:   # batch-independent: once per GPU generation
+        overheads = fixed.overheads[generation] = (
+            workspace_term(generation, a), device_terms(generation, strategy.world_size, a))
+    workspace = overheads[0]
     allocated = phases[phase] + workspace.value
     reserve = reserve_term(allocated, a)
-    device = [reserve, *device_terms(generation, strategy.world_size, a), *static.outside]
+    device = [reserve, *overheads[1], *static.outside]
     # The peak's groups are expanded, and Terms (with their formulas and sources) made, when
     # a breakdown is first read.
     explained = breakdown([*moments[phase], workspace, *device])
-    host = breakdown(host_terms(model, strategy, static, fixed.shards))
+    host = fixed.host or breakdown(host_terms(model, strategy, static, fixed.shards))
     est = MemoryEstimate(
         model=model.name, strategy=strategy, assumptions=a, breakdown=explained,
         allocated_peak_bytes=allocated, reserved_peak_bytes=allocated + int(reserve.value),
@@ -134,6 +138,10 @@ class _Fixed:
     #: all blocks' saved bytes by component as (key, per batch, fixed): affine in the batch
     #: for a fixed sequence (checked at three batches), or None (then summed per estimate)
     saved_line: _Line | None
+    rope: Piece                                 # RoPE cos/sin (the sequence's, not the batch's)
+    host: Breakdown | None                      # host RAM, unless it grows with the batch
+    #: per GPU generation: the cuBLAS workspace and the device overheads outside the allocator
+    overheads: dict[str | None, tuple[Piece, list[Piece]]]
 
 
 _FIXED: dict[tuple[object, ...], _Fixed] = {}
@@ -174,6 +182,10 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
         source=source, assumptions=a, model=model, trainable=trainable, plan=plan, shards=sp,
         static=static, widths=w,
         layer_inputs=layer_inputs, saved_line=_saved_line(model, strategy, w, layer_inputs),
+        rope=_rope(model, w, _shape(strategy, 1)), overheads={},
+        # offloaded checkpoints are the only host bytes that grow with the micro-batch
+        host=None if strategy.checkpointing is Checkpointing.OFFLOAD else breakdown(
+            host_terms(model, strategy, static, sp)),
         layers=sum(layer.count for layer in model.layers),
         experts_adapted=any(experts.experts_adapted(model, layer, strategy)
                             for layer in model.layers),
@@ -298,8 +310,7 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
     current, transient, when = _current_block(model, s, w, shape, one,
                                               s.checkpointing is not Checkpointing.NONE,
                                               fixed.experts_adapted)
-    cos_sin = part("activations/rope", 2 * shape.seq_kv * model.head_dim * w.compute,
-                   "RoPE cos and sin 2·S·head_dim·bytes (shared by all blocks)")
+    cos_sin = fixed.rope
     fwd_parts, fwd = _forward_moment(model, s, w, shape, one, fixed)
     if s.checkpointing is Checkpointing.NONE:
         per_block["norms"] -= act.first_norm_without_grad(model, s, w, shape)
@@ -378,6 +389,11 @@ def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shap
     parts, transient, when = max(candidates, key=lambda c: c[1].value + sum(c[0].values()))
     return _group("activations/current_block/", parts,
                   f"block in {when} backward · saved {{k}}"), transient, when
+
+
+def _rope(model: ModelSpec, w: act.Widths, shape: act.Shape) -> Piece:
+    return part("activations/rope", 2 * shape.seq_kv * model.head_dim * w.compute,
+                "RoPE cos and sin 2·S·head_dim·bytes (shared by all blocks)")
 
 
 def _dequant_term(s: Strategy, st: Static) -> list[Piece]:
