@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from tuneplan.core.job.methods import Method, Trainable, count_trainable, effective_quant
 from tuneplan.core.job.recipes import PrecisionPlan, precision_plan
@@ -142,6 +142,7 @@ class _Fixed:
     host: Breakdown | None                      # host RAM, unless it grows with the batch
     #: per GPU generation: the cuBLAS workspace and the device overheads outside the allocator
     overheads: dict[str | None, tuple[Piece, list[Piece]]]
+    own: dict[str, Piece]       # the running block's gradients, by where its backward peaks
 
 
 _FIXED: dict[tuple[object, ...], _Fixed] = {}
@@ -182,7 +183,7 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
         source=source, assumptions=a, model=model, trainable=trainable, plan=plan, shards=sp,
         static=static, widths=w,
         layer_inputs=layer_inputs, saved_line=_saved_line(model, strategy, w, layer_inputs),
-        rope=_rope(model, w, _shape(strategy, 1)), overheads={},
+        rope=_rope(model, w, _shape(strategy, 1)), overheads={}, own={},
         # offloaded checkpoints are the only host bytes that grow with the micro-batch
         host=None if strategy.checkpointing is Checkpointing.OFFLOAD else breakdown(
             host_terms(model, strategy, static, sp)),
@@ -245,8 +246,11 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
     # what every moment holds (weights, states, inputs), summed once
     held: list[Item] = [fixed.resident, *_inputs(model, s, w, shape)]
     base = Group(total(held), lambda: flatten(held))
-    own = part("gradients/current_block", st.block_grads[blocks.when],
-               f"the running block's gradients already made ({blocks.when} backward)")
+    own = fixed.own.get(blocks.when)
+    if own is None:
+        own = fixed.own[blocks.when] = part(
+            "gradients/current_block", st.block_grads[blocks.when],
+            f"the running block's gradients already made ({blocks.when} backward)")
     cast = st.autocast_copies
     moments = {
         "forward": [base, *grads_fb, *blocks.kept, *cast["forward"], *loss.kept,
@@ -290,8 +294,7 @@ def _group(prefix: str, values: dict[str, int], formula: str,
         for k, v in values.items()])
 
 
-@dataclass(frozen=True, slots=True)
-class _Blocks:
+class _Blocks(NamedTuple):   # a tuple: made once per estimate, cheaply
     kept: list[Item]
     top: list[Item]
     bottom: list[Item]
