@@ -63,3 +63,43 @@ def test_a_lazy_breakdown_is_a_breakdown() -> None:
     twice = LazyBreakdown("bytes", lambda: (terms[0], terms[0]), 4)
     with pytest.raises(ValueError, match="duplicate"):
         _ = twice.terms   # checked like any Breakdown once built
+
+
+def test_the_same_estimate_again_is_answered_alike_and_shares_no_mutable_state() -> None:
+    model = resolve_model("Qwen/Qwen2.5-0.5B")
+    memory_estimate.clear_cache()
+    strategy = Strategy(method=Method.LORA, batch_size=3, seq_len=1024)
+    first = estimate_memory(model, strategy, generation="hopper")
+    again_strategy = replace(strategy)          # equal, not the same object
+    again = estimate_memory(model, again_strategy, generation="hopper")
+    assert again.strategy is again_strategy
+    assert again.breakdown.as_dict() == first.breakdown.as_dict()
+    assert again.host.as_dict() == first.host.as_dict()
+    assert (again.device_total_bytes, again.peak_phase, dict(again.phases)) == (
+        first.device_total_bytes, first.peak_phase, dict(first.phases))
+    assert again.phases is not first.phases
+    first.phases["forward"] = -1                # type: ignore[index]
+    third = estimate_memory(model, strategy, generation="hopper")
+    assert third.phases == again.phases and third.phases["forward"] != -1
+    # another generation is another question (its CUDA context differs)
+    other = estimate_memory(model, strategy, generation="ampere")
+    memory_estimate.clear_cache()
+    assert other.breakdown.as_dict() == estimate_memory(
+        model, strategy, generation="ampere").breakdown.as_dict()
+
+
+@pytest.mark.parametrize("model_name", ["Qwen/Qwen2.5-0.5B", "mistralai/Mixtral-8x7B-v0.1"])
+def test_cached_saved_bytes_per_batch_equal_the_blocks_summed_at_that_batch(
+        model_name: str) -> None:
+    model = resolve_model(model_name)
+    for strategy in STRATEGIES:
+        memory_estimate.clear_cache()
+        fixed = memory_estimate._fixed(model, strategy, memory_estimate._DEFAULT_ASSUMPTIONS)
+        assert fixed.saved_line is not None, strategy
+        for batch in (1, 5, 7, 64):
+            at = replace(strategy, batch_size=batch)
+            summed = memory_estimate._saved(fixed.model, at, fixed.widths,
+                                            memory_estimate._shape(at, batch),
+                                            fixed.layer_inputs)
+            line = {k: batch * per + rest for k, per, rest in fixed.saved_line}
+            assert list(line.items()) == list(summed.items()), (strategy, batch)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from tuneplan.core.job.methods import (
     Method,
@@ -71,26 +71,49 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
     UnsupportedError for strategies the estimate cannot honour.
     """
     a = assumptions or _DEFAULT_ASSUMPTIONS
+    key = (id(model), id(a), strategy, generation)
+    done = _DONE.get(key)
+    if done is not None and done[0] is model and done[1].assumptions is a:
+        # The same question again: the same answer (a fresh object for the strategy passed
+        # in, and a phases dict of its own, so no caller shares mutable state).
+        est = done[1]
+        return MemoryEstimate(
+            model=est.model, strategy=strategy, assumptions=a, breakdown=est.breakdown,
+            allocated_peak_bytes=est.allocated_peak_bytes,
+            reserved_peak_bytes=est.reserved_peak_bytes,
+            device_total_bytes=est.device_total_bytes, peak_phase=est.peak_phase,
+            phases=dict(done[2]), host_ram_bytes=est.host_ram_bytes, host=est.host,
+            trainable_params=est.trainable_params, total_params=est.total_params,
+            notes=est.notes)
     fixed = _fixed(model, strategy, a)
     model, plan, static = fixed.model, fixed.plan, fixed.static
     moments = _moments(model, strategy, plan, static, a, fixed)
     phases = {k: total(v) for k, v in moments.items()}
     phase = max(phases, key=phases.__getitem__)   # the first of equal peaks
-    workspace = workspace_term(generation, a)
-    peak_terms = [*flatten(moments[phase]), workspace]
+    overheads = fixed.overheads.get(generation)
+    if overheads is None:   # batch-independent: once per GPU generation
+        overheads = fixed.overheads[generation] = (
+            workspace_term(generation, a), device_terms(generation, strategy.world_size, a))
+    workspace = overheads[0]
     allocated = phases[phase] + workspace.value
     reserve = reserve_term(allocated, a)
-    device = [reserve, *device_terms(generation, strategy.world_size, a), *static.outside]
-    # Terms (with their formulas and sources) are made when a breakdown is first read.
-    explained = breakdown([*peak_terms, *device])
-    host = breakdown(host_terms(model, strategy, static, fixed.shards))
-    return MemoryEstimate(
+    device = [reserve, *overheads[1], *static.outside]
+    # The peak's groups are expanded, and Terms (with their formulas and sources) made, when
+    # a breakdown is first read.
+    explained = breakdown([*moments[phase], workspace, *device])
+    host = fixed.host or breakdown(host_terms(model, strategy, static, fixed.shards))
+    est = MemoryEstimate(
         model=model.name, strategy=strategy, assumptions=a, breakdown=explained,
         allocated_peak_bytes=allocated, reserved_peak_bytes=allocated + int(reserve.value),
         device_total_bytes=int(explained.total), peak_phase=phase,
         phases=phases, host_ram_bytes=int(host.total),
         host=host, trainable_params=fixed.trainable.total, total_params=static.total_params,
         notes=tuple(n for n in (fused_qkv_note(model, strategy),) if n))
+    if len(_DONE) >= _DONE_LIMIT:
+        _DONE.clear()
+    # the entry keeps its own copy of the phases: the caller may do what it likes with its own
+    _DONE[key] = (fixed.source, est, dict(phases))
+    return est
 
 
 _DEFAULT_ASSUMPTIONS = MemoryAssumptions()
@@ -119,14 +142,28 @@ class _Fixed:
     layers: int                                 # blocks in all
     forward_per_token: dict[str, int]           # act.forward_transient at one token
     experts_adapted: bool                       # LoRA wraps some block's routed experts
+    #: all blocks' saved bytes by component as (key, per batch, fixed): affine in the batch
+    #: for a fixed sequence (checked at three batches), or None (then summed per estimate)
+    saved_line: _Line | None
+    rope: Piece                                 # RoPE cos/sin (the sequence's, not the batch's)
+    host: Breakdown | None                      # host RAM, unless it grows with the batch
+    #: per GPU generation: the cuBLAS workspace and the device overheads outside the allocator
+    overheads: dict[str | None, tuple[Piece, list[Piece]]]
+    own: dict[str, Piece]       # the running block's gradients, by where its backward peaks
 
 
 _FIXED: dict[tuple[object, ...], _Fixed] = {}
+#: Whole estimates per (model, assumptions, strategy, generation): asked again (a planner
+#: re-run, the web app's repeated plans) they are answered from here. Bounded like _FIXED.
+_DONE: dict[tuple[object, ...], tuple[ModelSpec, MemoryEstimate, dict[str, int]]] = {}
+_DONE_LIMIT = 4096
 
 
 def clear_cache() -> None:
-    """Forget the batch-independent work of earlier estimates (benchmarks time cold runs)."""
+    """Forget earlier estimates and their batch-independent work (benchmarks time cold
+    runs)."""
     _FIXED.clear()
+    _DONE.clear()
 
 
 def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed:
@@ -148,10 +185,15 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
     sp = shard_plan(strategy)
     static = static_terms(model, strategy, plan, trainable, sp, a)
     w = act.widths(strategy, plan, a.dropout_mask_bytes)
+    layer_inputs = tuple(act.layer_inputs(model, layer, strategy, w) for layer in model.layers)
     found = _Fixed(
         source=source, assumptions=a, model=model, trainable=trainable, plan=plan, shards=sp,
         static=static, widths=w,
-        layer_inputs=tuple(act.layer_inputs(model, layer, strategy, w) for layer in model.layers),
+        layer_inputs=layer_inputs, saved_line=_saved_line(model, strategy, w, layer_inputs),
+        rope=_rope(model, w, _shape(strategy, 1)), overheads={}, own={},
+        # offloaded checkpoints are the only host bytes that grow with the micro-batch
+        host=None if strategy.checkpointing is Checkpointing.OFFLOAD else breakdown(
+            host_terms(model, strategy, static, sp)),
         layers=sum(layer.count for layer in model.layers),
         experts_adapted=any(experts.experts_adapted(model, layer, strategy)
                             for layer in model.layers),
@@ -167,13 +209,43 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
     return found
 
 
+def _shape(s: Strategy, batch: int) -> act.Shape:
+    prompt = s.num_virtual_tokens if s.method is Method.PROMPT else 0
+    prefix = s.num_virtual_tokens if s.method is Method.PREFIX else 0
+    return act.Shape(batch=batch, seq_q=s.seq_len + prompt, seq_kv=s.seq_len + prompt + prefix)
+
+
+def _saved(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
+           layer_inputs: tuple[act.LayerInputs, ...]) -> dict[str, int]:
+    """All blocks' saved bytes by component (``act.block_saved`` times each kind's count)."""
+    per_block: dict[str, int] = {}
+    for layer, inputs in zip(model.layers, layer_inputs, strict=True):
+        for key, value in act.block_saved(model, layer, s, w, shape, inputs).items():
+            per_block[key] = per_block.get(key, 0) + value * layer.count
+    return per_block
+
+
+_Line = tuple[tuple[str, int, int], ...]
+
+
+def _saved_line(model: ModelSpec, s: Strategy, w: act.Widths,
+                layer_inputs: tuple[act.LayerInputs, ...]) -> _Line | None:
+    """``_saved`` as exact integer (key, per batch, fixed) triples: every saved size is the
+    batch times a size, plus batch-independent bytes (merged expert weights). Checked at a
+    third batch; anything not affine returns None and is summed per estimate instead."""
+    at = [_saved(model, replace(s, batch_size=b), w, _shape(s, b), layer_inputs)
+          for b in (1, 2, 3)]
+    line = tuple((k, at[1][k] - v, 2 * v - at[1][k]) for k, v in at[0].items())
+    if list(at[1]) != list(at[0]) or list(at[2]) != list(at[0]) or any(
+            at[2][k] != 3 * per + fixed for k, per, fixed in line):
+        return None
+    return line
+
+
 def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
              a: MemoryAssumptions, fixed: _Fixed) -> dict[str, list[Item]]:
     w = fixed.widths
-    prompt = s.num_virtual_tokens if s.method is Method.PROMPT else 0
-    prefix = s.num_virtual_tokens if s.method is Method.PREFIX else 0
-    shape = act.Shape(batch=s.batch_size, seq_q=s.seq_len + prompt,
-                      seq_kv=s.seq_len + prompt + prefix)
+    shape = _shape(s, s.batch_size)
     blocks = _block_terms(model, s, w, shape, a, fixed)
     loss = loss_moments(model, s, plan, w, shape, fixed.head_trains, a.loss_chunks)
     grads_fb = st.grads if s.grad_accum > 1 else []
@@ -181,8 +253,11 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
     # what every moment holds (weights, states, inputs), summed once
     held: list[Item] = [fixed.resident, *_inputs(model, s, w, shape)]
     base = Group(total(held), lambda: flatten(held))
-    own = part("gradients/current_block", st.block_grads[blocks.when],
-               f"the running block's gradients already made ({blocks.when} backward)")
+    own = fixed.own.get(blocks.when)
+    if own is None:
+        own = fixed.own[blocks.when] = part(
+            "gradients/current_block", st.block_grads[blocks.when],
+            f"the running block's gradients already made ({blocks.when} backward)")
     cast = st.autocast_copies
     moments = {
         "forward": [base, *grads_fb, *blocks.kept, *cast["forward"], *loss.kept,
@@ -226,8 +301,7 @@ def _group(prefix: str, values: dict[str, int], formula: str,
         for k, v in values.items()])
 
 
-@dataclass(frozen=True, slots=True)
-class _Blocks:
+class _Blocks(NamedTuple):   # a tuple: made once per estimate, cheaply
     kept: list[Item]
     top: list[Item]
     bottom: list[Item]
@@ -239,16 +313,14 @@ class _Blocks:
 def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
                  a: MemoryAssumptions, fixed: _Fixed) -> _Blocks:
     layers = fixed.layers
-    per_block: dict[str, int] = {}
-    for layer, inputs in zip(model.layers, fixed.layer_inputs, strict=True):
-        for key, value in act.block_saved(model, layer, s, w, shape, inputs).items():
-            per_block[key] = per_block.get(key, 0) + value * layer.count
+    line, batch = fixed.saved_line, shape.batch
+    per_block = {k: batch * per + rest for k, per, rest in line} if line is not None else (
+        _saved(model, s, w, shape, fixed.layer_inputs))
     one = {k: v // layers for k, v in per_block.items()}
     current, transient, when = _current_block(model, s, w, shape, one,
                                               s.checkpointing is not Checkpointing.NONE,
                                               fixed.experts_adapted)
-    cos_sin = part("activations/rope", 2 * shape.seq_kv * model.head_dim * w.compute,
-                   "RoPE cos and sin 2·S·head_dim·bytes (shared by all blocks)")
+    cos_sin = fixed.rope
     fwd_parts, fwd = _forward_moment(model, s, w, shape, one, fixed)
     if s.checkpointing is Checkpointing.NONE:
         per_block["norms"] -= act.first_norm_without_grad(model, s, w, shape)
@@ -327,6 +399,11 @@ def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shap
     parts, transient, when = max(candidates, key=lambda c: c[1].value + sum(c[0].values()))
     return _group("activations/current_block/", parts,
                   f"block in {when} backward · saved {{k}}"), transient, when
+
+
+def _rope(model: ModelSpec, w: act.Widths, shape: act.Shape) -> Piece:
+    return part("activations/rope", 2 * shape.seq_kv * model.head_dim * w.compute,
+                "RoPE cos and sin 2·S·head_dim·bytes (shared by all blocks)")
 
 
 def _dequant_term(s: Strategy, st: Static) -> list[Piece]:

@@ -8,7 +8,7 @@ read (``breakdown``). Nothing else lives here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from tuneplan.explain import Breakdown, LazyBreakdown, Term
@@ -21,10 +21,10 @@ class Piece:
 
     __slots__ = ("formula", "inputs", "path", "source", "value")
 
-    def __init__(self, path: str, value: int, formula: str, source: str,
-                 inputs: Mapping[str, Any]) -> None:
+    def __init__(self, path: str, value: int, formula: str, source: str = "",
+                 **inputs: Any) -> None:
         self.path = path
-        self.value = value
+        self.value = int(value)
         self.formula = formula
         self.source = source
         self.inputs = inputs
@@ -62,17 +62,21 @@ def flatten(items: Iterable[Item]) -> list[Piece]:
     return out
 
 
-def part(path: str, value: int, formula: str, source: str = "", **inputs: Any) -> Piece:
-    """A byte term: ``path`` slash-keyed, ``value`` in bytes (int), formula in words/symbols."""
-    return Piece(path, int(value), formula, source, inputs)
+#: A byte term: ``part(path, value, formula, source="", **inputs)``, ``path`` slash-keyed,
+#: ``value`` in bytes (made an int), formula in words/symbols. The class itself (one call
+#: less per piece: an estimate makes a score of them).
+part = Piece
 
 
 def total(terms: Sequence[Item]) -> int:
-    return int(sum(t.value for t in terms))
+    value = 0
+    for t in terms:   # a plain loop: the estimate sums a few short lists per call
+        value += t.value
+    return int(value)
 
 
-def breakdown(pieces: Iterable[Piece]) -> Breakdown:
-    """A bytes Breakdown of ``pieces`` whose Terms are made (and checked) when first read."""
-    found = tuple(pieces)
-    return LazyBreakdown(UNIT, lambda: tuple(p.term() for p in found),
-                         int(sum(p.value for p in found)))
+def breakdown(items: Iterable[Item]) -> Breakdown:
+    """A bytes Breakdown of ``items`` (groups expanded in place) whose Terms are made (and
+    checked) when first read; its total, the items' sum, is known up front."""
+    found = tuple(items)
+    return LazyBreakdown(UNIT, lambda: tuple(p.term() for p in flatten(found)), total(found))
