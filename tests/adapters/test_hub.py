@@ -157,6 +157,9 @@ def test_unreachable_hub_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
         (b'{"model_type": "llama", "hidden_size": NaN}', "NaN is not a valid"),
         (b"{" * 100_000, "nested too deeply|not valid JSON"),
         (b'{"model_type": "llama",', "not valid JSON"),
+        (b'{"model_type": "llama", "hidden_size": ' + b"9" * 5000 + b"}",
+         r"integer 9{20}\.\.\.\(5,000 digits\) is too large"),
+        (b'{"model_type": "llama", "rope_theta": 1e999}', "1e999 is not a finite"),
     ],
 )
 def test_malformed_files_are_model_config_errors(
@@ -173,3 +176,12 @@ def test_huge_file_is_refused_before_reading(tmp_path: Path) -> None:
         handle.truncate(hub.MAX_CONFIG_BYTES + 1)
     with pytest.raises(ModelConfigError, match="at most"):
         hub.resolve_model(str(path))
+
+
+def test_a_huge_int_passed_as_a_mapping_is_one_line_not_a_value_error() -> None:
+    from tuneplan.core.models.config import ConfigReader, describe
+
+    reader = ConfigReader({"hidden_size": 10**5000}, family="llama")
+    reader.get_int("hidden_size")
+    assert describe(10**5000) == "an integer of about 5,000 digits"
+    assert any("about 5,000 digits" in p for p in reader.problems)

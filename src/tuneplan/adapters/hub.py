@@ -132,7 +132,10 @@ def parse_config_bytes(data: bytes, *, origin: str) -> dict[str, Any]:
         raise ModelConfigError(
             f"{origin}: not UTF-8 text (byte {exc.start}); a config.json is UTF-8 JSON") from exc
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=_reject_constant, parse_int=_bounded_int,
+                           parse_float=_finite_float)
+    except ModelConfigError as exc:
+        raise ModelConfigError(f"{origin}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise ModelConfigError(
             f"{origin}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
@@ -142,6 +145,30 @@ def parse_config_bytes(data: bytes, *, origin: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ModelConfigError(
             f"{origin}: a config.json holds a JSON object, got {type(value).__name__}")
+    return value
+
+
+MAX_CONFIG_INT_DIGITS = 19
+"""Longest integer literal read from a config.json (2**63 has 19 digits); longer is refused
+before it is converted, so a 5,000-digit number never reaches int() (whose 4,300-digit limit
+raises ValueError)."""
+
+
+def _bounded_int(token: str) -> int:
+    digits = token.lstrip("-")
+    if len(digits) > MAX_CONFIG_INT_DIGITS:
+        shown = token if len(token) <= 40 else f"{token[:20]}...({len(digits):,} digits)"
+        raise ModelConfigError(
+            f"integer {shown} is too large for a config value "
+            f"(at most {MAX_CONFIG_INT_DIGITS} digits)")
+    return int(token)
+
+
+def _finite_float(token: str) -> float:
+    value = float(token)
+    if value != value or value in (float("inf"), float("-inf")):
+        shown = token if len(token) <= 40 else f"{token[:20]}..."
+        raise ModelConfigError(f"number {shown} is not a finite float")
     return value
 
 
