@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tuneplan.errors import BadInputError, CatalogError, TuneplanError
 from tuneplan.service.jsondoc import dumps
@@ -106,6 +107,7 @@ def create_app(store_path: str | Path | None = None) -> FastAPI:
     app.middleware("http")(_security_headers)
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(TuneplanError, _tuneplan_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     return app
 
 
@@ -143,6 +145,19 @@ def error_response(request: Request, status: int, problems: list[dict[str, Any]]
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
     return error_response(request, 422, problems_of(exc))
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    """404, 405, 413, ... in the one error shape: ``detail`` is a list of (loc, msg, type)."""
+    if isinstance(exc.detail, list):
+        problems = exc.detail
+    else:
+        problems = [{"loc": [], "msg": str(exc.detail)[:200],
+                     "type": f"http_{exc.status_code}"}]
+    response = error_response(request, exc.status_code, problems)
+    for name, value in (exc.headers or {}).items():
+        response.headers[name] = value
+    return response
 
 
 async def _tuneplan_error(request: Request, exc: TuneplanError) -> Response:
