@@ -185,18 +185,26 @@ def _hub_endpoint() -> str | None:
     return os.environ.get("HF_ENDPOINT") or None
 
 
-def fetch_hub_config(repo_id: str) -> dict[str, Any]:
-    """Download (or read from the local cache) ``config.json`` of a hub repository."""
+def fetch_hub_config(repo_id: str, *, local_only: bool = False,
+                     timeout_s: float = 10.0) -> dict[str, Any]:
+    """Download (or read from the local cache) ``config.json`` of a hub repository.
+
+    ``local_only``: the cache only, never a network request (the web app without --allow-hub).
+    Before a download, the file's size is asked with a metadata (HEAD) request and a file
+    over MAX_CONFIG_BYTES is refused unread, so the download itself is bounded.
+    """
     endpoint = _hub_endpoint()
     try:
         from huggingface_hub import errors as hub_errors
         from huggingface_hub import hf_hub_download
     except ImportError as exc:  # pragma: no cover - a core dependency
         raise UnknownModelError(f"{repo_id}: huggingface_hub is not installed") from exc
-    offline = hub_offline()
+    offline = hub_offline() or local_only
     try:
-        local = hf_hub_download(
-            repo_id, "config.json", endpoint=endpoint, local_files_only=offline, etag_timeout=10)
+        if not offline:
+            _check_remote_size(repo_id, endpoint, timeout_s)
+        local = hf_hub_download(repo_id, "config.json", endpoint=endpoint,
+                                local_files_only=offline, etag_timeout=timeout_s)
     except hub_errors.GatedRepoError as exc:
         raise UnknownModelError(
             f"{repo_id} is gated on the hub: accept its licence and set HF_TOKEN, or pass a local "
@@ -206,7 +214,9 @@ def fetch_hub_config(repo_id: str) -> dict[str, Any]:
             f"{repo_id} is not on the hub (or is private){_suggestions(repo_id)}") from exc
     # LocalEntryNotFoundError subclasses EntryNotFoundError: it must be caught first.
     except hub_errors.LocalEntryNotFoundError as exc:
-        why = "HF_HUB_OFFLINE is set and it is not cached" if offline else "the hub is unreachable"
+        why = ("it is not cached and hub lookups are off" if local_only
+               else "HF_HUB_OFFLINE is set and it is not cached" if offline
+               else "the hub is unreachable")
         raise UnknownModelError(f"cannot fetch {repo_id}: {why}{_suggestions(repo_id)}") from exc
     except hub_errors.EntryNotFoundError as exc:
         raise UnknownModelError(f"{repo_id} has no config.json on the hub") from exc
@@ -214,6 +224,23 @@ def fetch_hub_config(repo_id: str) -> dict[str, Any]:
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UnknownModelError(f"cannot fetch {repo_id} from the hub: {first_line}") from exc
     return load_config_path(Path(local))
+
+
+def _check_remote_size(repo_id: str, endpoint: str | None, timeout_s: float) -> None:
+    """Refuse a hub config.json larger than MAX_CONFIG_BYTES before downloading it."""
+    from huggingface_hub import errors as hub_errors
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+    url = hf_hub_url(repo_id, "config.json", endpoint=endpoint)
+    try:
+        size = get_hf_file_metadata(url, timeout=timeout_s).size
+    except hub_errors.HfHubHTTPError:
+        raise  # gated, missing, ...: reported by the caller like a download's error
+    except Exception:  # unreachable: the download reports it (or the cache serves it)
+        return
+    if size is not None and size > MAX_CONFIG_BYTES:
+        raise ModelConfigError(f"{repo_id}: config.json is {size:,} bytes on the hub, larger "
+                               f"than {MAX_CONFIG_BYTES:,}; refused without downloading it")
 
 
 def _suggestions(name: str) -> str:

@@ -85,8 +85,13 @@ async def _too_large(limit: int, send: Send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def create_app(store_path: str | Path | None = None) -> FastAPI:
-    """The web app. ``store_path`` is the catalog file (default: the CLI's catalog)."""
+def create_app(store_path: str | Path | None = None, *, allow_hub: bool = False) -> FastAPI:
+    """The web app. ``store_path`` is the catalog file (default: the CLI's catalog).
+
+    ``allow_hub``: hub ids not in the local cache are fetched from the hub (bounded: see
+    ``inputs.resolve_web_model``); off by default, so a request never makes the server reach
+    the network.
+    """
     from tuneplan import __version__
     from tuneplan.web.api import router as api_router
     from tuneplan.web.pages import router as page_router
@@ -97,6 +102,7 @@ def create_app(store_path: str | Path | None = None) -> FastAPI:
                   description="Plan LLM fine-tuning jobs on rented GPUs. Every page has a "
                               "JSON twin under /api that mirrors the CLI's --json output.")
     app.state.store_path = None if store_path is None else Path(store_path)
+    app.state.allow_hub = allow_hub
     app.state.templates = Jinja2Templates(directory=str(HERE / "templates"))
     app.state.templates.env.autoescape = True  # every .html is escaped; also any other name
     app.state.plans = OrderedDict()  # plan results for detail pages (bounded in pages)
