@@ -381,3 +381,18 @@ def test_malformed_json_and_huge_seq_len_are_422_lists(client: TestClient) -> No
     huge = client.post("/api/plan", json={"model": "llama-3.1-8b", "seq_len": 2**63})
     assert huge.status_code == 422
     assert huge.json()["detail"][0]["loc"] == ["body", "seq_len"]
+
+
+def test_host_and_origin_are_checked_when_hosts_are_given(store_path: Path) -> None:
+    from tuneplan.web import create_app
+
+    app = create_app(store_path, allowed_hosts=["testserver", "localhost"])
+    client = TestClient(app)
+    assert client.get("/api/gpus").status_code == 200
+    assert client.get("/api/gpus", headers={"host": "evil.example"}).status_code == 400
+    cross = client.post("/api/memory", json={"model": "qwen2.5-0.5b"},
+                        headers={"origin": "https://evil.example"})
+    assert cross.status_code == 403 and cross.json()["detail"][0]["type"] == "cross_site"
+    same = client.post("/api/memory", json={"model": "qwen2.5-0.5b"},
+                       headers={"origin": "http://localhost:8000"})
+    assert same.status_code == 200

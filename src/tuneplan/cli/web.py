@@ -33,7 +33,9 @@ def serve_command(
             f"the web app needs the web extra ({exc.name} is missing): "
             "pip install 'tuneplan[web]'") from exc
     typer.echo(f"tuneplan web app on http://{host}:{port}/ (Ctrl+C stops it)", err=True)
-    uvicorn.run(create_app(allow_hub=allow_hub), host=host, port=port, log_level="warning")
+    hosts = sorted({host, "127.0.0.1", "localhost", "::1", "[::1]"})
+    uvicorn.run(create_app(allow_hub=allow_hub, allowed_hosts=hosts), host=host, port=port,
+                log_level="warning")
 
 
 def register(app: typer.Typer) -> None:

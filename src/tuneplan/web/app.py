@@ -85,12 +85,15 @@ async def _too_large(limit: int, send: Send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def create_app(store_path: str | Path | None = None, *, allow_hub: bool = False) -> FastAPI:
+def create_app(store_path: str | Path | None = None, *, allow_hub: bool = False,
+               allowed_hosts: list[str] | None = None) -> FastAPI:
     """The web app. ``store_path`` is the catalog file (default: the CLI's catalog).
 
     ``allow_hub``: hub ids not in the local cache are fetched from the hub (bounded: see
     ``inputs.resolve_web_model``); off by default, so a request never makes the server reach
-    the network.
+    the network. ``allowed_hosts`` (``tuneplan serve`` passes the bound host and the
+    localhost names): other Host headers get 400, and a POST whose Origin names another host
+    gets 403 (cross-site form posts); None checks neither.
     """
     from tuneplan import __version__
     from tuneplan.web.api import router as api_router
@@ -111,10 +114,33 @@ def create_app(store_path: str | Path | None = None, *, allow_hub: bool = False)
     app.include_router(page_router)
     app.add_middleware(BodyLimit)
     app.middleware("http")(_security_headers)
+    if allowed_hosts is not None:
+        from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+        hosts = list(allowed_hosts)
+        app.middleware("http")(_same_origin(hosts))
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=hosts)
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(TuneplanError, _tuneplan_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     return app
+
+
+def _same_origin(hosts: list[str]) -> Callable[..., Awaitable[Response]]:
+    """Refuse a POST whose Origin (or, without one, Referer) names a host not in ``hosts``."""
+    from urllib.parse import urlsplit
+
+    async def check(request: Request,
+                    call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if request.method == "POST":
+            source = request.headers.get("origin") or request.headers.get("referer")
+            if source and urlsplit(source).hostname not in hosts:
+                return error_response(request, 403, [{
+                    "loc": ["header", "origin"], "msg": "cross-site POST refused",
+                    "type": "cross_site"}])
+        return await call_next(request)
+
+    return check
 
 
 async def _security_headers(request: Request,
