@@ -32,15 +32,17 @@ class _FakeHub(http.server.BaseHTTPRequestHandler):
             self._error(401, "GatedRepo", "Access to model gated/model is restricted.")
         elif self.path.startswith("/missing/"):
             self._error(404, "RepoNotFound", "Repository Not Found")
+        elif self.path.startswith("/huge/") and not with_body:
+            self._send(b"", with_body, length=60_000_000)  # HEAD: a 60 MB config.json
         elif self.path.startswith("/broken/"):
             self._send(b'{"model_type": "llama", "hidden_size": ', with_body)
         else:
             self._send(RECORDED_CONFIG, with_body)
 
-    def _send(self, body: bytes, with_body: bool) -> None:
+    def _send(self, body: bytes, with_body: bool, length: int | None = None) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(len(body) if length is None else length))
         self.send_header("ETag", f'"{abs(hash(body))}"')
         self.send_header("X-Repo-Commit", "a" * 40)
         self.end_headers()
@@ -157,6 +159,9 @@ def test_unreachable_hub_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
         (b'{"model_type": "llama", "hidden_size": NaN}', "NaN is not a valid"),
         (b"{" * 100_000, "nested too deeply|not valid JSON"),
         (b'{"model_type": "llama",', "not valid JSON"),
+        (b'{"model_type": "llama", "hidden_size": ' + b"9" * 5000 + b"}",
+         r"integer 9{20}\.\.\.\(5,000 digits\) is too large"),
+        (b'{"model_type": "llama", "rope_theta": 1e999}', "1e999 is not a finite"),
     ],
 )
 def test_malformed_files_are_model_config_errors(
@@ -173,3 +178,41 @@ def test_huge_file_is_refused_before_reading(tmp_path: Path) -> None:
         handle.truncate(hub.MAX_CONFIG_BYTES + 1)
     with pytest.raises(ModelConfigError, match="at most"):
         hub.resolve_model(str(path))
+
+
+def test_a_huge_int_passed_as_a_mapping_is_one_line_not_a_value_error() -> None:
+    from tuneplan.core.models.config import ConfigReader, describe
+
+    reader = ConfigReader({"hidden_size": 10**5000}, family="llama")
+    reader.get_int("hidden_size")
+    assert describe(10**5000) == "an integer of about 5,000 digits"
+    assert any("about 5,000 digits" in p for p in reader.problems)
+
+
+def test_local_only_reads_the_cache_and_makes_no_request(fake_hub: str) -> None:
+    with pytest.raises(UnknownModelError, match="hub lookups are off"):
+        hub.fetch_hub_config("someone/never-fetched", local_only=True)
+    assert _FakeHub.requests == []
+
+
+def test_a_huge_hub_config_is_refused_before_its_download(fake_hub: str) -> None:
+    with pytest.raises(ModelConfigError, match="60,000,000 bytes on the hub"):
+        hub.fetch_hub_config("huge/model")
+    assert {r.split()[0] for r in _FakeHub.requests} == {"HEAD"}  # never a GET of the body
+
+
+def test_the_web_app_reaches_the_hub_only_with_allow_hub(fake_hub: str) -> None:
+    from fastapi.testclient import TestClient
+
+    from tuneplan.web import create_app
+
+    closed = TestClient(create_app())
+    response = closed.post("/api/memory", json={"model": "someone/web-unknown"})
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["body", "model"]
+    assert "hub lookups are off" in response.json()["detail"][0]["msg"]
+    assert _FakeHub.requests == []
+    opened = TestClient(create_app(allow_hub=True))
+    response = opened.post("/api/memory", json={"model": "someone/web-unknown"})
+    assert response.status_code == 200, response.text
+    assert any("/someone/web-unknown/" in r for r in _FakeHub.requests)

@@ -188,10 +188,10 @@ def test_a_model_name_that_is_also_a_local_folder_is_never_opened(
     (tmp_path / "org" / "name" / "config.json").write_text(
         json.dumps(load_bundled_config(bundled)))
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hub is asked (offline here), not the disk
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hub cache is asked, not the disk
     response = client.post("/api/memory", json={"model": "org/name"})
     assert response.status_code == 422
-    assert "HF_HUB_OFFLINE" in response.json()["detail"][0]["msg"]
+    assert "not cached and hub lookups are off" in response.json()["detail"][0]["msg"]
 
 
 # ---- limits, headers, docs ---------------------------------------------------------------
@@ -356,3 +356,43 @@ def test_plan_detail_offers_the_launch_bundle_as_a_zip(client: TestClient) -> No
     assert {folder + n for n in ("train.py", "sky.yaml", "RUN.md")} <= set(names)
     assert folder + ".dstack.yml" not in names  # only the chosen target's files
     assert client.get(f"{link.group(1)}/launch.zip", params={"to": "slurm"}).status_code == 422
+
+
+@pytest.mark.parametrize(("method", "url", "status", "field"), [
+    ("GET", "/api/offers?min_gpu_memory=9223372036854775808", 422, "min_gpu_memory"),
+    ("GET", "/api/offers?count=99999999999999999999", 422, "count"),
+    ("GET", "/api/nowhere", 404, None),
+    ("DELETE", "/api/offers", 405, None),
+])
+def test_out_of_range_and_unknown_requests_use_the_one_error_shape(
+        client: TestClient, method: str, url: str, status: int, field: str | None) -> None:
+    response = client.request(method, url)
+    assert response.status_code == status
+    detail = response.json()["detail"]
+    assert isinstance(detail, list) and detail
+    assert all(set(item) == {"loc", "msg", "type"} and len(item["msg"]) < 300 for item in detail)
+    if field is not None:
+        assert detail[0]["loc"][-1] == field
+
+
+def test_malformed_json_and_huge_seq_len_are_422_lists(client: TestClient) -> None:
+    bad = client.post("/api/plan", content=b"{bad", headers={"content-type": "application/json"})
+    assert bad.status_code == 422 and bad.json()["detail"][0]["type"] == "json_invalid"
+    huge = client.post("/api/plan", json={"model": "llama-3.1-8b", "seq_len": 2**63})
+    assert huge.status_code == 422
+    assert huge.json()["detail"][0]["loc"] == ["body", "seq_len"]
+
+
+def test_host_and_origin_are_checked_when_hosts_are_given(store_path: Path) -> None:
+    from tuneplan.web import create_app
+
+    app = create_app(store_path, allowed_hosts=["testserver", "localhost"])
+    client = TestClient(app)
+    assert client.get("/api/gpus").status_code == 200
+    assert client.get("/api/gpus", headers={"host": "evil.example"}).status_code == 400
+    cross = client.post("/api/memory", json={"model": "qwen2.5-0.5b"},
+                        headers={"origin": "https://evil.example"})
+    assert cross.status_code == 403 and cross.json()["detail"][0]["type"] == "cross_site"
+    same = client.post("/api/memory", json={"model": "qwen2.5-0.5b"},
+                       headers={"origin": "http://localhost:8000"})
+    assert same.status_code == 200

@@ -132,7 +132,10 @@ def parse_config_bytes(data: bytes, *, origin: str) -> dict[str, Any]:
         raise ModelConfigError(
             f"{origin}: not UTF-8 text (byte {exc.start}); a config.json is UTF-8 JSON") from exc
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=_reject_constant, parse_int=_bounded_int,
+                           parse_float=_finite_float)
+    except ModelConfigError as exc:
+        raise ModelConfigError(f"{origin}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise ModelConfigError(
             f"{origin}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
@@ -142,6 +145,30 @@ def parse_config_bytes(data: bytes, *, origin: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ModelConfigError(
             f"{origin}: a config.json holds a JSON object, got {type(value).__name__}")
+    return value
+
+
+MAX_CONFIG_INT_DIGITS = 19
+"""Longest integer literal read from a config.json (2**63 has 19 digits); longer is refused
+before it is converted, so a 5,000-digit number never reaches int() (whose 4,300-digit limit
+raises ValueError)."""
+
+
+def _bounded_int(token: str) -> int:
+    digits = token.lstrip("-")
+    if len(digits) > MAX_CONFIG_INT_DIGITS:
+        shown = token if len(token) <= 40 else f"{token[:20]}...({len(digits):,} digits)"
+        raise ModelConfigError(
+            f"integer {shown} is too large for a config value "
+            f"(at most {MAX_CONFIG_INT_DIGITS} digits)")
+    return int(token)
+
+
+def _finite_float(token: str) -> float:
+    value = float(token)
+    if value != value or value in (float("inf"), float("-inf")):
+        shown = token if len(token) <= 40 else f"{token[:20]}..."
+        raise ModelConfigError(f"number {shown} is not a finite float")
     return value
 
 
@@ -158,18 +185,26 @@ def _hub_endpoint() -> str | None:
     return os.environ.get("HF_ENDPOINT") or None
 
 
-def fetch_hub_config(repo_id: str) -> dict[str, Any]:
-    """Download (or read from the local cache) ``config.json`` of a hub repository."""
+def fetch_hub_config(repo_id: str, *, local_only: bool = False,
+                     timeout_s: float = 10.0) -> dict[str, Any]:
+    """Download (or read from the local cache) ``config.json`` of a hub repository.
+
+    ``local_only``: the cache only, never a network request (the web app without --allow-hub).
+    Before a download, the file's size is asked with a metadata (HEAD) request and a file
+    over MAX_CONFIG_BYTES is refused unread, so the download itself is bounded.
+    """
     endpoint = _hub_endpoint()
     try:
         from huggingface_hub import errors as hub_errors
         from huggingface_hub import hf_hub_download
     except ImportError as exc:  # pragma: no cover - a core dependency
         raise UnknownModelError(f"{repo_id}: huggingface_hub is not installed") from exc
-    offline = hub_offline()
+    offline = hub_offline() or local_only
     try:
-        local = hf_hub_download(
-            repo_id, "config.json", endpoint=endpoint, local_files_only=offline, etag_timeout=10)
+        if not offline:
+            _check_remote_size(repo_id, endpoint, timeout_s)
+        local = hf_hub_download(repo_id, "config.json", endpoint=endpoint,
+                                local_files_only=offline, etag_timeout=timeout_s)
     except hub_errors.GatedRepoError as exc:
         raise UnknownModelError(
             f"{repo_id} is gated on the hub: accept its licence and set HF_TOKEN, or pass a local "
@@ -179,7 +214,9 @@ def fetch_hub_config(repo_id: str) -> dict[str, Any]:
             f"{repo_id} is not on the hub (or is private){_suggestions(repo_id)}") from exc
     # LocalEntryNotFoundError subclasses EntryNotFoundError: it must be caught first.
     except hub_errors.LocalEntryNotFoundError as exc:
-        why = "HF_HUB_OFFLINE is set and it is not cached" if offline else "the hub is unreachable"
+        why = ("it is not cached and hub lookups are off" if local_only
+               else "HF_HUB_OFFLINE is set and it is not cached" if offline
+               else "the hub is unreachable")
         raise UnknownModelError(f"cannot fetch {repo_id}: {why}{_suggestions(repo_id)}") from exc
     except hub_errors.EntryNotFoundError as exc:
         raise UnknownModelError(f"{repo_id} has no config.json on the hub") from exc
@@ -187,6 +224,23 @@ def fetch_hub_config(repo_id: str) -> dict[str, Any]:
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UnknownModelError(f"cannot fetch {repo_id} from the hub: {first_line}") from exc
     return load_config_path(Path(local))
+
+
+def _check_remote_size(repo_id: str, endpoint: str | None, timeout_s: float) -> None:
+    """Refuse a hub config.json larger than MAX_CONFIG_BYTES before downloading it."""
+    from huggingface_hub import errors as hub_errors
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+    url = hf_hub_url(repo_id, "config.json", endpoint=endpoint)
+    try:
+        size = get_hf_file_metadata(url, timeout=timeout_s).size
+    except hub_errors.HfHubHTTPError:
+        raise  # gated, missing, ...: reported by the caller like a download's error
+    except Exception:  # unreachable: the download reports it (or the cache serves it)
+        return
+    if size is not None and size > MAX_CONFIG_BYTES:
+        raise ModelConfigError(f"{repo_id}: config.json is {size:,} bytes on the hub, larger "
+                               f"than {MAX_CONFIG_BYTES:,}; refused without downloading it")
 
 
 def _suggestions(name: str) -> str:

@@ -20,6 +20,12 @@ if TYPE_CHECKING:
     from tuneplan.adapters.store import SourceStatus
 
 MAX_COUNT = 1_024  # GPUs per instance: no machine has more
+MAX_GPU_MEMORY = 2**44  # bytes per GPU (16 TiB): a floor above it is a typo, and it fits SQLite
+
+
+def _short_int(value: int) -> str:
+    """At most 40 characters of an int (a 5,000-digit one is never converted whole)."""
+    return str(value) if abs(value) < 10**40 else "a number of over 40 digits"
 
 
 def offer_filter(*, gpu: str | None = None, min_gpu_memory: str | None = None,
@@ -31,8 +37,12 @@ def offer_filter(*, gpu: str | None = None, min_gpu_memory: str | None = None,
         floor = parse_size(min_gpu_memory) if min_gpu_memory else None
     except BadInputError as exc:
         raise JobFlagError("min-gpu-memory", f"--min-gpu-memory: {exc}") from exc
+    if floor is not None and floor > MAX_GPU_MEMORY:
+        raise JobFlagError("min-gpu-memory", "--min-gpu-memory must be at most 16 TiB "
+                           f"({MAX_GPU_MEMORY:,} bytes), got {(min_gpu_memory or '')[:40]}")
     if count is not None and not 1 <= count <= MAX_COUNT:
-        raise JobFlagError("count", f"--count must be between 1 and {MAX_COUNT}, got {count}")
+        raise JobFlagError("count", f"--count must be between 1 and {MAX_COUNT}, "
+                                    f"got {_short_int(count)}")
     try:
         price = parse_usd(str(max_price)) if max_price is not None else None
     except BadInputError as exc:

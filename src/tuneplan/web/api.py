@@ -54,10 +54,10 @@ def api_models() -> TuneplanJSON:
 
 
 @router.post("/memory", response_class=TuneplanJSON, responses={**_BAD, 200: _JSON})
-def api_memory(job: JobInput) -> TuneplanJSON:
+def api_memory(request: Request, job: JobInput) -> TuneplanJSON:
     """`tuneplan memory MODEL --json`: per-GPU memory, term by term. Give `model` (bundled
     name or hub id) or `config` (a config.json object); `gpu` adds fits/headroom."""
-    model = resolve_web_model(job.model, job.config)
+    model = resolve_web_model(job.model, job.config, allow_hub=request.app.state.allow_hub)
     return TuneplanJSON(memory_document(job, model))
 
 
@@ -66,7 +66,7 @@ def api_plan(request: Request, job: PlanInput) -> TuneplanJSON:
     """`tuneplan plan MODEL --json`: ranked plans with why and warnings, and rejected offers."""
     from tuneplan.web.planning import plan_document, run_plan
 
-    model = resolve_web_model(job.model, job.config)
+    model = resolve_web_model(job.model, job.config, allow_hub=request.app.state.allow_hub)
     result = run_plan(job, model, request.app.state.store_path)
     document: dict[str, Any] = plan_document(result, job.top, request.app.state.store_path)
     return TuneplanJSON(document)

@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tuneplan.errors import BadInputError, CatalogError, TuneplanError
 from tuneplan.service.jsondoc import dumps
@@ -84,8 +85,16 @@ async def _too_large(limit: int, send: Send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def create_app(store_path: str | Path | None = None) -> FastAPI:
-    """The web app. ``store_path`` is the catalog file (default: the CLI's catalog)."""
+def create_app(store_path: str | Path | None = None, *, allow_hub: bool = False,
+               allowed_hosts: list[str] | None = None) -> FastAPI:
+    """The web app. ``store_path`` is the catalog file (default: the CLI's catalog).
+
+    ``allow_hub``: hub ids not in the local cache are fetched from the hub (bounded: see
+    ``inputs.resolve_web_model``); off by default, so a request never makes the server reach
+    the network. ``allowed_hosts`` (``tuneplan serve`` passes the bound host and the
+    localhost names): other Host headers get 400, and a POST whose Origin names another host
+    gets 403 (cross-site form posts); None checks neither.
+    """
     from tuneplan import __version__
     from tuneplan.web.api import router as api_router
     from tuneplan.web.pages import router as page_router
@@ -96,6 +105,7 @@ def create_app(store_path: str | Path | None = None) -> FastAPI:
                   description="Plan LLM fine-tuning jobs on rented GPUs. Every page has a "
                               "JSON twin under /api that mirrors the CLI's --json output.")
     app.state.store_path = None if store_path is None else Path(store_path)
+    app.state.allow_hub = allow_hub
     app.state.templates = Jinja2Templates(directory=str(HERE / "templates"))
     app.state.templates.env.autoescape = True  # every .html is escaped; also any other name
     app.state.plans = OrderedDict()  # plan results for detail pages (bounded in pages)
@@ -104,9 +114,33 @@ def create_app(store_path: str | Path | None = None) -> FastAPI:
     app.include_router(page_router)
     app.add_middleware(BodyLimit)
     app.middleware("http")(_security_headers)
+    if allowed_hosts is not None:
+        from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+        hosts = list(allowed_hosts)
+        app.middleware("http")(_same_origin(hosts))
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=hosts)
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(TuneplanError, _tuneplan_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     return app
+
+
+def _same_origin(hosts: list[str]) -> Callable[..., Awaitable[Response]]:
+    """Refuse a POST whose Origin (or, without one, Referer) names a host not in ``hosts``."""
+    from urllib.parse import urlsplit
+
+    async def check(request: Request,
+                    call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if request.method == "POST":
+            source = request.headers.get("origin") or request.headers.get("referer")
+            if source and urlsplit(source).hostname not in hosts:
+                return error_response(request, 403, [{
+                    "loc": ["header", "origin"], "msg": "cross-site POST refused",
+                    "type": "cross_site"}])
+        return await call_next(request)
+
+    return check
 
 
 async def _security_headers(request: Request,
@@ -143,6 +177,19 @@ def error_response(request: Request, status: int, problems: list[dict[str, Any]]
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
     return error_response(request, 422, problems_of(exc))
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    """404, 405, 413, ... in the one error shape: ``detail`` is a list of (loc, msg, type)."""
+    if isinstance(exc.detail, list):
+        problems = exc.detail
+    else:
+        problems = [{"loc": [], "msg": str(exc.detail)[:200],
+                     "type": f"http_{exc.status_code}"}]
+    response = error_response(request, exc.status_code, problems)
+    for name, value in (exc.headers or {}).items():
+        response.headers[name] = value
+    return response
 
 
 async def _tuneplan_error(request: Request, exc: TuneplanError) -> Response:

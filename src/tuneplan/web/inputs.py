@@ -8,13 +8,14 @@ field and the reason. A model is a bundled name/alias or a hub id, or an uploade
 from __future__ import annotations
 
 import re
+import threading
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
 
 from tuneplan.core.models import ModelSpec
-from tuneplan.errors import BadInputError
+from tuneplan.errors import BadInputError, CatalogError
 from tuneplan.service.jobflags import Flag, flags_for
 from tuneplan.service.jobs import JobRequest
 
@@ -135,11 +136,22 @@ def job_request(form: BaseModel, command: str, model_name: str) -> JobRequest:
     return JobRequest(model=model_name, command=command, values=values)
 
 
+HUB_CONCURRENCY = 4  # hub lookups in flight at once when --allow-hub; more get 503
+HUB_TIMEOUT_S = 10.0
+_hub_slots = threading.BoundedSemaphore(HUB_CONCURRENCY)
+
+
+class HubBusyError(CatalogError):
+    """Too many hub lookups in flight (the app answers 503 in the one error shape)."""
+
+
 def resolve_web_model(name: str | None, config: dict[str, Any] | None,
-                      upload: bytes | None = None) -> ModelSpec:
+                      upload: bytes | None = None, *, allow_hub: bool = False) -> ModelSpec:
     """A ModelSpec from an upload, a config object, a bundled name or a hub id — never a path.
 
-    Raises FieldError naming ``config`` or ``model``.
+    A hub id is read from the local cache only unless ``allow_hub`` (``tuneplan serve
+    --allow-hub``): then at most HUB_CONCURRENCY lookups run at once, each with a timeout and
+    a size check before the download. Raises FieldError naming ``config`` or ``model``.
     """
     from tuneplan.adapters.hub import find_bundled, load_bundled_config, parse_config_bytes
     from tuneplan.core.models import parse_model_config
@@ -166,7 +178,16 @@ def resolve_web_model(name: str | None, config: dict[str, Any] | None,
                              "/api/models) or a hub id such as org/name")
         from tuneplan.adapters.hub import fetch_hub_config
 
-        return parse_model_config(fetch_hub_config(name), name=name)
+        if not allow_hub:
+            return parse_model_config(fetch_hub_config(name, local_only=True), name=name)
+        if not _hub_slots.acquire(blocking=False):
+            raise HubBusyError(f"too many hub lookups in flight (at most {HUB_CONCURRENCY}); "
+                               "try again shortly")
+        try:
+            raw = fetch_hub_config(name, timeout_s=HUB_TIMEOUT_S)
+        finally:
+            _hub_slots.release()
+        return parse_model_config(raw, name=name)
     except BadInputError as exc:
         raise _attributed("model", exc) from exc
 

@@ -102,7 +102,8 @@ async def plan_submit(request: Request,
     pairs = [(k, v) for k, v in form.multi_items() if isinstance(v, str)]
     job = _validated(PlanInput, pairs)
     upload = await _read_upload(config_file)
-    model = resolve_web_model(job.model, job.config, upload)
+    model = resolve_web_model(job.model, job.config, upload,
+                              allow_hub=request.app.state.allow_hub)
     # Planning takes a second or so of CPU: off the event loop, like the sync API routes.
     result = await run_in_threadpool(run_plan, job, model, request.app.state.store_path)
     key = _keep(request, (result, job))

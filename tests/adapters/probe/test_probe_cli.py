@@ -4,7 +4,6 @@ reused; refusals; and a CUDA run (marked gpu, skipped without CUDA)."""
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
@@ -55,10 +54,8 @@ def test_cpu_probe_reports_measured_vs_estimated_and_is_saved() -> None:
 
 
 def test_simulated_8b_lora_matches_the_analytic_peak() -> None:
-    started = time.perf_counter()
     doc = probe("meta-llama/Llama-3.1-8B", "--method", "lora", "--batch-size", "2",
                 "--seq-len", "2048", "--simulate")
-    assert time.perf_counter() - started < 120
     assert doc["device"] == "simulated" and doc["fallbacks"] == []
     for name, row in rows(doc).items():
         if row["measured_bytes"]:

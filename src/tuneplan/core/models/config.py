@@ -19,8 +19,21 @@ MAX_VOCAB = 10_000_000
 MAX_POSITIONS = 1_000_000_000
 
 
+def describe_int(value: int) -> str:
+    """``value`` with thousands separators, or its size when it has more than 40 digits.
+
+    Never converts a huge int to text whole: that is slow and, past 4,300 digits, a ValueError.
+    """
+    if abs(value) < 10**40:
+        return f"{value:,}"
+    digits = int(abs(value).bit_length() * 0.30103)  # log10(2) digits per bit
+    return f"{'-' if value < 0 else ''}an integer of about {digits:,} digits"
+
+
 def describe(value: Any) -> str:
     """A short, non-recursive description of a JSON value for an error message."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return describe_int(value)
     if value is None or isinstance(value, bool | int | float):
         return repr(value)[:40]
     if isinstance(value, str):
@@ -110,7 +123,7 @@ class ConfigReader:
             self.problem(key, f"must be an integer, got {describe(value)}")
             return max(lo, 1)
         if not lo <= value <= hi:
-            self.problem(key, f"must be between {lo:,} and {hi:,}, got {value:,}")
+            self.problem(key, f"must be between {lo:,} and {hi:,}, got {describe_int(value)}")
             return max(lo, 1)
         return value
 
