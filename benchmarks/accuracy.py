@@ -3,7 +3,7 @@
 Prints one row per case (case, metric, expected, predicted, error %), then the median absolute
 error and the share within ±15 % over the measurement rows that could be estimated, and the
 fit/OOM agreement. Reads ``benchmarks/calibration/cases.jsonl`` (vendored from
-shared/data/calibration on 2026-11-30), or the path given.
+the project's calibration data on 2026-11-30), or the path given.
 Offline: models that are not bundled are reported as unavailable.
 Run: ``.venv/bin/python benchmarks/accuracy.py [cases.jsonl] [--all]``.
 """
@@ -148,7 +148,7 @@ def main(argv: list[str]) -> None:
               f"{sum(e <= 15 for e in fair) / len(fair):.0%}")
     if fits:
         print(f"fit/OOM rows classified correctly: {sum(fits)}/{len(fits)}")
-    # Throughput (issue 5): the cases that publish tokens/s, from throughput_accuracy.py.
+    # Throughput: the cases that publish tokens/s, from throughput_accuracy.py.
     sys.path.insert(0, str(Path(__file__).parent))
     from throughput_accuracy import evaluate as evaluate_throughput
     from throughput_accuracy import print_table as print_throughput_table

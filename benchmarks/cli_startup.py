@@ -2,7 +2,7 @@
 
 Run by hand: ``.venv/bin/python benchmarks/cli_startup.py [--runs 5]``. Prints the median user+
 system CPU of each command over the runs (children's rusage, so a busy machine's waiting is not
-counted). Targets (issue 12): `tuneplan --help` <= 0.3 s CPU; the whole-catalog QLoRA plan
+counted). Targets: `tuneplan --help` <= 0.3 s CPU; the whole-catalog QLoRA plan
 <= 1.0 s CPU including start-up.
 """
 

@@ -1,7 +1,7 @@
 """Time one analytic memory estimate (the planner sweeps thousands): prints µs per estimate.
 
 Three numbers: the median of single estimates after warm-up (the same strategies again: what
-the issue's 50 µs target is about), the mean over the loop, and the median of estimates at
+the 50 µs target is about), the mean over the loop, and the median of estimates at
 micro-batch sizes not seen before (the planner's bisection: batch-independent work cached,
 the batch-dependent work done again; each strategy once, so no whole estimate is reused).
 Single estimates are timed in CPU time of this process (the machine is shared); the mean is

@@ -5,7 +5,7 @@ Seeds a private catalog from the bundled snapshot (load timed separately), then 
 shared; wall time is printed beside) as the median of N cold runs (each run builds its own
 strategy search and memory cache), and for one job over catalog subsets and synthetic copies
 (the same offers in made-up regions with shifted prices, so no cache is shared): the README's
-auto job up to 4x, and the issue's QLoRA job at 1x, 10x and 100x the catalog (``--factors``).
+auto job up to 4x, and the QLoRA job at 1x, 10x and 100x the catalog (``--factors``).
 Run: python benchmarks/plan.py [--runs 5] [--factors 1,10,100]
 """
 

@@ -3,7 +3,7 @@
 Prints the tensor-level peak in GiB by category and the seconds it took. Needs the probe
 extra (torch, transformers, peft); no downloads, no real memory: FakeTensorMode on "cpu".
 Run: python benchmarks/simulate_8b.py [--batch 2] [--seq 2048] [--method lora] [--gc]
-Target (issue 19 moved it here from the test suite): the default run finishes in < 120 s.
+Target (kept here, not in a timed test): the default run finishes in < 120 s.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Throughput accuracy on the calibration cases that publish tokens/s.
 
-Runs ``estimate_throughput`` on every case of ``shared/data/calibration/cases.jsonl`` with an
+Runs ``estimate_throughput`` on every case of ``benchmarks/calibration/cases.jsonl`` with an
 ``expected_tokens_per_s`` and prints case, expected, predicted, error %, then the median
 absolute error and the share within +-15 % (headline: cases the CLI can express).
 

@@ -1,4 +1,4 @@
-"""Layering rules of ARCHITECTURE.md, enforced: the core imports only stdlib and itself."""
+"""Layering rules of docs/ARCHITECTURE.md, enforced: the core imports only stdlib and itself."""
 
 from __future__ import annotations
 

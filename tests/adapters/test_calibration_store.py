@@ -42,7 +42,7 @@ def h100_probe(**measured: object) -> ProbeRecord:
 
 def test_probes_table_is_schema_2_and_keeps_an_old_catalog(tmp_path: Path) -> None:
     path = tmp_path / "catalog.sqlite"
-    with sqlite3.connect(path) as db:  # a version-1 catalog written before issue 9
+    with sqlite3.connect(path) as db:  # a version-1 catalog written before probes were stored
         db.executescript(_MIGRATIONS[1] + "INSERT INTO snapshots VALUES "
                          "(7,'x','2026-11-30T00:00:00+00:00',0,1); PRAGMA user_version=1;")
     with CalibrationStore.open(path) as store:

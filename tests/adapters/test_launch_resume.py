@@ -12,11 +12,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.waiting import HANG_GUARD_S, wait_until
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -65,7 +66,7 @@ def _env(**extra: str) -> dict[str, str]:
 def _run(folder: Path, **extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "train.py", "--config", "train_config.json"],
                           cwd=folder, env=_env(**extra), capture_output=True, text=True,
-                          timeout=120, check=False)
+                          timeout=HANG_GUARD_S, check=False)
 
 
 def _progress(folder: Path) -> list[dict[str, Any]]:
@@ -129,12 +130,11 @@ def _interrupt_from_outside(folder: Path, after_steps: int) -> str:
     proc = subprocess.Popen([sys.executable, "train.py", "--config", "train_config.json"],
                             cwd=folder, env=_env(), stderr=subprocess.PIPE, text=True)
     progress = folder / "ckpt" / "progress.jsonl"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (
-            not progress.exists() or len(progress.read_text().splitlines()) < after_steps):
-        time.sleep(0.005)
+    wait_until(lambda: proc.poll() is not None or (
+        progress.exists() and len(progress.read_text().splitlines()) >= after_steps),
+        f"{after_steps} logged steps", poll_s=0.005)
     proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=60)
+    _, stderr = proc.communicate(timeout=HANG_GUARD_S)
     assert proc.returncode == 143, stderr[-2000:]
     return stderr
 

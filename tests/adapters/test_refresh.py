@@ -9,7 +9,6 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -21,6 +20,7 @@ import httpx
 import pytest
 
 from tests.conftest import FIXTURES
+from tests.waiting import HANG_GUARD_S, wait_until
 from tuneplan.adapters import refresh as refresh_module
 from tuneplan.adapters.importers import azure, runpod, vastai
 from tuneplan.adapters.importers.base import ImportResult
@@ -228,12 +228,11 @@ def test_a_refresh_killed_mid_write_leaves_the_database_identical(
     child = subprocess.Popen([sys.executable, "-c", _KILLED_SCRIPT, str(store.path), str(marker)],
                              cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
     try:
-        deadline = time.monotonic() + 60
-        while not marker.exists() and child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert marker.exists(), "the child never reached the middle of its write"
+        wait_until(lambda: marker.exists() or child.poll() is not None,
+                   "the child reaching the middle of its write")
+        assert marker.exists(), "the child ended before the middle of its write"
         child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
+        child.wait(timeout=HANG_GUARD_S)
     finally:
         if child.poll() is None:
             child.kill()

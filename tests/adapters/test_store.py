@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import HANG_GUARD_S
 from tuneplan.adapters.store import SCHEMA_VERSION, CatalogStore, default_path, load_catalog
 from tuneplan.core.catalog.offers import Offer, OfferFilter, OfferSort
 from tuneplan.errors import CatalogError
@@ -122,7 +123,7 @@ def test_a_killed_writer_leaves_the_database_row_for_row_identical(tmp_path: Pat
                              text=True, env={**os.environ, "PYTHONPATH": str(root)})
     assert child.stdout is not None and child.stdout.readline().strip() == "half"
     os.kill(child.pid, signal.SIGKILL)
-    child.wait(timeout=10)
+    child.wait(timeout=HANG_GUARD_S)
     assert dump(path) == before
     with CatalogStore.open(path, seed=False) as store:
         assert len(store.offers()) == 5

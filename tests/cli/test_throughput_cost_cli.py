@@ -1,4 +1,4 @@
-"""`tuneplan throughput` and `tuneplan cost` print CLI.md's keys with their assumptions."""
+"""`tuneplan throughput` and `tuneplan cost` print docs/CLI.md's keys with their assumptions."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ MIXED = [
 
 
 def test_8b_qlora_picks_a_single_mid_range_card() -> None:
-    # Over the real bundled catalog and its prices (the scenario of issue 6), not a toy one:
+    # Over the real bundled catalog and its prices, not a toy one:
     # on toy prices an H100 and an L40S can come within the model's own uncertainty.
     offers = [o for _, result, _ in load_bundled_snapshot() for o in result.offers]
     result = run("meta-llama/Llama-3.1-8B", "qlora", offers)

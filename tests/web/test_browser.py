@@ -8,12 +8,13 @@ from __future__ import annotations
 import shutil
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.waiting import HANG_GUARD_S, wait_until
 
 pytestmark = pytest.mark.browser
 
@@ -45,13 +46,10 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started, "uvicorn did not start"
+    wait_until(lambda: server.started, "uvicorn start-up")
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
-    thread.join(timeout=10)
+    thread.join(timeout=HANG_GUARD_S)
 
 
 @pytest.fixture(scope="module")

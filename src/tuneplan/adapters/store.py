@@ -41,7 +41,7 @@ _MIGRATIONS: dict[int, str] = {
     CREATE INDEX offers_snapshot ON offers(snapshot_id);
     CREATE INDEX offers_gpu ON offers(gpu);
     """,
-    # Probe measurements (issue 9; read and written by adapters/calibration.py).
+    # Probe measurements (read and written by adapters/calibration.py).
     2: """
     CREATE TABLE probes (
         id INTEGER PRIMARY KEY, created_at TEXT NOT NULL, model TEXT NOT NULL,

@@ -1,5 +1,5 @@
 """Run and present a memory estimate for the CLI: resolve model and GPU, build the JSON
-document of CLI.md, and render terms in words for ``tuneplan explain``. No maths here.
+document of docs/CLI.md, and render terms in words for ``tuneplan explain``. No maths here.
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ def run_memory(request: JobRequest, model: ModelSpec | None = None
 
         gpu = resolve_gpu_spec(job.gpu)
     generation = gpu.generation if gpu else None
-    # A saved CUDA probe on this GPU replaces the hardware-only constants (issue 9).
+    # A saved CUDA probe on this GPU replaces the hardware-only constants.
     assumptions = calibration_for(gpu).memory
     return estimate_memory(model, job.strategy, assumptions, generation=generation), model, gpu
 
 
 def memory_document(est: MemoryEstimate, model: ModelSpec, gpu: GpuSpec | None
                     ) -> dict[str, Any]:
-    """The JSON document of CLI.md for ``tuneplan memory --json``."""
+    """The JSON document of docs/CLI.md for ``tuneplan memory --json``."""
     fits = None
     if gpu is not None:
         fits = {gpu.name: est.fits(gpu.usable_memory_bytes)}

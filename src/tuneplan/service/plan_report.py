@@ -1,4 +1,4 @@
-"""Present a PlanResult or a FitReport: the JSON document of CLI.md and the Rich tables.
+"""Present a PlanResult or a FitReport: the JSON documents of docs/CLI.md.
 
 Presentation only: numbers come from ``core.planner.plan`` / ``core.planner.fit`` and are not
 recomputed;
@@ -29,7 +29,7 @@ def spot_part(p: Plan) -> dict[str, Any] | None:
 
 
 def plan_entry(p: Plan, result: PlanResult) -> dict[str, Any]:
-    """One plan as CLI.md's ``plans[]`` entry."""
+    """One plan as docs/CLI.md's ``plans[]`` entry."""
     c, t = p.candidate, p.candidate.throughput
     offer = offer_record(p.offer)
     if result.job.spot is False:  # --no-spot: spot prices are not part of the answer
@@ -61,7 +61,7 @@ def plan_entry(p: Plan, result: PlanResult) -> dict[str, Any]:
 
 
 def plan_document(result: PlanResult, catalog: CatalogInfo, top: int) -> dict[str, Any]:
-    """The ``tuneplan plan --json`` document (CLI.md keys first)."""
+    """The ``tuneplan plan --json`` document (docs/CLI.md's keys first)."""
     return {
         "job": result.job.as_dict(),
         "catalog": {"fetched_at": catalog.fetched_at, "sources": list(catalog.sources)},

@@ -35,11 +35,11 @@ def rows(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_cpu_probe_reports_measured_vs_estimated_and_is_saved() -> None:
     # fp32 keeps it fast on a CPU without bf16 matmul units (bf16-mixed: ~20 s a step at
-    # seq 128); the issue's own command (bf16-mixed, seq 2048) is run by hand.
+    # seq 128); the README's probe command (bf16-mixed, seq 2048) is run by hand.
     doc = probe(SMOL, "--random-weights", "--method", "lora", "--steps", "2", "--device", "cpu",
                 "--seq-len", "128", "--batch-size", "1", "--precision", "fp32")
     total = rows(doc)["tensor peak (total)"]
-    assert abs(total["error_pct"]) <= 3.0  # the memory issue's tolerance
+    assert abs(total["error_pct"]) <= 3.0  # the simulation tests' tolerance
     assert doc["measured"]["trainable_params"] == doc["estimated"]["trainable_params"] == 4_884_480
     # Terms: fp32 base 134.5M params · 4 B + LoRA A/B fp32 (4.9M · 4 B)
     assert rows(doc)["weights"]["measured_bytes"] == pytest.approx(557_598_208, abs=1024)

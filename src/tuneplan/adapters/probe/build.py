@@ -2,7 +2,7 @@
 
 Real: random weights on the CPU from a config dict. Fake: the same model built on the meta
 device (PEFT included), then every meta parameter/buffer swapped in place for a fake CPU
-tensor (ties kept), following FIELD-NOTES. No downloads; bitsandbytes is not handled here.
+tensor (ties kept), following docs/FIELD-NOTES.md. No downloads; bitsandbytes is not handled here.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def is_moe(config: Mapping[str, Any]) -> bool:
 
 
 def check_supported(setup: StepSetup) -> None:
-    """Refuse, with the reason, what fake tensors cannot run (seen failing, see FIELD-NOTES);
-    the job's own unrunnable flags were refused when ``setup`` was made."""
+    """Refuse, with the reason, what fake tensors cannot run (seen failing, see
+    docs/FIELD-NOTES.md); the job's own unrunnable flags were refused when ``setup`` was made."""
     if not setup.fake:
         return
     if is_moe(setup.config) and setup.param_dtype is not torch.bfloat16:
@@ -202,7 +202,8 @@ def _fakeify_plain_attributes(module: nn.Module, mode: Any) -> None:
 
 @contextmanager
 def patched_packed_sequence_check() -> Iterator[None]:
-    """transformers reads position ids to detect packing; fake ids read as packed (FIELD-NOTES)."""
+    """transformers reads position ids to detect packing; fake ids read as packed
+    (docs/FIELD-NOTES.md)."""
     from torch._subclasses.fake_tensor import FakeTensor
     from transformers import masking_utils
 
@@ -256,7 +257,7 @@ def make_optimizer(params: list[nn.Parameter], setup: StepSetup) -> torch.optim.
 
 def _bnb_optimizer(params: list[nn.Parameter], name: Optimizer) -> torch.optim.Optimizer:
     """bitsandbytes' AdamW8bit or (32-bit) Lion; under fake tensors its code tables are
-    computed from real values first (FIELD-NOTES), then made fake."""
+    computed from real values first (docs/FIELD-NOTES.md), then made fake."""
     from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
     bnb: Any = _import_bnb(name)

@@ -241,7 +241,7 @@ OFFER_RECORD_FIELDS = (
 
 
 def offer_record(offer: Offer) -> dict[str, object]:
-    """An offer as a flat record (CLI/web JSON and CSV): CLI.md's keys, then ``id``, the
+    """An offer as a flat record (CLI/web JSON and CSV): docs/CLI.md's keys, then ``id``, the
     per-GPU prices (named ``*_per_gpu_hour``), ``disk_bytes``, ``attachable`` and ``notes``.
     Money stays Decimal; the caller renders it."""
     return {

@@ -3,7 +3,7 @@
 Pure values only: ``ThroughputAssumptions`` is passed into ``core.compute.throughput`` and printed
 with
 every result (``describe``). Constants were derived from first principles or fitted to the
-calibration cases in ``shared/data/calibration`` (``benchmarks/throughput_accuracy.py``).
+calibration cases in ``benchmarks/calibration`` (``benchmarks/throughput_accuracy.py``).
 """
 
 from __future__ import annotations
