@@ -8,11 +8,12 @@ here too.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from tuneplan.core.job.methods import Method, Quant
 from tuneplan.core.job.recipes import Recipe
@@ -165,7 +166,7 @@ class Strategy:
         """The inverse of ``as_dict``: every key must be a field (missing ones take their
         default); values are converted to the field's type and validated by the constructor.
         Raises InvalidValueError naming every bad or unknown key."""
-        return cls(**_typed_fields(cls, data, _STRATEGY_KINDS, "strategy"))
+        return cls(**_typed_fields(cls, data, "strategy"))
 
 
 class Interconnect(StrEnum):
@@ -261,90 +262,61 @@ class Job:
         derived = rest.pop("tokens_per_epoch", None)
         raw = rest.pop("strategy", None)
         strategy = Strategy.from_dict(raw if raw is not None else {})
-        job = cls(strategy=strategy, **_typed_fields(cls, rest, _JOB_KINDS, "job",
-                                                     skip=("strategy",)))
+        job = cls(strategy=strategy, **_typed_fields(cls, rest, "job", skip=("strategy",)))
         if derived is not None and derived != job.tokens_per_epoch:
             raise InvalidValueError(f"job.tokens_per_epoch={derived!r} disagrees with its "
                                     f"tokens / dataset_rows x avg_tokens ({job.tokens_per_epoch})")
         return job
 
 
-def _words(value: Any) -> tuple[str, ...]:
-    if isinstance(value, str) or not isinstance(value, list | tuple):
-        raise ValueError("not a list")
-    if not all(isinstance(v, str) for v in value):
-        raise ValueError("not a list of strings")
-    return tuple(value)
+def _convert(hint: Any, value: Any) -> Any:
+    """``value`` (as JSON holds it) as a field of type ``hint``: read from the dataclass's own
+    annotations, so no second list of the fields and their types exists."""
+    if get_origin(hint) in (Union, UnionType):
+        inner = [h for h in get_args(hint) if h is not type(None)]
+        return None if value is None else _convert(inner[0], value)
+    if isinstance(hint, type) and issubclass(hint, StrEnum):
+        return hint(value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ValueError("not true/false")
+        return value
+    if hint is int or hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError("not a number")
+        if hint is int and int(value) != value:
+            raise ValueError("not an integer")
+        return hint(value)
+    if hint is Decimal:
+        try:
+            return Decimal(str(value))
+        except InvalidOperation:
+            raise ValueError("not an amount") from None
+    if hint is str:
+        if not isinstance(value, str) or not value:
+            raise ValueError("not a name")
+        return value
+    if get_origin(hint) is tuple:  # tuple[str, ...]
+        if isinstance(value, str) or not isinstance(value, list | tuple) or not all(
+                isinstance(v, str) for v in value):
+            raise ValueError("not a list of strings")
+        return tuple(value)
+    raise TypeError(f"no conversion for {hint!r}")  # a new field type: teach _convert
 
 
-def _strict_bool(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError("not true/false")
-    return value
-
-
-def _strict_int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or int(value) != value:
-        raise ValueError("not an integer")
-    return int(value)
-
-
-def _number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError("not a number")
-    return float(value)
-
-
-def _money(value: Any) -> Decimal:
-    try:
-        return Decimal(str(value))
-    except InvalidOperation:
-        raise ValueError("not an amount") from None
-
-
-def _optional(kind: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda value: None if value is None else kind(value)
-
-
-_STRATEGY_KINDS: dict[str, Callable[[Any], Any]] = {
-    "method": Method, "recipe": Recipe, "precision": Precision, "optimizer": Optimizer,
-    "optimizer_in_backward": _strict_bool, "lora_rank": _strict_int, "lora_alpha": _strict_int,
-    "lora_dropout": _number, "lora_targets": _words, "trainable_modules": _words,
-    "trainable_layers": _strict_int, "num_virtual_tokens": _strict_int, "quant": Quant,
-    "double_quant": _strict_bool, "batch_size": _strict_int, "grad_accum": _strict_int,
-    "seq_len": _strict_int, "packing": _strict_bool, "checkpointing": Checkpointing,
-    "attention": Attention, "compile": _strict_bool, "task": Task, "loss": _optional(Loss),
-    "num_labels": _strict_int, "gpus": _strict_int, "nodes": _strict_int,
-    "sharding": Sharding, "offload": Offload, "allow_long_context": _strict_bool,
-}
-_JOB_KINDS: dict[str, Callable[[Any], Any]] = {
-    "model": lambda v: v if isinstance(v, str) and v else _fail("not a model name"),
-    "tokens": _optional(_strict_int), "dataset_rows": _optional(_strict_int),
-    "avg_tokens": _optional(_strict_int), "epochs": _number, "budget_usd": _optional(_money),
-    "deadline_s": _optional(_number), "providers": _words, "regions": _words,
-    "gpu": _optional(lambda v: v if isinstance(v, str) else _fail("not a name")),
-    "spot": _optional(_strict_bool), "max_gpus": _optional(_strict_int),
-    "multi_node": _strict_bool, "min_interconnect": Interconnect, "objective": Objective,
-}
-
-
-def _fail(why: str) -> Any:
-    raise ValueError(why)
-
-
-def _typed_fields(cls: type, data: Mapping[str, Any], kinds: Mapping[str, Callable[[Any], Any]],
-                  where: str, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Keyword arguments for ``cls`` from ``data``, each converted by its kind."""
+def _typed_fields(cls: type, data: Mapping[str, Any], where: str,
+                  skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Keyword arguments for ``cls`` from ``data``, each converted to its annotated type."""
     if not isinstance(data, Mapping):
         raise InvalidValueError(f"{where} is not a mapping")
+    hints = get_type_hints(cls)
     names = {f.name for f in fields(cls)} - set(skip)
-    assert names == set(kinds), f"{cls.__name__} fields and their kinds disagree"
     problems = [f"unknown key {where}.{key}" for key in data if key not in names]
     out: dict[str, Any] = {}
     for key, value in data.items():
         if key in names:
             try:
-                out[key] = kinds[key](value)
+                out[key] = _convert(hints[key], value)
             except (TypeError, ValueError) as exc:
                 problems.append(f"{where}.{key}={value!r} is not valid ({exc})")
     if problems:
