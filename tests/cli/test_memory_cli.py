@@ -113,3 +113,12 @@ def test_help_lists_job_flags_with_their_defaults(run_cli: Run,
     assert "--lora-rank" in result.stdout and "--offload-activations" in result.stdout
     assert "[default: (16)]" in result.stdout  # Strategy's own lora_rank default
     assert "--budget" not in result.stdout   # a planner flag memory could not honour
+
+
+def test_memory_json_and_explain_carry_the_mapping_note(run_cli: Run) -> None:
+    doc = run_cli("memory", "tiiuae/falcon-7b", "--lora-targets", "q_proj,v_proj",
+                  "--json").ok_json()
+    assert any("query_key_value" in note for note in doc["notes"])
+    assert run_cli("memory", "llama-3.1-8b", "--json").ok_json()["notes"] == []
+    words = run_cli("explain", "tiiuae/falcon-7b", "--lora-targets", "q_proj").stdout
+    assert "note:" in words and "query_key_value" in words

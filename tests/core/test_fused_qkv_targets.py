@@ -88,3 +88,4 @@ def test_train_script_gives_peft_the_fused_name() -> None:
         transformers.AutoConfig.for_model(**TINY["gpt_neox"]))
     assert module.peft_targets(model, ["q_proj", "v_proj"]) == [FUSED_QKV]
     assert module.peft_targets(model, ["all-linear"]) == ["all-linear"]
+

@@ -61,6 +61,7 @@ def memory_document(est: MemoryEstimate, model: ModelSpec, gpu: GpuSpec | None
         "headroom_bytes": None if gpu is None else {
             gpu.name: est.headroom(gpu.usable_memory_bytes)},
         "assumptions": est.assumptions.as_dict(),
+        "notes": list(est.notes),
     }
 
 
@@ -88,4 +89,5 @@ def explain_lines(est: MemoryEstimate, gpu: GpuSpec | None) -> list[str]:
                      f"headroom {format_bytes(room)}")
     lines.append("assumptions: " + ", ".join(
         f"{k}={v}" for k, v in est.assumptions.as_dict().items() if not isinstance(v, dict)))
+    lines += [f"note: {note}" for note in est.notes]
     return lines

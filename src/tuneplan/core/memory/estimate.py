@@ -108,7 +108,7 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
         device_total_bytes=int(explained.total), peak_phase=phase,
         phases=phases, host_ram_bytes=int(host.total),
         host=host, trainable_params=fixed.trainable.total, total_params=static.total_params,
-        notes=tuple(n for n in (fused_qkv_note(model, strategy),) if n))
+        notes=fixed.notes)
     if len(_DONE) >= _DONE_LIMIT:
         _DONE.clear()
     # the entry keeps its own copy of the phases: the caller may do what it likes with its own
@@ -149,6 +149,7 @@ class _Fixed:
     host: Breakdown | None                      # host RAM, unless it grows with the batch
     #: per GPU generation: the cuBLAS workspace and the device overheads outside the allocator
     overheads: dict[str | None, tuple[Piece, list[Piece]]]
+    notes: tuple[str, ...]                      # what the estimate assumed, in words
     own: dict[str, Piece]       # the running block's gradients, by where its backward peaks
 
 
@@ -187,6 +188,7 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
     w = act.widths(strategy, plan, a.dropout_mask_bytes)
     layer_inputs = tuple(act.layer_inputs(model, layer, strategy, w) for layer in model.layers)
     found = _Fixed(
+        notes=tuple(n for n in (fused_qkv_note(model, strategy),) if n),
         source=source, assumptions=a, model=model, trainable=trainable, plan=plan, shards=sp,
         static=static, widths=w,
         layer_inputs=layer_inputs, saved_line=_saved_line(model, strategy, w, layer_inputs),
