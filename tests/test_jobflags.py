@@ -40,6 +40,9 @@ def test_defaults_are_the_dataclasses_own() -> None:
     assert jobflags.BY_NAME["lora-rank"].default == Strategy().lora_rank
     assert jobflags.BY_NAME["seq-len"].default == Strategy().seq_len
     assert jobflags.BY_NAME["epochs"].default == 1.0
+    # switches that set Strategy.checkpointing read their state in its default (FULL)
+    assert jobflags.BY_NAME["gradient-checkpointing"].default is True
+    assert jobflags.BY_NAME["offload-activations"].default is False
 
 
 def _options(command: str) -> set[str]:

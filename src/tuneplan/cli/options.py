@@ -61,8 +61,6 @@ def emit_json(document: Any) -> None:
 
 def _default_text(flag: Flag) -> str | None:
     default = flag.default
-    if flag.name == "gradient-checkpointing":
-        return "on"
     if default is None or default == ():
         return None
     if isinstance(default, tuple):

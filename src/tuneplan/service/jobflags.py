@@ -221,9 +221,10 @@ class Flag:
 
     @property
     def default(self) -> Any:
-        """The dataclass's own default (None for fields that default to "derived")."""
+        """The dataclass's own default (None for fields that default to "derived"); a switch
+        that sets a field through ``apply`` reads its state in that field's default."""
         if self.apply is not None:
-            return None
+            return _SWITCH_DEFAULTS[self.name](Strategy())
         spec = self.owner.__dataclass_fields__[self.field]  # type: ignore[attr-defined]
         if spec.default is not dataclasses.MISSING:
             return spec.default
@@ -242,6 +243,10 @@ def _offload_activations(fields: dict[str, Any], on: Any) -> None:
         fields["checkpointing"] = Checkpointing.FULL
 
 
+_SWITCH_DEFAULTS: dict[str, Callable[[Strategy], bool]] = {
+    "gradient-checkpointing": lambda s: s.checkpointing is not Checkpointing.NONE,
+    "offload-activations": lambda s: s.checkpointing is Checkpointing.OFFLOAD,
+}
 S, J = Strategy, Job
 FLAGS: tuple[Flag, ...] = (
     Flag("method", "method", S, _enum(Method), Group.STRATEGY,
@@ -324,7 +329,6 @@ FLAGS: tuple[Flag, ...] = (
     Flag("objective", "objective", J, _enum(Objective), Group.PLANNER, "What ranks plans."),
 )
 BY_NAME: dict[str, Flag] = {f.name: f for f in FLAGS}
-JOB_FILE_FLAG = "job"
 
 
 def flags_for(command: str) -> tuple[Flag, ...]:
@@ -443,12 +447,6 @@ def _build(cls: Any, fields: dict[str, Any]) -> Any:
         raise
     except (TypeError, ValueError) as exc:
         raise InvalidValueError(f"bad job: {exc}") from exc
-
-
-def strategy_from_values(values: Mapping[str, Any], *, command: str = "memory") -> Strategy:
-    """Only the Strategy of ``values`` (for callers without a model or job length)."""
-    strategy: Strategy = job_from_values("", values, command=command).strategy
-    return strategy
 
 
 def job_values(job: Job) -> dict[str, Any]:

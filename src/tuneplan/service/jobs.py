@@ -33,7 +33,3 @@ class JobRequest:
         return job_from_values(model if model is not None else self.model, self.values,
                                command=self.command, file_values=file_values,
                                defaults=defaults)
-
-    def given(self, name: str) -> bool:
-        """Whether the flag was given on the command line (not in the file)."""
-        return name in self.values

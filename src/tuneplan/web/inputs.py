@@ -61,10 +61,6 @@ class OfferQuery(BaseModel):
 
 def _form_default(flag: Flag) -> Any:
     """A flag's default as a form shows it (enum value, comma list, on/off)."""
-    if flag.name == "gradient-checkpointing":
-        return True
-    if flag.apply is not None:
-        return False
     value = flag.default
     if isinstance(value, tuple):
         return ",".join(value)
