@@ -106,7 +106,7 @@ def cost_command(
     else:
         found = find_offer(offer)
         job = request.job(defaults={"gpus": found.gpu_count})
-        document = cost_on_offer(job, offer, pricing)
+        document = cost_on_offer(job, found, pricing)
     if as_json:
         emit_json(document)
         return

@@ -53,9 +53,9 @@ def cost_saved_plan(plan_id: str, request: CostRequest | None = None) -> dict[st
     return {"plan_id": saved.id, **document}
 
 
-def cost_on_offer(job: Job, offer_id: str, request: CostRequest | None = None
+def cost_on_offer(job: Job, offer: Offer, request: CostRequest | None = None
                   ) -> dict[str, Any]:
-    """The cost document of ``job`` (from the job flags) on catalog offer ``offer_id``; speed
+    """The cost document of ``job`` (from the job flags) on catalog ``offer``; speed
     uses the GPU's saved probe calibration when there is one (``tuneplan probe``). Spot is
     priced only with ``--spot`` (the planner's ``spot=False`` means no spot prices)."""
     from tuneplan.adapters.bundled import load_gpu_specs
@@ -63,7 +63,6 @@ def cost_on_offer(job: Job, offer_id: str, request: CostRequest | None = None
     from tuneplan.adapters.hub import resolve_model
 
     r = request or CostRequest()
-    offer = find_offer(offer_id)
     model = resolve_model(job.model)
     job = replace(job, model=model.name, spot=bool(r.spot))
     gpu = {g.name: g for g in load_gpu_specs()}.get(offer.gpu)
