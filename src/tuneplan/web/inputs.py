@@ -133,7 +133,7 @@ def job_request(form: BaseModel, command: str, model_name: str) -> JobRequest:
 
 
 HUB_CONCURRENCY = 4  # hub lookups in flight at once when --allow-hub; more get 503
-HUB_TIMEOUT_S = 10.0
+HUB_TIMEOUT_S = 10.0  # seconds per hub request: a config.json is a few KB; slower means a stuck hub
 _hub_slots = threading.BoundedSemaphore(HUB_CONCURRENCY)
 
 
