@@ -14,6 +14,14 @@ def _private_dirs(
     monkeypatch.setenv("TUNEPLAN_HOME", str(home))
     monkeypatch.setenv("HF_HOME", str(home / "hf"))
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    # huggingface_hub reads HF_HOME once, at import: point its cache here too, or a test's
+    # fake-hub download lands in the user's real cache and changes later runs.
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return
+    monkeypatch.setattr(constants, "HF_HOME", str(home / "hf"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hf" / "hub"))
 
 
 FIXTURES = Path(__file__).parent / "fixtures"
