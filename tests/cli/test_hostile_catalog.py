@@ -69,13 +69,12 @@ def hostile_rows(draw: st.DrawFn) -> list[dict[str, str]]:
     return rows
 
 
-def _render_offers(store: CatalogStore, monkeypatch: pytest.MonkeyPatch) -> str:
+def _render_offers(store: CatalogStore) -> str:
     from tuneplan.cli import catalog as catalog_cli
 
     sink = io.StringIO()
-    monkeypatch.setattr("tuneplan.cli.options.console",
-                        Console(file=sink, force_terminal=True, width=200))
-    catalog_cli._print_offers(store.offers(), store.status(), None)
+    catalog_cli._print_offers(store.offers(), store.status(), None,
+                              Console(file=sink, force_terminal=True, width=200), wide=True)
     return sink.getvalue()
 
 
@@ -95,7 +94,7 @@ def test_safe_escapes_markup_and_replaces_controls() -> None:
                                  HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(rows=hostile_rows())
 def test_hostile_csvs_are_refused_in_one_line_or_imported_and_stay_data(
-        rows: list[dict[str, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        rows: list[dict[str, str]], tmp_path: Path) -> None:
     text = _csv(rows)
     now = datetime.now(UTC)
     try:
@@ -112,7 +111,7 @@ def test_hostile_csvs_are_refused_in_one_line_or_imported_and_stay_data(
         try:
             stored = store.offers()
             assert {o.instance_type for o in stored} == {o.instance_type for o in result.offers}
-            shown = _render_offers(store, monkeypatch)
+            shown = _render_offers(store)
             assert ESC + "]8" not in shown  # no hyperlink escape from data
             for offer in stored:
                 assert offer.instance_type[:10].replace("\\", "") in shown.replace("\\", "")
@@ -147,7 +146,7 @@ def test_cli_refuses_a_field_over_the_csv_limit(run_cli: Run, tmp_path: Path) ->
 
 def test_markup_imports_as_data_offers_and_plan_keep_working_then_remove(
         run_cli: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("tuneplan.cli.options.console", Console(width=400))  # no folding
+    monkeypatch.setenv("COLUMNS", "400")  # no folding
     path = tmp_path / "markup.csv"
     rows = [{**GOOD, "instance_type": text, "region": f"r{i}", "notes": text}
             for i, text in enumerate(MARKUP)]

@@ -11,10 +11,11 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
+from tuneplan.cli.options import FormatOpt, WideOpt
 from tuneplan.errors import TuneplanError
 
 try:  # Typer 0.29+ carries its own Click; older releases use the click package
@@ -42,27 +43,31 @@ def _root(
     _DEBUG["on"] = debug
 
 
-def models_command(as_json: Annotated[bool, typer.Option(
-        "--json", help="Print one JSON document on stdout.")] = False) -> None:
+def models_command(
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")
+                       ] = False,
+    fmt: FormatOpt = None, wide: WideOpt = False,
+) -> None:
     """List the bundled model registry with exact parameter counts."""
-    from rich.table import Table
-
-    from tuneplan.cli.options import console, emit_json
+    from tuneplan.cli.options import OutputFormat, emit_json, make_console, output_format
+    from tuneplan.cli.tables import Column, print_table
     from tuneplan.service.catalog import models_document
     from tuneplan.units import format_count
 
+    chosen = output_format(fmt, as_json, wide=wide)
     rows = models_document()
-    if as_json:
+    if chosen is OutputFormat.JSON:
         emit_json(rows)
         return
-    table = Table(title=f"Bundled models ({len(rows)})")
-    table.add_column("name", no_wrap=True)
-    for column in ("alias", "type", "total params", "active params"):
-        table.add_column(column, justify="right" if "params" in column else "left")
-    for row in rows:
-        table.add_row(row["name"], row["alias"], row["model_type"],
-                      format_count(row["total_params"]), format_count(row["active_params"]))
-    console.print(table)
+    columns: tuple[Column[dict[str, Any]], ...] = (
+        Column("name", lambda r: r["name"]),
+        Column("alias", lambda r: r["alias"], priority=1, wrap=True),
+        Column("type", lambda r: r["model_type"], priority=2),
+        Column("total params", lambda r: format_count(r["total_params"]), right=True),
+        Column("active params", lambda r: format_count(r["active_params"]), right=True),
+    )
+    print_table(columns, rows, chosen, make_console(), title=f"Bundled models ({len(rows)})",
+                wide=wide)
 
 
 def build_app() -> typer.Typer:
@@ -73,7 +78,7 @@ def build_app() -> typer.Typer:
         name="tuneplan",
         help="Will a fine-tuning job fit, on which GPU, how long will it take and what will it "
              "cost?",
-        no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+        no_args_is_help=True, pretty_exceptions_enable=False)
     app.callback()(_root)
     app.command("models")(models_command)
     catalog.register(app)

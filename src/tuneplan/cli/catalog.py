@@ -13,12 +13,13 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from tuneplan.cli.options import FormatOpt, OutputFormat, WideOpt, output_format
+from tuneplan.cli.tables import Column, print_table
 from tuneplan.core.catalog.offers import (
     OFFER_RECORD_FIELDS,
     Offer,
@@ -36,7 +37,9 @@ from tuneplan.units import (
 )
 
 if TYPE_CHECKING:
-    from tuneplan.adapters.store import SourceStatus
+    from tuneplan.adapters.store import PricePoint, SourceStatus
+    from tuneplan.core.catalog.hardware import GpuSpec
+    from tuneplan.core.catalog.providers import Provider
 
 catalog_app = typer.Typer(help="The offer catalog: status, import, remove, history (and "
                                "refresh).",
@@ -45,9 +48,9 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document 
 
 
 def _console() -> Console:
-    from tuneplan.cli.options import console
+    from tuneplan.cli.options import make_console
 
-    return console
+    return make_console()
 
 
 def _safe(text: object) -> str:
@@ -62,57 +65,76 @@ def _emit(document: object) -> None:
     emit_json(document)
 
 
+def _gpu_columns() -> tuple[Column[GpuSpec], ...]:
+    return (
+        Column("gpu", lambda s: s.name),
+        Column("memory", lambda s: s.memory_label, right=True),
+        Column("device reports", lambda s: format_bytes(s.device_memory_bytes)
+               if s.device_memory_bytes else "?", priority=6, right=True),
+        Column("type", lambda s: s.memory_type or "?", priority=4),
+        Column("bandwidth", lambda s: _rate(s.memory_bandwidth_bytes_per_s, GB, "GB/s"),
+               priority=1, right=True),
+        Column("BF16 TFLOP/s", lambda s: _rate(s.bf16_flops_per_s, TERA), priority=2,
+               right=True),
+        Column("FP8 TFLOP/s", lambda s: _rate(s.fp8_flops_per_s, TERA), priority=5,
+               right=True),
+        Column("link", lambda s: s.interconnect or "PCIe only", priority=3),
+        Column("PCIe", lambda s: str(s.pcie_gen or "?"), priority=7, right=True),
+        Column("TDP", lambda s: f"{s.tdp_w} W" if s.tdp_w else "?", priority=8, right=True),
+    )
+
+
 def gpus_command(
     min_memory: Annotated[str | None, typer.Option(
         "--min-memory", help="Only GPUs with at least this much memory per GPU (80GB, 80GiB).")
     ] = None,
-    as_json: JsonFlag = False,
+    as_json: JsonFlag = False, fmt: FormatOpt = None, wide: WideOpt = False,
 ) -> None:
     """GPU specifications: memory (exact bytes), bandwidth, dense TFLOP/s, links, TDP."""
     from tuneplan.service.catalog import gpu_specs, gpus_document
 
+    chosen = output_format(fmt, as_json, wide=wide)
     specs = gpu_specs(min_memory)
-    if as_json:
+    if chosen is OutputFormat.JSON:
         _emit(gpus_document(specs))
         return
-    table = Table(title=f"GPUs ({len(specs)}); dense peak rates, '-' = not published")
-    for column in ("gpu", "memory", "device reports", "type", "bandwidth", "BF16 TFLOP/s",
-                   "FP8 TFLOP/s", "link", "PCIe", "TDP"):
-        table.add_column(column, justify="left" if column in ("gpu", "type", "link") else "right")
-    for s in specs:
-        table.add_row(
-            s.name, s.memory_label,
-            format_bytes(s.device_memory_bytes) if s.device_memory_bytes else "?",
-            s.memory_type or "?",
-            _rate(s.memory_bandwidth_bytes_per_s, GB, "GB/s"), _rate(s.bf16_flops_per_s, TERA),
-            _rate(s.fp8_flops_per_s, TERA), s.interconnect or "PCIe only",
-            str(s.pcie_gen or "?"), f"{s.tdp_w} W" if s.tdp_w else "?")
-    _console().print(table)
+    print_table(_gpu_columns(), specs, chosen, _console(), wide=wide,
+                title=f"GPUs ({len(specs)}); dense peak rates, '-' = not published")
 
 
 def _rate(value: float | None, scale: float, unit: str = "") -> str:
     return "-" if value is None else f"{value / scale:,.0f}{' ' + unit if unit else ''}"
 
 
-def providers_command(as_json: JsonFlag = False) -> None:
+def _provider_columns() -> tuple[Column[Provider], ...]:
+    return (
+        Column("provider", lambda p: p.name),
+        Column("billing", lambda p: _seconds(p.billing_granularity_s), right=True),
+        Column("minimum", lambda p: _seconds(p.billing_minimum_s), priority=3, right=True),
+        Column("spot", lambda p: _yes(p.spot_available)),
+        Column("notice", lambda p: _seconds(p.spot_notice_s), priority=4, right=True),
+        Column("storage $/GB-mo", lambda p: _money(p.storage_price_usd_per_gb_month),
+               priority=1, right=True),
+        Column("egress $/GB", lambda p: _money(p.egress_usd_per_gb), priority=2, right=True),
+        Column("ssh", lambda p: _yes(p.ssh), priority=5),
+        Column("docker", lambda p: _yes(p.docker), priority=6),
+        Column("jupyter", lambda p: _yes(p.jupyter), priority=7),
+    )
+
+
+def providers_command(as_json: JsonFlag = False, fmt: FormatOpt = None,
+                      wide: WideOpt = False) -> None:
     """Provider features: billing, spot notice, storage, egress, access, multi-node fabric."""
     from tuneplan.service.catalog import providers as bundled_providers
     from tuneplan.service.catalog import providers_document
 
+    chosen = output_format(fmt, as_json, wide=wide)
     providers = bundled_providers()
-    if as_json:
+    if chosen is OutputFormat.JSON:
         _emit(providers_document(providers))
         return
-    table = Table(title=f"Providers ({len(providers)}); '?' = unknown, never guessed")
-    for column in ("provider", "billing", "minimum", "spot", "notice", "storage $/GB-mo",
-                   "egress $/GB", "ssh", "docker", "jupyter"):
-        table.add_column(column)
-    for p in providers:
-        table.add_row(p.name, _seconds(p.billing_granularity_s), _seconds(p.billing_minimum_s),
-                      _yes(p.spot_available), _seconds(p.spot_notice_s),
-                      _money(p.storage_price_usd_per_gb_month), _money(p.egress_usd_per_gb),
-                      _yes(p.ssh), _yes(p.docker), _yes(p.jupyter))
-    _console().print(table)
+    print_table(_provider_columns(), providers, chosen, _console(), wide=wide,
+                title=f"Providers ({len(providers)}); '?' = unknown, never guessed")
 
 
 def _seconds(value: int | None) -> str:
@@ -150,23 +172,26 @@ def offers_command(
     limit: Annotated[int | None, typer.Option("--limit", help="Show at most N offers "
                                                               "(table default 40).")] = None,
     as_json: JsonFlag = False,
-    as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV on stdout.")] = False,
+    as_csv: Annotated[bool, typer.Option(
+        "--csv", help="Print CSV on stdout (= --format csv): the --json record fields.")] = False,
+    fmt: FormatOpt = None, wide: WideOpt = False,
 ) -> None:
     """Rentable GPU offers from the catalog, cheapest first; prices per instance and per GPU."""
     from tuneplan.service.catalog import find_offers, offer_filter, offers_document
 
+    chosen = output_format(fmt, as_json, wide=wide, as_csv=as_csv)
     query = offer_filter(gpu=gpu, min_gpu_memory=min_gpu_memory, count=count,
                          provider=provider, region=region, spot=spot, max_price=max_price)
     found = find_offers(query, sort)
     offers, statuses = found.offers, found.statuses
     if limit is not None:
         offers = offers[:limit]
-    if as_json:
+    if chosen is OutputFormat.JSON:
         _emit(offers_document(offers))
-    elif as_csv:
+    elif chosen is OutputFormat.CSV:
         _write_csv(offers)
     else:
-        _print_offers(offers, statuses, limit)
+        _print_offers(offers, statuses, limit, _console(), chosen, wide=wide, spot=spot)
 
 
 def _write_csv(offers: list[Offer]) -> None:
@@ -183,22 +208,37 @@ def _csv_value(value: object) -> object:
     return "" if value is None else value
 
 
-def _print_offers(offers: list[Offer], statuses: list[SourceStatus], limit: int | None) -> None:
+def _offer_columns(spot: bool) -> tuple[Column[Offer], ...]:
+    """The offer table; with ``--spot`` the spot prices are decision columns too."""
+    spot_priority = 0 if spot else 4
+    return (
+        Column("id", lambda o: o.id),
+        Column("provider", lambda o: o.provider),
+        Column("instance", lambda o: o.instance_type or "(GPU only)", priority=6, wrap=True),
+        Column("GPU x n", lambda o: f"{o.gpu} x{o.gpu_count}", wrap=True),
+        Column("mem/GPU", lambda o: format_bytes(o.gpu_memory_bytes), priority=2, right=True),
+        Column("region", lambda o: o.zone or o.region, priority=3, wrap=True),
+        Column("$/h", lambda o: _money(o.price_per_hour), right=True),
+        Column("$/GPU-h", lambda o: _money(o.price_per_gpu_hour), priority=1, right=True),
+        Column("spot $/h", lambda o: _money(o.spot_price_per_hour), priority=spot_priority,
+               right=True),
+        Column("spot $/GPU-h", lambda o: _money(o.spot_price_per_gpu_hour),
+               priority=spot_priority + 1, right=True),
+        Column("source", lambda o: o.source, priority=7, wrap=True),
+    )
+
+
+def _print_offers(offers: list[Offer], statuses: list[SourceStatus], limit: int | None,
+                  console: Console, fmt: OutputFormat = OutputFormat.TABLE, *,
+                  wide: bool = False, spot: bool = False) -> None:
+    """The offer table (at most 40 rows unless ``--limit``); in the terminal, followed by
+    the catalog's age."""
     shown = offers if limit is not None else offers[:40]
-    table = Table(title=f"{len(offers)} offers" + (f" (first {len(shown)})"
-                                                   if len(shown) < len(offers) else ""))
-    for column in ("id", "provider", "instance", "GPU x n", "mem/GPU", "region", "$/h",
-                   "$/GPU-h", "spot $/h", "spot $/GPU-h", "source"):
-        table.add_column(column, justify="right" if "$" in column or "mem" in column else "left")
-    for o in shown:
-        table.add_row(o.id, _safe(o.provider), _safe(o.instance_type or "(GPU only)"),
-                      f"{_safe(o.gpu)} x{o.gpu_count}", format_bytes(o.gpu_memory_bytes),
-                      _safe(o.zone or o.region),
-                      _money(o.price_per_hour), _money(o.price_per_gpu_hour),
-                      _money(o.spot_price_per_hour), _money(o.spot_price_per_gpu_hour),
-                      _safe(o.source))
-    console = _console()
-    console.print(table)
+    print_table(_offer_columns(spot), shown, fmt, console, wide=wide,
+                title=f"{len(offers)} offers" + (f" (first {len(shown)})"
+                                                 if len(shown) < len(offers) else ""))
+    if fmt is not OutputFormat.TABLE:
+        return
     console.print(_age_line(statuses), soft_wrap=True)
     if any(o.attachable for o in shown):
         console.print("(GPU only) = GCP GPU price without its host VM: add the VM's price.")
@@ -223,52 +263,65 @@ def _age_line(statuses: list[SourceStatus]) -> str:
     return line
 
 
+_SOURCE_COLUMNS: tuple[Column[dict[str, Any]], ...] = (
+    Column("source", lambda s: s["source"], wrap=True),
+    Column("fetched at (UTC)", lambda s: f"{s['fetched_at']:%Y-%m-%d %H:%M}"),
+    Column("age", lambda s: f"{s['age_s'] / DAY_S:.1f} d", right=True),
+    Column("offers", lambda s: str(s["offers"]), right=True),
+    Column("snapshots", lambda s: str(s["snapshots"]), priority=1, right=True),
+    Column("note", lambda s: "stale" if s["stale"] else "",
+           style=lambda s: "yellow" if s["stale"] else None),
+)
+
+
 @catalog_app.command("status")
-def catalog_status_command(as_json: JsonFlag = False) -> None:
+def catalog_status_command(as_json: JsonFlag = False, fmt: FormatOpt = None,
+                           wide: WideOpt = False) -> None:
     """Age and offer count of each source; warns when a source is older than 7 days."""
     from tuneplan.service.catalog import catalog_document
 
+    chosen = output_format(fmt, as_json, wide=wide)
     document = catalog_document()
-    if as_json:
+    if chosen is OutputFormat.JSON:
         _emit(document)
         return
-    table = Table(title=f"Catalog {_safe(document['path'])}")
-    for column in ("source", "fetched at (UTC)", "age", "offers", "snapshots", "note"):
-        table.add_column(column)
-    for s in document["sources"]:
-        table.add_row(_safe(s["source"]), f"{s['fetched_at']:%Y-%m-%d %H:%M}",
-                      f"{s['age_s'] / DAY_S:.1f} d", str(s["offers"]), str(s["snapshots"]),
-                      "[yellow]stale[/]" if s["stale"] else "")
-    _console().print(table)
+    console = _console()
+    print_table(_SOURCE_COLUMNS, document["sources"], chosen, console, wide=wide,
+                title=f"Catalog {document['path']}")
     stale = [s["source"] for s in document["sources"] if s["stale"]]
-    if stale:
-        _console().print(f"[yellow]warning:[/] {len(stale)} sources older than "
-                         f"{_stale_after_days()} days "
-                         f"({_safe(', '.join(stale))}): run `tuneplan catalog refresh`",
-                         soft_wrap=True)
+    if stale and chosen is OutputFormat.TABLE:
+        console.print(f"[yellow]warning:[/] {len(stale)} sources older than "
+                      f"{_stale_after_days()} days "
+                      f"({_safe(', '.join(stale))}): run `tuneplan catalog refresh`",
+                      soft_wrap=True)
+
+
+_HISTORY_COLUMNS: tuple[Column[PricePoint], ...] = (
+    Column("fetched at (UTC)", lambda p: f"{p.fetched_at:%Y-%m-%d %H:%M}"),
+    Column("gpu", lambda p: p.gpu),
+    Column("source", lambda p: p.source, priority=1, wrap=True),
+    Column("offers", lambda p: str(p.offers), priority=2, right=True),
+    Column("on-demand", lambda p: _money(p.min_price_per_gpu_hour), right=True),
+    Column("spot", lambda p: _money(p.min_spot_price_per_gpu_hour), right=True),
+)
 
 
 @catalog_app.command("history")
 def catalog_history_command(
     gpu: Annotated[str, typer.Argument(help="GPU family or name (as --gpu of `offers`).")],
-    as_json: JsonFlag = False,
+    as_json: JsonFlag = False, fmt: FormatOpt = None, wide: WideOpt = False,
 ) -> None:
     """Cheapest price per GPU-hour of a GPU in every stored snapshot, oldest first."""
     from tuneplan.adapters.store import CatalogStore
 
+    chosen = output_format(fmt, as_json, wide=wide)
     with CatalogStore.open() as store:
         points = store.history(gpu)
-    if as_json:
+    if chosen is OutputFormat.JSON:
         _emit([asdict(p) for p in points])
         return
-    table = Table(title=f"Price history of {_safe(gpu)} (USD per GPU-hour, cheapest per snapshot)")
-    for column in ("fetched at (UTC)", "gpu", "source", "offers", "on-demand", "spot"):
-        table.add_column(column)
-    for p in points:
-        table.add_row(f"{p.fetched_at:%Y-%m-%d %H:%M}", _safe(p.gpu), _safe(p.source),
-                      str(p.offers),
-                      _money(p.min_price_per_gpu_hour), _money(p.min_spot_price_per_gpu_hour))
-    _console().print(table)
+    print_table(_HISTORY_COLUMNS, points, chosen, _console(), wide=wide,
+                title=f"Price history of {gpu} (USD per GPU-hour, cheapest per snapshot)")
 
 
 @catalog_app.command("import")

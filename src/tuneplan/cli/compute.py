@@ -10,14 +10,27 @@ present.
 from __future__ import annotations
 
 import re
+import sys
 from decimal import Decimal
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from tuneplan.cli.options import JsonFlag, ModelArg, emit_json, job_flags, safe
+from tuneplan.cli.options import (
+    FormatOpt,
+    JsonFlag,
+    ModelArg,
+    OutputFormat,
+    WideOpt,
+    emit_json,
+    job_flags,
+    make_console,
+    output_format,
+    plain,
+    safe,
+)
+from tuneplan.cli.tables import Column, print_table
 from tuneplan.errors import InvalidValueError
 from tuneplan.service.jobs import JobRequest
 from tuneplan.units import HOUR_S, format_duration, parse_duration, parse_size
@@ -55,9 +68,10 @@ def _print_throughput(result: Throughput) -> None:
         table.add_row("training time", format_duration(result.hours * HOUR_S))
     for term in result.step:
         table.add_row(f"  {term.path}", f"{term.value:.4f} s")
-    Console().print(table)
+    console = make_console()
+    console.print(table)
     for note in result.notes:
-        Console().print(f"note: {safe(note)}")
+        console.print(f"note: {safe(note)}")
 
 
 _PLAN_ID = re.compile(r"^[0-9a-f]{12}$")
@@ -75,7 +89,8 @@ def cost_command(
     interruptions_per_hour: Annotated[float | None, Opt("--interruptions-per-hour")] = None,
     storage_idle_days: Annotated[float, Opt("--storage-idle-days")] = 0.0,
     dataset_size: Annotated[str | None, Opt("--dataset-size", help="e.g. 2GB")] = None,
-    fabric: Fabric = "auto", as_json: JsonFlag = False, *, request: JobRequest,
+    fabric: Fabric = "auto", as_json: JsonFlag = False, fmt: FormatOpt = None,
+    wide: WideOpt = False, *, request: JobRequest,
 ) -> None:
     """Total cost of a job on one offer: billing, start-up, storage, egress, and spot.
     `tuneplan cost PLAN_ID` re-prices a plan of the last `tuneplan plan` exactly as it printed."""
@@ -87,6 +102,7 @@ def cost_command(
         find_offer,
     )
 
+    chosen = output_format(fmt, as_json, wide=wide)
     pricing = CostRequest(
         spot=spot, storage_idle_days=storage_idle_days, fabric=fabric,
         options=CostOptions(
@@ -107,38 +123,49 @@ def cost_command(
         found = find_offer(offer)
         job = request.job(defaults={"gpus": found.gpu_count})
         document = cost_on_offer(job, found, pricing)
-    if as_json:
+    if chosen is OutputFormat.JSON:
         emit_json(document)
         return
-    _print_cost(document)
+    _print_cost(document, chosen, wide)
 
 
 def _usd(value: Decimal | None) -> str:
     return "-" if value is None else f"${value:,.2f}"
 
 
-def _print_cost(document: dict[str, Any]) -> None:
+#: The cost table: (figure, value) rows.
+_COST_COLUMNS: tuple[Column[tuple[str, str]], ...] = (
+    Column("figure", lambda r: r[0]),
+    Column("value", lambda r: r[1], right=True),
+)
+
+
+def _print_cost(document: dict[str, Any], fmt: OutputFormat = OutputFormat.TABLE,
+                wide: bool = False) -> None:
+    """The cost table; its warnings follow it (on stderr with CSV or Markdown, so stdout is
+    the table alone)."""
     nodes = document.get("nodes", 1)
-    table = Table(title=f"Cost on {safe(document['offer']['provider'])} "
-                        f"{safe(document['offer']['gpu'])} "
-                        f"x{document['offer']['gpu_count']}"
-                        + (f" x {nodes} nodes" if nodes > 1 else "")
-                        + (f" (plan {document['plan_id']})" if document.get("plan_id") else ""))
-    table.add_column("figure")
-    table.add_column("value", justify="right")
-    table.add_row("wall time (on-demand)", format_duration(document["hours"] * HOUR_S))
-    table.add_row("total cost", _usd(document["cost"]))
-    table.add_row("  compute (billed)", _usd(document["compute_cost"]))
-    table.add_row("  storage", _usd(document["storage_cost"]))
-    table.add_row("  egress", _usd(document["egress_cost"]))
+    rows = [("wall time (on-demand)", format_duration(document["hours"] * HOUR_S)),
+            ("total cost", _usd(document["cost"])),
+            ("  compute (billed)", _usd(document["compute_cost"])),
+            ("  storage", _usd(document["storage_cost"])),
+            ("  egress", _usd(document["egress_cost"]))]
     spot = document["spot"]
     if spot:
-        table.add_row("spot expected", _usd(spot["expected_cost"]))
-        table.add_row("spot P50 / P90", f"{_usd(spot['p50_cost'])} / {_usd(spot['p90_cost'])}")
-        table.add_row("interruptions expected", f"{spot['interruptions_expected']:.2f}")
-    Console().print(table)
+        rows += [("spot expected", _usd(spot["expected_cost"])),
+                 ("spot P50 / P90", f"{_usd(spot['p50_cost'])} / {_usd(spot['p90_cost'])}"),
+                 ("interruptions expected", f"{spot['interruptions_expected']:.2f}")]
+    console = make_console()
+    print_table(_COST_COLUMNS, rows, fmt, console, wide=wide,
+                title=f"Cost on {document['offer']['provider']} {document['offer']['gpu']} "
+                      f"x{document['offer']['gpu_count']}"
+                      + (f" x {nodes} nodes" if nodes > 1 else "")
+                      + (f" (plan {document['plan_id']})" if document.get("plan_id") else ""))
     for warning in document["warnings"]:
-        Console().print(f"warning: {safe(warning)}")
+        if fmt is OutputFormat.TABLE:
+            console.print(f"warning: {safe(warning)}")
+        else:
+            sys.stderr.write(f"warning: {plain(' '.join(str(warning).split()))}\n")
 
 
 def register(app: typer.Typer) -> None:

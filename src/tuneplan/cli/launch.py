@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 Opt = typer.Option
 
@@ -30,7 +29,7 @@ def launch_command(
     """Write the launch bundle (train.py, accelerate/DeepSpeed configs, SkyPilot and dstack
     tasks, RUN.md) for a plan."""
     from tuneplan.adapters.launch_files import write_bundle
-    from tuneplan.cli.options import emit_json
+    from tuneplan.cli.options import emit_json, make_console
     from tuneplan.core.launch.bundle import expand_targets
     from tuneplan.service.launch import saved_bundle, written_document
 
@@ -41,7 +40,7 @@ def launch_command(
     if as_json:
         emit_json(written_document(spec, folder, files, [to]))
         return
-    console = Console()
+    console = make_console()
     console.print(f"Wrote {len(written)} files for plan {spec.plan_id} to {folder}/ "
                   f"({', '.join(t.value for t in targets)}); checkpoints every "
                   f"{spec.save_steps} steps, keeping {spec.save_total_limit}. See RUN.md.")

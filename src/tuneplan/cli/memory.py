@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from tuneplan.cli.options import JsonFlag, ModelArg, emit_json, job_flags
+from tuneplan.cli.options import JsonFlag, ModelArg, emit_json, job_flags, make_console
 from tuneplan.service.jobs import JobRequest
 
 
@@ -20,7 +20,6 @@ def register(app: typer.Typer) -> None:
 @job_flags("memory")
 def memory_command(model: ModelArg, request: JobRequest, as_json: JsonFlag = False) -> None:
     """Per-GPU memory: allocated, reserved and whole-device peaks with every term."""
-    from rich.console import Console
     from rich.table import Table
 
     from tuneplan.service.memory_report import memory_document, run_memory
@@ -44,7 +43,7 @@ def memory_command(model: ModelArg, request: JobRequest, as_json: JsonFlag = Fal
         room = est.headroom(gpu.usable_memory_bytes)
         table.add_row(f"fits {gpu.name}?", f"{'yes' if room >= 0 else 'no'} "
                       f"({format_bytes(room)} headroom)")
-    Console().print(table)
+    make_console().print(table)
 
 
 @job_flags("explain")

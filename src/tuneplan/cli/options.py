@@ -1,4 +1,5 @@
-"""Options every command shares: ``--json``, the model argument, and the job flags.
+"""Options every command shares: ``--json``/``--format``/``--wide``, the model argument, the
+job flags, and the console a command prints on.
 
 ``job_flags(command)`` turns ``service.jobflags.FLAGS`` into real Typer options on a command,
 so ``--help`` lists every job flag with its choices and default, a misspelled flag is refused by
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 import unicodedata
 from collections.abc import Callable
@@ -21,13 +23,56 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
+from tuneplan.errors import InvalidValueError
 from tuneplan.service.jobflags import PANELS, Flag, flags_for
 from tuneplan.service.jobs import JobRequest
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 ModelArg = Annotated[str, typer.Argument(help="Bundled name, HF id, folder or config.json.")]
 F = TypeVar("F", bound=Callable[..., Any])
-console = Console()
+
+
+class OutputFormat(StrEnum):
+    """How a command that prints a table prints it (docs/CLI.md, "Output formats")."""
+
+    TABLE = "table"
+    JSON = "json"
+    CSV = "csv"
+    MARKDOWN = "markdown"
+
+
+FormatOpt = Annotated[OutputFormat | None, typer.Option(
+    "--format", help="table (fitted to the terminal), json (= --json), csv or markdown (every "
+                     "column, nothing else on stdout).")]
+WideOpt = Annotated[bool, typer.Option(
+    "--wide", help="Table: show every column, however narrow the terminal.")]
+
+
+def output_format(fmt: OutputFormat | None, as_json: bool = False, *, wide: bool = False,
+                  as_csv: bool = False) -> OutputFormat:
+    """The one format ``--format``, its aliases ``--json``/``--csv`` and ``--wide`` ask for;
+    flags that disagree are refused, never one of them silently ignored."""
+    asked = {f for f, given in ((OutputFormat.JSON, as_json), (OutputFormat.CSV, as_csv),
+                                (fmt, fmt is not None)) if given and f is not None}
+    if len(asked) > 1:
+        names = " and ".join(sorted(f"--format {f.value}" for f in asked))
+        raise InvalidValueError(f"{names} disagree: give one output format")
+    chosen = asked.pop() if asked else OutputFormat.TABLE
+    if wide and chosen is OutputFormat.JSON:
+        raise InvalidValueError("--wide is for the table, not for --json")
+    if wide and chosen is not OutputFormat.TABLE:
+        raise InvalidValueError(f"--wide is for the table: --format {chosen.value} always "
+                                "holds every column")
+    return chosen
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """The Rich console of this invocation, made when a command prints (not at import), so
+    the terminal's width, or ``COLUMNS`` when set, is the one of this run; with ``NO_COLOR``
+    set (https://no-color.org) it writes no ANSI escape at all, colour or style."""
+    if os.environ.get("NO_COLOR", ""):
+        return Console(stderr=stderr, color_system=None, no_color=True)
+    return Console(stderr=stderr)
 
 
 #: Unicode categories never sent to a terminal: controls (ESC, NUL, C1), format characters

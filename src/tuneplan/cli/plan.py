@@ -13,7 +13,17 @@ from typing import Annotated
 
 import typer
 
-from tuneplan.cli.options import JsonFlag, ModelArg, emit_json, job_flags
+from tuneplan.cli.options import (
+    FormatOpt,
+    JsonFlag,
+    ModelArg,
+    OutputFormat,
+    WideOpt,
+    emit_json,
+    job_flags,
+    make_console,
+    output_format,
+)
 from tuneplan.service.jobs import JobRequest
 
 TopOpt = Annotated[int, typer.Option("--top", min=1, max=1000,
@@ -22,39 +32,39 @@ TopOpt = Annotated[int, typer.Option("--top", min=1, max=1000,
 
 @job_flags("plan")
 def plan_command(model: ModelArg, request: JobRequest, top: TopOpt = 10,
-                 as_json: JsonFlag = False) -> None:
+                 as_json: JsonFlag = False, fmt: FormatOpt = None, wide: WideOpt = False
+                 ) -> None:
     """Ranked plans over the whole catalog: memory fit, time, cost, why and warnings."""
-    from rich.console import Console
-
     from tuneplan.adapters.hub import resolve_model
     from tuneplan.adapters.plans import catalog_info
     from tuneplan.cli.render import render_plans
     from tuneplan.service.planning import plan_and_keep
 
+    chosen = output_format(fmt, as_json, wide=wide)
     job = request.job()
     now = datetime.now(UTC)
     result, document = plan_and_keep(job, resolve_model(job.model), top, now=now)
-    if as_json:
+    if chosen is OutputFormat.JSON:
         emit_json(document)
         return
-    render_plans(result, catalog_info(now), top, now, Console(width=200))
+    render_plans(result, catalog_info(now), top, now, make_console(), chosen, wide)
 
 
 @job_flags("fit")
-def fit_command(model: ModelArg, request: JobRequest, as_json: JsonFlag = False) -> None:
+def fit_command(model: ModelArg, request: JobRequest, as_json: JsonFlag = False,
+                fmt: FormatOpt = None, wide: WideOpt = False) -> None:
     """Largest micro-batch and sequence per method on one GPU, and changes that make it fit."""
-    from rich.console import Console
-
     from tuneplan.adapters.hub import resolve_model
     from tuneplan.cli.render import render_fit
     from tuneplan.service.planning import fit_document, fit_job
 
+    chosen = output_format(fmt, as_json, wide=wide)
     spec = resolve_model(model)
     report = fit_job(request.job(), spec)
-    if as_json:
+    if chosen is OutputFormat.JSON:
         emit_json(fit_document(spec, report))
         return
-    render_fit(report, Console())
+    render_fit(report, make_console(), chosen, wide)
 
 
 def register(app: typer.Typer) -> None:

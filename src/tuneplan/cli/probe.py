@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from tuneplan.cli.options import JsonFlag, emit_json, job_flags
+from tuneplan.cli.options import JsonFlag, emit_json, job_flags, make_console
 from tuneplan.service.jobs import JobRequest
 
 JsonOpt = JsonFlag
@@ -59,11 +59,10 @@ def probe_command(
 @contextmanager
 def _progress() -> Iterator[Callable[[str, int, int], None]]:
     """A transient progress bar on stderr; yields the ``report(what, done, total)`` callback."""
-    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    with Progress(*columns, console=make_console(stderr=True), transient=True) as bar:
         task = bar.add_task("probe", total=1)
 
         def report(what: str, done: int, total: int) -> None:
@@ -73,7 +72,6 @@ def _progress() -> Iterator[Callable[[str, int, int], None]]:
 
 
 def _print_probe(doc: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{doc['model']} on {doc['device_name']}: measured vs estimated")
@@ -84,7 +82,7 @@ def _print_probe(doc: dict[str, Any]) -> None:
         name = row["name"] + (" (analytic)" if row.get("measured_source") == "analytic" else "")
         table.add_row(name, _fmt(row["name"], row["measured_bytes"]),
                       _fmt(row["name"], row["estimated_bytes"]), err)
-    console = Console()
+    console = make_console()
     console.print(table)
     measured = doc["measured"]
     if measured.get("tokens_per_second"):
@@ -106,7 +104,6 @@ def _fmt(name: str, value: int) -> str:
 @calibration_app.command("list")
 def calibration_list(as_json: JsonOpt = False) -> None:
     """Every saved probe: when, where, what, and its main figure."""
-    from rich.console import Console
     from rich.table import Table
 
     from tuneplan.adapters.calibration import CalibrationStore
@@ -122,7 +119,7 @@ def calibration_list(as_json: JsonOpt = False) -> None:
     for r in records:
         table.add_row(str(r.id), r.created_at.isoformat(timespec="seconds"), r.device_name,
                       r.gpu or "-", r.model, str(r.strategy.get("method", "?")), r.origin)
-    Console().print(table)
+    make_console().print(table)
 
 
 @calibration_app.command("export")

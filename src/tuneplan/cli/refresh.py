@@ -31,10 +31,11 @@ def catalog_refresh_command(source: SourceFlag = None, as_json: JsonFlag = False
     """Refresh offers from live price sources; a source that fails keeps its previous snapshot."""
     from tuneplan.adapters.refresh import refresh, select_sources
     from tuneplan.adapters.store import CatalogStore
-    from tuneplan.cli.options import console, emit_json
+    from tuneplan.cli.options import emit_json, make_console
 
     chosen = select_sources(source)  # an unknown name exits 2 before anything is fetched
-    target = Console(stderr=True) if as_json else console
+    console = make_console()
+    target = make_console(stderr=True) if as_json else console
     with CatalogStore.open() as store, _RefreshProgress(target, len(chosen)) as bar:
         outcomes = refresh(store, [s.name for s in chosen], on_progress=bar.update)
     failed = [o.source for o in outcomes if o.failed]

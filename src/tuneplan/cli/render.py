@@ -1,5 +1,7 @@
-"""Plans and fit reports as Rich tables (the CLI's presentation of ``service.plan_report``'s
-results): figures are formatted here and nowhere else; nothing is computed.
+"""Plans and fit reports as tables (the CLI's presentation of ``service.plan_report``'s
+results): figures are formatted here and nowhere else, each cell once in a column list
+(``PLAN_COLUMNS``, ``FIT_COLUMNS``) that ``cli.tables`` fits to the terminal or writes as CSV or
+Markdown; nothing is computed.
 """
 
 from __future__ import annotations
@@ -8,11 +10,11 @@ from datetime import datetime
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from tuneplan.adapters.plans import CatalogInfo
-from tuneplan.cli.options import safe
-from tuneplan.core.planner.fit import FitReport
+from tuneplan.cli.options import OutputFormat, safe
+from tuneplan.cli.tables import Column, print_table
+from tuneplan.core.planner.fit import FitReport, MethodFit
 from tuneplan.core.planner.plan import Plan, PlanResult
 from tuneplan.service.plan_report import spot_part
 from tuneplan.units import HOUR_S, GiB, format_duration
@@ -51,27 +53,55 @@ def _billing(p: Plan) -> str:
     return {1: "per second", 60: "per minute", HOUR_S: "per hour"}.get(step, f"per {step} s")
 
 
+#: A plan table row: its rank in the printed list and the plan.
+PlanRow = tuple[int, Plan]
+
+
+def _gpus(p: Plan) -> str:
+    return f"{p.strategy.gpus}x {p.gpu.name}" + (
+        f" x{p.strategy.nodes}" if p.strategy.nodes > 1 else "")
+
+
+def _memory(p: Plan) -> str:
+    return f"{p.candidate.device_total_bytes / GiB:.1f}/{p.capacity_bytes / GiB:.0f}"
+
+
+#: The plan table, every cell computed here once (terminal table, CSV and Markdown alike).
+#: Priority 0 is always shown (the id ``cost`` and ``launch`` take, and what a plan is chosen
+#: on); the others are left out, highest number first, when the terminal is narrow.
+PLAN_COLUMNS: tuple[Column[PlanRow], ...] = (
+    Column("#", lambda r: str(r[0]), right=True),
+    Column("id", lambda r: r[1].id),
+    Column("provider", lambda r: r[1].offer.provider, priority=1),
+    Column("instance", lambda r: f"{r[1].offer.instance_type} ({r[1].offer.region})",
+           priority=5, wrap=True),
+    Column("GPUs", lambda r: _gpus(r[1]), wrap=True),
+    Column("mem/GPU GiB", lambda r: _memory(r[1])),
+    Column("settings", lambda r: _settings(r[1]), priority=4, wrap=True),
+    Column("tok/s", lambda r: f"{r[1].candidate.throughput.tokens_per_second:,.0f}",
+           priority=3, right=True),
+    Column("hours", lambda r: f"{r[1].hours:.2f}", right=True),
+    Column("on-demand", lambda r: _usd(r[1].cost_usd), right=True),
+    Column("spot exp/P90", lambda r: _spot_text(r[1]), priority=2),
+    Column("billing", lambda r: _billing(r[1]), priority=6),
+    Column("storage", lambda r: r[1].storage, priority=7, wrap=True),
+)
+
+
 def render_plans(result: PlanResult, catalog: CatalogInfo, top: int, now: datetime,
-                 console: Console) -> None:
-    table = Table(title=f"{safe(result.model)}: top {min(top, len(result.plans))} of "
-                        f"{len(result.plans)} plans by {result.job.objective.value}")
-    for name in ("#", "id", "provider", "instance", "GPUs", "mem/GPU GiB", "settings",
-                 "tok/s", "hours", "on-demand", "spot exp/P90", "billing", "storage"):
-        table.add_column(name, justify="right" if name in ("#", "tok/s", "hours") else "left",
-                         overflow="fold")
-    for rank, p in enumerate(result.plans[:top], start=1):
-        gpus = f"{p.strategy.gpus}x {p.gpu.name}" + (
-            f" x{p.strategy.nodes}" if p.strategy.nodes > 1 else "")
-        table.add_row(
-            str(rank), p.id, safe(p.offer.provider),
-            safe(f"{p.offer.instance_type} ({p.offer.region})"),
-            gpus, f"{p.candidate.device_total_bytes / GiB:.1f}/{p.capacity_bytes / GiB:.0f}",
-            _settings(p), f"{p.candidate.throughput.tokens_per_second:,.0f}",
-            f"{p.hours:.2f}", _usd(p.cost_usd), _spot_text(p), _billing(p), safe(p.storage))
-    console.print(table)
+                 console: Console, fmt: OutputFormat = OutputFormat.TABLE,
+                 wide: bool = False) -> None:
+    """The plan table; in the terminal, followed by the Pareto front, the catalog's age and
+    each plan's why and warnings (CSV and Markdown are the table alone)."""
+    rows = list(enumerate(result.plans[:top], start=1))
+    print_table(PLAN_COLUMNS, rows, fmt, console, wide=wide,
+                title=f"{result.model}: top {len(rows)} of {len(result.plans)} plans by "
+                      f"{result.job.objective.value}")
+    if fmt is not OutputFormat.TABLE:
+        return
     _print_front(result, console)
     _print_catalog(catalog, now, console)
-    for rank, p in enumerate(result.plans[:top], start=1):
+    for rank, p in rows:
         console.print(f"[bold]#{rank} {p.id}[/bold] why: " + safe("; ".join(p.why[1:] or p.why)))
         for warning in p.warnings:
             console.print(f"   warning: {safe(warning)}")
@@ -100,17 +130,25 @@ def _print_catalog(catalog: CatalogInfo, now: datetime, console: Console) -> Non
                   + (f"; stale: {safe(', '.join(stale))}" if stale else ""))
 
 
-def render_fit(report: FitReport, console: Console) -> None:
-    table = Table(title=f"{report.gpu}: {report.capacity_bytes / GiB:.1f} GiB, "
-                        f"{report.limit_bytes / GiB:.1f} GiB usable")
-    for name in ("method", "peak at job settings", "fits", "largest micro-batch",
-                 "largest seq len (mb 1)"):
-        table.add_column(name)
-    for m in report.methods:
-        peak = "-" if m.peak_bytes is None else f"{m.peak_bytes / GiB:.1f} GiB"
-        table.add_row(m.method.value, peak if not m.refusal else m.refusal,
-                      "yes" if m.fits else "no", str(m.largest_batch), str(m.largest_seq_len))
-    console.print(table)
+#: The fit table: one row per method.
+FIT_COLUMNS: tuple[Column[MethodFit], ...] = (
+    Column("method", lambda m: m.method.value),
+    Column("peak at job settings", lambda m: m.refusal or (
+        "-" if m.peak_bytes is None else f"{m.peak_bytes / GiB:.1f} GiB"), wrap=True),
+    Column("fits", lambda m: "yes" if m.fits else "no"),
+    Column("largest micro-batch", lambda m: str(m.largest_batch), priority=1, right=True),
+    Column("largest seq len (mb 1)", lambda m: str(m.largest_seq_len), priority=2, right=True),
+)
+
+
+def render_fit(report: FitReport, console: Console, fmt: OutputFormat = OutputFormat.TABLE,
+               wide: bool = False) -> None:
+    """The fit table; in the terminal, followed by the changes that make the job fit."""
+    print_table(FIT_COLUMNS, report.methods, fmt, console, wide=wide,
+                title=f"{report.gpu}: {report.capacity_bytes / GiB:.1f} GiB, "
+                      f"{report.limit_bytes / GiB:.1f} GiB usable")
+    if fmt is not OutputFormat.TABLE:
+        return
     for s in report.suggestions:
         host = (f", host RAM {s.host_ram_bytes / GiB:,.0f} GiB"
                 if s.strategy.offload.value != "none" else "")
