@@ -192,3 +192,23 @@ def test_shell_completion_is_enabled(run_cli: Run, monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv("_TUNEPLAN_COMPLETE")
     assert "--install-completion" in run_cli("--help").stdout
     assert run_cli("--version").stdout.startswith("tuneplan ")
+
+
+def test_the_always_shown_columns_win_over_the_width_and_empty_tables_print() -> None:
+    from rich.console import Console
+
+    from tuneplan.cli.options import OutputFormat
+    from tuneplan.cli.tables import Column, print_table
+
+    columns = (Column("id", lambda r: r[0]), Column("note", lambda r: r[1], wrap=True),
+               Column("extra", lambda r: r[1], priority=1))
+    rows = [("x" * 50, "some words that wrap when the terminal is narrow")]
+    sink = io.StringIO()
+    print_table(columns, rows, OutputFormat.TABLE, Console(file=sink, width=40))
+    shown = sink.getvalue()
+    assert "x" * 50 in shown  # wider than the terminal, still whole
+    assert "extra" not in _header_words(shown) and "1 columns left out" in shown
+    assert set(rows[0][1].split()) <= set(shown.replace("│", " ").split())  # wrapped, whole
+    sink = io.StringIO()
+    print_table(columns, [], OutputFormat.TABLE, Console(file=sink, width=80))
+    assert {"id", "note", "extra"} <= _header_words(sink.getvalue())

@@ -120,7 +120,7 @@ def _least_width(column: Column[R], texts: list[str]) -> int:
     allowed to wrap between words."""
     words = max((cell_len(w) for w in column.header.split()), default=1)
     if not column.wrap:
-        return max(words, *(cell_len(t) for t in texts[1:]))
+        return max([words, *(cell_len(t) for t in texts[1:])])
     longest_word = max((cell_len(w) for t in texts for w in t.split()), default=1)
     return min(max(cell_len(t) for t in texts), max(WRAP_FLOOR, longest_word))
 
