@@ -5,7 +5,17 @@ error and the share within ±15 % over the measurement rows that could be estima
 fit/OOM agreement. Reads ``benchmarks/calibration/cases.jsonl`` (vendored from
 the project's calibration data on 2026-11-30), or the path given.
 Offline: models that are not bundled are reported as unavailable.
-Run: ``.venv/bin/python benchmarks/accuracy.py [cases.jsonl] [--all]``.
+
+Those figures are in-sample: two constants were fitted on these rows (``MEMORY_FITS`` below
+says which rows and how). The benchmark then refits them on all groups (does the documented
+value come out again?) and leave-one-source-out: for each ``source_group`` it refits them on
+the other groups and estimates the held-out group with those constants (``estimate_memory``
+with a ``dataclasses.replace``d ``MemoryAssumptions``), and prints per-group and overall
+medians and the fit/OOM verdicts under both. Every estimate uses the documented defaults, not a
+saved probe calibration.
+
+Run: ``PYTHONPATH=src .venv/bin/python benchmarks/accuracy.py [cases.jsonl] [--all] [--json]``
+(``--json``: the leave-one-out document only).
 """
 
 from __future__ import annotations
@@ -381,7 +391,8 @@ def main(argv: list[str]) -> None:
               f"sequence reached): median {statistics.median(fair):.1f}%   within ±15%: "
               f"{sum(e <= 15 for e in fair) / len(fair):.0%}")
     print_loso(loso_report(rows, base))
-    # Throughput: the cases that publish tokens/s, from throughput_accuracy.py.
+    # Throughput: the cases that publish tokens/s, from throughput_accuracy.py (in-sample only;
+    # its own main adds the leave-one-out refits).
     from throughput_accuracy import evaluate as evaluate_throughput
     from throughput_accuracy import print_table as print_throughput_table
 
