@@ -220,7 +220,7 @@ class SpeedRow:
 
 
 def speed_rows(cases_path: Path, include_unsupported: bool = False) -> list[SpeedRow]:
-    """The rows ``evaluate`` scores, without those it skips."""
+    """The rows ``evaluate`` scores, without those it skips (or the estimate refuses)."""
     from tuneplan.adapters.bundled import load_gpu_spec
     from tuneplan.core.catalog.gpu_names import normalise_gpu_name
 
@@ -238,7 +238,8 @@ def speed_rows(cases_path: Path, include_unsupported: bool = False) -> list[Spee
                                  case["model"]))
         except TuneplanError:
             continue
-    return rows
+    base = ThroughputAssumptions()
+    return [r for r in rows if predict(base, r) is not None]
 
 
 def predict(a: ThroughputAssumptions, row: SpeedRow) -> float | None:
