@@ -7,15 +7,19 @@ from __future__ import annotations
 from typing import Any
 
 from tuneplan.core.catalog.hardware import GpuSpec
-from tuneplan.core.memory import MemoryEstimate, estimate_memory
+from tuneplan.core.memory import MemoryAssumptions, MemoryEstimate, estimate_memory
 from tuneplan.core.models import ModelSpec
 from tuneplan.service.jobs import JobRequest
 from tuneplan.units import format_bytes
 
 
-def run_memory(request: JobRequest, model: ModelSpec | None = None
+def run_memory(request: JobRequest, model: ModelSpec | None = None,
+               assumptions: MemoryAssumptions | None = None
                ) -> tuple[MemoryEstimate, ModelSpec, GpuSpec | None]:
-    """(estimate, model spec, gpu spec or None) for a request (or a model already resolved)."""
+    """(estimate, model spec, gpu spec or None) for a request (or a model already resolved).
+
+    ``assumptions`` replaces the GPU's calibrated (or default) constants when given (the
+    accuracy benchmark's refits)."""
     from tuneplan.adapters.calibration import calibration_for
     from tuneplan.adapters.hub import resolve_model
 
@@ -28,7 +32,8 @@ def run_memory(request: JobRequest, model: ModelSpec | None = None
         gpu = resolve_gpu_spec(job.gpu)
     generation = gpu.generation if gpu else None
     # A saved CUDA probe on this GPU replaces the hardware-only constants.
-    assumptions = calibration_for(gpu).memory
+    if assumptions is None:
+        assumptions = calibration_for(gpu).memory
     return estimate_memory(model, job.strategy, assumptions, generation=generation), model, gpu
 
 
