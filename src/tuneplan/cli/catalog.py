@@ -37,6 +37,7 @@ from tuneplan.units import (
 
 if TYPE_CHECKING:
     from tuneplan.adapters.store import SourceStatus
+    from tuneplan.core.catalog.hardware import MemoryFigure
 
 catalog_app = typer.Typer(help="The offer catalog: status, import, remove, history (and "
                                "refresh).",
@@ -75,19 +76,24 @@ def gpus_command(
     if as_json:
         _emit(gpus_document(specs))
         return
-    table = Table(title=f"GPUs ({len(specs)}); dense peak rates, '-' = not published")
-    for column in ("gpu", "memory", "device reports", "type", "bandwidth", "BF16 TFLOP/s",
-                   "FP8 TFLOP/s", "link", "PCIe", "TDP"):
+    table = Table(title=f"GPUs ({len(specs)}); dense peak rates, '-' = not published; "
+                        "usable = CUDA-visible total, what a plan's whole-device peak is "
+                        "compared with (* = assumed by rule, no device report)")
+    for column in ("gpu", "memory", "driver total", "usable", "type", "bandwidth",
+                   "BF16 TFLOP/s", "FP8 TFLOP/s", "link", "PCIe", "TDP"):
         table.add_column(column, justify="left" if column in ("gpu", "type", "link") else "right")
     for s in specs:
         table.add_row(
-            s.name, s.memory_label,
-            format_bytes(s.device_memory_bytes) if s.device_memory_bytes else "?",
-            s.memory_type or "?",
+            s.name, s.memory_label, _memory_cell(s.driver_memory),
+            _memory_cell(s.usable_memory), s.memory_type or "?",
             _rate(s.memory_bandwidth_bytes_per_s, GB, "GB/s"), _rate(s.bf16_flops_per_s, TERA),
             _rate(s.fp8_flops_per_s, TERA), s.interconnect or "PCIe only",
             str(s.pcie_gen or "?"), f"{s.tdp_w} W" if s.tdp_w else "?")
     _console().print(table)
+
+
+def _memory_cell(figure: MemoryFigure) -> str:
+    return format_bytes(figure.bytes) + ("" if figure.basis == "reported" else "*")
 
 
 def _rate(value: float | None, scale: float, unit: str = "") -> str:

@@ -65,10 +65,13 @@ def render_plans(result: PlanResult, catalog: CatalogInfo, top: int, now: dateti
         table.add_row(
             str(rank), p.id, safe(p.offer.provider),
             safe(f"{p.offer.instance_type} ({p.offer.region})"),
-            gpus, f"{p.candidate.device_total_bytes / GiB:.1f}/{p.capacity_bytes / GiB:.0f}",
+            gpus, f"{p.candidate.device_total_bytes / GiB:.1f}/{p.capacity_bytes / GiB:.1f}",
             _settings(p), f"{p.candidate.throughput.tokens_per_second:,.0f}",
             f"{p.hours:.2f}", _usd(p.cost_usd), _spot_text(p), _billing(p), safe(p.storage))
     console.print(table)
+    console.print(f"mem/GPU GiB: whole-device peak (CUDA context and allocator reserve "
+                  f"included) / usable (CUDA-visible total, less than the card's nominal "
+                  f"size); a plan fits at peak <= usable x {result.assumptions.memory_margin:.0%}")
     _print_front(result, console)
     _print_catalog(catalog, now, console)
     for rank, p in enumerate(result.plans[:top], start=1):
@@ -101,8 +104,10 @@ def _print_catalog(catalog: CatalogInfo, now: datetime, console: Console) -> Non
 
 
 def render_fit(report: FitReport, console: Console) -> None:
-    table = Table(title=f"{report.gpu}: {report.capacity_bytes / GiB:.1f} GiB, "
-                        f"{report.limit_bytes / GiB:.1f} GiB usable")
+    basis = report.usable.basis if report.usable is not None else "?"
+    table = Table(title=f"{report.gpu}: {report.capacity_bytes / GiB:.1f} GiB usable of "
+                        f"{report.nominal_bytes / GiB:g} GiB ({basis}); a peak fits at <= "
+                        f"{report.limit_bytes / GiB:.1f} GiB (usable x {report.margin:.0%})")
     for name in ("method", "peak at job settings", "fits", "largest micro-batch",
                  "largest seq len (mb 1)"):
         table.add_column(name)
