@@ -9,7 +9,7 @@ from typing import Any
 from tuneplan.core.catalog.hardware import GpuSpec, usable_phrase
 from tuneplan.core.memory import MemoryEstimate, estimate_memory
 from tuneplan.core.models import ModelSpec
-from tuneplan.core.planner.search import DEFAULT_MEMORY_MARGIN
+from tuneplan.core.planner.search import DEFAULT_MEMORY_MARGIN, memory_limit
 from tuneplan.service.jobs import JobRequest
 from tuneplan.units import format_bytes
 
@@ -36,7 +36,7 @@ def run_memory(request: JobRequest, model: ModelSpec | None = None
 def memory_limit_bytes(gpu: GpuSpec) -> int:
     """What a whole-device peak may reach on ``gpu``: its usable (CUDA-visible) total x the
     planner's margin (``DEFAULT_MEMORY_MARGIN``), as ``tuneplan plan`` and ``fit`` compare."""
-    return int(gpu.usable_memory_bytes * DEFAULT_MEMORY_MARGIN)
+    return memory_limit(gpu.usable_memory_bytes, DEFAULT_MEMORY_MARGIN)
 
 
 def gpu_memory_part(gpu: GpuSpec) -> dict[str, Any]:

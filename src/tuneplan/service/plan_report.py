@@ -12,6 +12,7 @@ from typing import Any
 from tuneplan.adapters.plans import CatalogInfo
 from tuneplan.core.catalog.offers import offer_record
 from tuneplan.core.planner.plan import Plan, PlanResult
+from tuneplan.core.planner.search import memory_limit
 
 
 def spot_part(p: Plan) -> dict[str, Any] | None:
@@ -32,7 +33,7 @@ def plan_entry(p: Plan, result: PlanResult) -> dict[str, Any]:
     """One plan as docs/CLI.md's ``plans[]`` entry."""
     c, t = p.candidate, p.candidate.throughput
     margin = result.assumptions.memory_margin
-    limit = int(p.capacity_bytes * margin)
+    limit = memory_limit(p.capacity_bytes, margin)
     offer = offer_record(p.offer)
     if result.job.spot is False:  # --no-spot: spot prices are not part of the answer
         offer |= {"spot_price_per_hour": None, "spot_price_per_gpu_hour": None}

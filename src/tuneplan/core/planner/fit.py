@@ -18,6 +18,7 @@ from tuneplan.core.planner.search import (
     Refused,
     StrategySearch,
     largest_fitting,
+    memory_limit,
 )
 from tuneplan.units import GiB
 
@@ -88,7 +89,7 @@ def fit(search: StrategySearch, gpu: GpuSpec, *, max_gpus: int = 64) -> FitRepor
     """Per method limits on ``gpu`` for ``search.base``, and changes that make it fit: a
     peak fits when it is at most the GPU's usable (CUDA-visible) total x ``search.margin``."""
     capacity = gpu.usable_memory_bytes
-    limit = int(capacity * search.margin)
+    limit = memory_limit(capacity, search.margin)
     gen = gpu.generation
     base = search.base
     methods: list[Method] = [base.method] if base.method is not Method.AUTO else []

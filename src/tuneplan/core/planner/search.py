@@ -110,6 +110,13 @@ class SearchOutcome:
 DEFAULT_MEMORY_MARGIN = 0.95
 
 
+def memory_limit(capacity_bytes: int, margin: float = DEFAULT_MEMORY_MARGIN) -> int:
+    """What a whole-device peak may reach on a card whose usable (CUDA-visible) total is
+    ``capacity_bytes``: capacity x margin, rounded down. The planner, ``fit``, ``memory --gpu``
+    and the plan JSON all compare with this one number."""
+    return int(capacity_bytes * margin)
+
+
 @dataclass(slots=True)
 class StrategySearch:
     """Cached search over strategies for one model and job (shared across all offers)."""
@@ -214,7 +221,7 @@ class StrategySearch:
 
     def _search(self, node: Node) -> SearchOutcome:
         out = SearchOutcome()
-        limit = int(node.capacity_bytes * self.margin)
+        limit = memory_limit(node.capacity_bytes, self.margin)
         generation = node.gpu.generation
         for method in self.methods():
             if method is Method.QLORA and Method.LORA in out.best:
