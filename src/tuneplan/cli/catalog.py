@@ -78,7 +78,8 @@ def gpus_command(
         return
     table = Table(title=f"GPUs ({len(specs)}); dense peak rates, '-' = not published; "
                         "usable = CUDA-visible total, what a plan's whole-device peak is "
-                        "compared with (* = assumed by rule, no device report)")
+                        "compared with (* = by rule: assumed, or derived from a reported "
+                        "driver total; see --json for sources)")
     for column in ("gpu", "memory", "driver total", "usable", "type", "bandwidth",
                    "BF16 TFLOP/s", "FP8 TFLOP/s", "link", "PCIe", "TDP"):
         table.add_column(column, justify="left" if column in ("gpu", "type", "link") else "right")
