@@ -35,14 +35,16 @@ from tuneplan.units import GB, TERA, GiB, MiB
 #: The rule for figures nobody reported, fitted on the sourced rows of gpu_memory_totals.csv
 #: so that it never gives more than a sourced row shows (tests/core/test_gpu_memory_totals.py
 #: checks it). Driver total = nominal MiB x share (rounded down):
-#: HBM 0.994 (H100 SXM5 81,559 / 81,920 = 0.9956; H200 143,771 / 144,384 = 0.9958;
-#: B200 183,359 / 184,320 = 0.9948); GDDR with ECC on 0.931 (ECC takes 1/16: T4 15,360 of
-#: 16,384, A10 23,028 and L40S 46,068 of 24,576 / 49,152; AWS lists A10G and L4 at 22,888 and
-#: L40S at 45,776, 0.9313); GDDR without ECC 0.995 (RTX 5090 32,607 / 32,768 = 0.9951,
-#: RTX PRO 6000 97,887 / 98,304 = 0.9958; Ampere/Ada GeForce 0.9995-1.0).
+#: HBM 0.986 (V100-SXM2-16GB 16,160 / 16,384 = 0.9863; H100 SXM5 81,559 / 81,920 = 0.9956;
+#: H200 143,771 / 144,384 = 0.9958; B200 183,359 / 184,320 = 0.9948); GDDR with ECC on 0.931
+#: (ECC takes 1/16: T4 15,360 of 16,384, A10 23,028 and L40S 46,068 of 24,576 / 49,152; AWS
+#: lists A10G and L4 at 22,888 and L40S at 45,776, 0.9313); GDDR without ECC 0.995 (RTX 5090
+#: 32,607 / 32,768 = 0.9951, RTX PRO 6000 97,887 / 98,304 = 0.9958; GeForce 0.9995-1.0).
+#: Where only CUDA's total was reported, the driver total is at least that plus the reserve
+#: below (at most the nominal size).
 #: Blackwell Ultra shows far less than its 288 (binary) GB: AWS lists the B300 at 275,040 of
 #: 294,912 MiB (0.9326), so its own share, 0.932, applies to the GB300 as well.
-DRIVER_SHARE_PER_MILLE = {"hbm": 994, "hbm_blackwell_ultra": 932, "gddr_ecc": 931,
+DRIVER_SHARE_PER_MILLE = {"hbm": 986, "hbm_blackwell_ultra": 932, "gddr_ecc": 931,
                           "gddr": 995}
 #: What the driver keeps of its total before CUDA hands memory to a process, MiB: nvidia-smi
 #: total less torch's total capacity in the sourced rows, rounded up from the largest seen:
@@ -50,7 +52,7 @@ DRIVER_SHARE_PER_MILLE = {"hbm": 994, "hbm_blackwell_ultra": 932, "gddr_ecc": 93
 #: GDDR 600 (L40S 46,068 - 45,486 = 582; RTX 6000 Ada 572; RTX 5090 485; RTX 4090 480; T4 451).
 CUDA_RESERVE_MIB = {"hbm": 900, "hbm_blackwell_ultra": 900, "gddr_ecc": 600, "gddr": 600}
 _RULE_TEXT = {
-    "hbm": "HBM: driver total = nominal x 0.994, CUDA-visible = that - 900 MiB",
+    "hbm": "HBM: driver total = nominal x 0.986, CUDA-visible = that - 900 MiB",
     "hbm_blackwell_ultra": "Blackwell Ultra HBM: driver total = nominal x 0.932 (as the B300), "
                            "CUDA-visible = that - 900 MiB",
     "gddr_ecc": "GDDR with ECC on: driver total = nominal x 0.931, CUDA-visible = that - 600 MiB",
@@ -179,8 +181,11 @@ def memory_figures(nominal_bytes: int, hbm: bool, totals: MemoryTotals | None,
         driver = MemoryFigure(bytes=totals.driver_mib * MiB, basis="reported",
                               source=totals.driver_source, confidence=totals.driver_confidence)
     else:
-        driver = MemoryFigure(bytes=assumed_driver_mib(nominal_mib, kind) * MiB,
-                              basis="assumed", source=f"rule {rule}", confidence="low")
+        floor = 0 if totals is None or totals.cuda_mib is None else (
+            totals.cuda_mib + cuda_reserve_mib(kind))
+        mib = min(nominal_mib, max(assumed_driver_mib(nominal_mib, kind), floor))
+        driver = MemoryFigure(bytes=mib * MiB, basis="assumed", source=f"rule {rule}",
+                              confidence="low")
     if totals is not None and totals.cuda_mib is not None:
         usable = MemoryFigure(bytes=totals.cuda_mib * MiB, basis="reported",
                               source=totals.cuda_source, confidence=totals.cuda_confidence)
