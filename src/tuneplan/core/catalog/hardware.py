@@ -51,13 +51,8 @@ DRIVER_SHARE_PER_MILLE = {"hbm": 986, "hbm_blackwell_ultra": 932, "gddr_ecc": 93
 #: HBM 900 (A100 80GB 81,920 - 81,039 = 881; B200 729; H100 NVL 598; H100 SXM5 551),
 #: GDDR 600 (L40S 46,068 - 45,486 = 582; RTX 6000 Ada 572; RTX 5090 485; RTX 4090 480; T4 451).
 CUDA_RESERVE_MIB = {"hbm": 900, "hbm_blackwell_ultra": 900, "gddr_ecc": 600, "gddr": 600}
-_RULE_TEXT = {
-    "hbm": "HBM: driver total = nominal x 0.986, CUDA-visible = that - 900 MiB",
-    "hbm_blackwell_ultra": "Blackwell Ultra HBM: driver total = nominal x 0.932 (as the B300), "
-                           "CUDA-visible = that - 900 MiB",
-    "gddr_ecc": "GDDR with ECC on: driver total = nominal x 0.931, CUDA-visible = that - 600 MiB",
-    "gddr": "GDDR without ECC: driver total = nominal x 0.995, CUDA-visible = that - 600 MiB",
-}
+_RULE_NAMES = {"hbm": "HBM", "hbm_blackwell_ultra": "Blackwell Ultra HBM (as the B300)",
+               "gddr_ecc": "GDDR with ECC on", "gddr": "GDDR without ECC"}
 _CONFIDENCE = ("high", "medium", "low")
 
 
@@ -76,6 +71,13 @@ def assumed_driver_mib(nominal_mib: int, kind: str) -> int:
 def cuda_reserve_mib(kind: str) -> int:
     """MiB of the driver total CUDA does not hand out, by the rule (see CUDA_RESERVE_MIB)."""
     return CUDA_RESERVE_MIB[kind]
+
+
+def rule_text(kind: str) -> str:
+    """The rule for ``kind`` in words: ``HBM: driver total = nominal x 0.986, ...``."""
+    return (f"{_RULE_NAMES[kind]}: driver total = nominal x "
+            f"{DRIVER_SHARE_PER_MILLE[kind] / 1000:.3f}, CUDA-visible = that - "
+            f"{CUDA_RESERVE_MIB[kind]} MiB")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -175,7 +177,7 @@ def memory_figures(nominal_bytes: int, hbm: bool, totals: MemoryTotals | None,
     them, else the rule's, each labelled with its basis. A card missing from the table is
     taken with ECC on (the smaller GDDR figure)."""
     kind = memory_class(hbm, True if totals is None else totals.ecc, architecture)
-    rule = _RULE_TEXT[kind]
+    rule = rule_text(kind)
     nominal_mib = nominal_bytes // MiB
     if totals is not None and totals.driver_mib is not None:
         driver = MemoryFigure(bytes=totals.driver_mib * MiB, basis="reported",
