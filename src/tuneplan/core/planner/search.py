@@ -104,9 +104,10 @@ class SearchOutcome:
     refusals: list[str] = field(default_factory=list)
 
 
-#: Share of a card's memory a plan may fill (whole-device peak): 5 % stays free for allocator
-#: fragmentation and transient spikes the estimate does not see. The planner's
-#: ``PlanAssumptions.memory_margin`` and ``tuneplan fit`` both start from this one value.
+#: Share of a card's usable memory (its CUDA-visible total, ``GpuSpec.usable_memory_bytes``,
+#: not the nominal size) a plan may fill with its whole-device peak: 5 % stays free for
+#: allocator fragmentation and transient spikes the estimate does not see. The planner's
+#: ``PlanAssumptions.memory_margin``, ``tuneplan fit`` and ``memory --gpu`` start from it.
 DEFAULT_MEMORY_MARGIN = 0.95
 
 
