@@ -35,6 +35,30 @@ def test_gpu_flag_adds_fit(run_cli: Run) -> None:
     assert list(doc["fits"].values()) == [False]   # 16 B/param > 80 GB
 
 
+def test_gpu_l40s_states_usable_of_nominal_and_the_comparison(
+        run_cli: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = run_cli("memory", "meta-llama/Llama-3.1-8B", "--method", "qlora", "--gpu", "L40S",
+                  "--json").ok_json()
+    gpu = doc["gpu"]
+    usable = 45_486 * 2**20     # torch's 44.42 GiB total capacity on an L40S, whole MiB
+    assert gpu["usable_bytes"] == usable == 47_695_527_936
+    assert gpu["nominal_bytes"] == 48 * 2**30 and gpu["driver_total_bytes"] == 45_776 * 2**20
+    assert gpu["usable_basis"] == "reported" and gpu["usable_confidence"] == "high"
+    assert gpu["limit_bytes"] == int(usable * 0.95) and gpu["margin"] == 0.95
+    assert "whole-device peak" in gpu["compared"]
+    peak = doc["per_gpu"]["device_total_bytes"]
+    assert doc["headroom_bytes"] == {"L40S": int(usable * 0.95) - peak}
+    assert doc["fits"] == {"L40S": True}
+    monkeypatch.setenv("COLUMNS", "200")
+    text = run_cli("memory", "meta-llama/Llama-3.1-8B", "--method", "qlora", "--gpu",
+                   "L40S").stdout
+    assert "44.4 GiB usable of 48 GiB (CUDA-visible total, reported)" in text
+    assert "limit (usable x 95%)" in text and "42.20 GiB" in text
+    explain = run_cli("explain", "meta-llama/Llama-3.1-8B", "--method", "qlora", "--gpu",
+                      "L40S").stdout
+    assert "L40S: 44.4 GiB usable of 48 GiB" in explain and "= usable x 95%: fits" in explain
+
+
 def test_gpu_without_architecture_uses_default_generation(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # A GPU row with an empty architecture column used to crash with IndexError.

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.cli.conftest import CliResult
 
 Run = Callable[..., CliResult]
@@ -90,3 +92,64 @@ def test_fit_json_per_method_and_suggestions(run_cli: Run) -> None:
 def test_fit_needs_a_gpu(run_cli: Run) -> None:
     result = run_cli("fit", "meta-llama/Llama-3.1-8B")
     assert result.code == 2 and "--gpu" in result.stderr
+
+
+def _table_usable_bytes(gpu: str) -> int:
+    """The usable (CUDA-visible) bytes of ``gpu`` read straight from gpu_memory_totals.csv:
+    torch's reported GiB to whole MiB, else the reported nvidia-smi total less the driver
+    reserve the data README states (900 MiB HBM, 600 MiB GDDR)."""
+    import csv
+    import io
+    from decimal import ROUND_FLOOR, Decimal
+
+    from tuneplan.adapters.bundled import read_data_text
+
+    rows = {r["gpu"]: r for r in csv.DictReader(io.StringIO(
+        read_data_text("gpu_memory_totals.csv")))}
+    specs = {r["gpu"]: r for name in ("gpu_specs.csv", "gpu_specs_extra.csv")
+             for r in csv.DictReader(io.StringIO(read_data_text(name)))}
+    row = rows[gpu]
+    if row["cuda_total_gib"]:
+        mib = int((Decimal(row["cuda_total_gib"]) * 1024).to_integral_value(ROUND_FLOOR))
+    else:
+        assert row["driver_total_mib"], f"{gpu}: only the rule; pick a sourced GPU"
+        hbm = specs[gpu]["memory_type"].upper().startswith("HBM")
+        mib = int(row["driver_total_mib"]) - (900 if hbm else 600)
+    return mib * 2**20
+
+
+def test_8b_qlora_top_plans_fit_the_cards_usable_memory_not_the_nominal(
+        run_cli: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    result = run_cli("plan", "meta-llama/Llama-3.1-8B", "--method", "qlora", "--tokens", "10M",
+                     "--top", "10", "--json")
+    assert result.code == 0, result.stderr
+    plans = result.json()["plans"]
+    assert len(plans) == 10
+    gpus = set()
+    for p in plans:
+        gpu, memory = p["offer"]["gpu"], p["memory"]
+        gpus.add(gpu)
+        usable = _table_usable_bytes(gpu)
+        assert memory["capacity_bytes"] == usable < memory["nominal_bytes"]
+        assert memory["margin"] == 0.95 and memory["limit_bytes"] == int(usable * 0.95)
+        assert memory["device_total_bytes"] <= int(usable * 0.95), (gpu, memory)
+        assert memory["usable_basis"] in ("reported", "derived")
+    assert "L40S" in gpus  # the card whose nominal 48 GiB hid 3.6 GiB it does not have
+    monkeypatch.setenv("COLUMNS", "250")
+    table = run_cli("plan", "meta-llama/Llama-3.1-8B", "--method", "qlora", "--tokens", "10M",
+                    "--top", "10")
+    assert table.code == 0, table.stderr
+    assert "/44.4 " in table.stdout and "/48 " not in table.stdout
+    assert "a plan fits at peak <= usable x 95%" in table.stdout
+
+
+def test_fit_states_usable_of_nominal_and_the_limit(
+        run_cli: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = run_cli("fit", "meta-llama/Llama-3.1-8B", "--gpu", "L40S", "--method", "qlora",
+                  "--json").json()
+    assert doc["capacity_bytes"] == 45_486 * 2**20 and doc["nominal_bytes"] == 48 * 2**30
+    assert doc["limit_bytes"] == int(45_486 * 2**20 * 0.95) and doc["margin"] == 0.95
+    assert doc["usable_basis"] == "reported" and "github.com" in doc["usable_source"]
+    monkeypatch.setenv("COLUMNS", "250")
+    text = run_cli("fit", "meta-llama/Llama-3.1-8B", "--gpu", "L40S", "--method", "qlora").stdout
+    assert "L40S: 44.4 GiB usable of 48 GiB (reported); a peak fits at <= 42.2 GiB" in text

@@ -38,7 +38,7 @@ CASES = {
                 lambda d: [m["method"] for m in d["methods"]],
                 ("method", "peak at job settings", "fits"), 5),
     "gpus": Case(("gpus", "--min-memory", "141GB"), "gpu", lambda d: [g["name"] for g in d],
-                 ("gpu", "memory"), 10),
+                 ("gpu", "memory", "usable"), 11),
     "providers": Case(("providers",), "provider", lambda d: [p["name"] for p in d],
                       ("provider", "billing", "spot"), 10),
     "models": Case(("models",), "name", lambda d: [m["name"] for m in d],

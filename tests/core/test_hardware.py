@@ -27,8 +27,10 @@ def test_spec_names_are_exactly_the_canonical_gpus_in_order() -> None:
 def test_every_shipped_spec_meets_its_invariants(spec: GpuSpec) -> None:
     assert spec.memory_bytes > 0 and spec.memory_bytes % MiB == 0
     assert spec.memory_label.endswith(" GB")
-    if spec.device_memory_bytes is not None:  # the device reports a little less than nominal
-        assert 0.9 * spec.memory_bytes < spec.device_memory_bytes <= spec.memory_bytes
+    # nominal >= driver total (nvidia-smi) > CUDA-visible total, all whole MiB
+    assert spec.usable_memory_bytes < spec.driver_memory_bytes <= spec.memory_bytes
+    assert 0.8 * spec.memory_bytes < spec.usable_memory_bytes  # ECC, driver, CUDA reserve
+    assert spec.usable_memory_bytes % MiB == 0 and spec.driver_memory_bytes % MiB == 0
     if spec.fp8_flops_per_s is not None:
         assert spec.supports_fp8 is True
         assert spec.bf16_flops_per_s is not None and spec.fp8_flops_per_s >= spec.bf16_flops_per_s
@@ -45,8 +47,9 @@ def test_every_shipped_spec_meets_its_invariants(spec: GpuSpec) -> None:
 def test_h100_sxm_exact_values() -> None:
     h100 = load_gpu_spec("H100 SXM5")
     assert h100.memory_bytes == 80 * GiB == 85_899_345_920
-    assert h100.device_memory_bytes == 85_520_809_984  # 81,559 MiB = 79.65 GiB
-    assert h100.usable_memory_bytes == 85_520_809_984
+    assert h100.driver_memory_bytes == 85_520_809_984  # nvidia-smi 81,559 MiB = 79.65 GiB
+    assert h100.usable_memory_bytes == 81_008 * MiB == 84_943_044_608  # torch: 79.11 GiB
+    assert (h100.driver_memory.basis, h100.usable_memory.basis) == ("reported", "reported")
     assert h100.memory_bandwidth_bytes_per_s == 3_350 * GB
     assert h100.bf16_flops_per_s == pytest.approx(989.5 * TERA)
     assert h100.interconnect_bytes_per_s == 900 * GB and h100.pcie_gen == 5

@@ -112,7 +112,8 @@ def _reference_offer(search: StrategySearch, job: Job, offer: Offer,
     if problem:
         return problem
     capacity = min(gpu.usable_memory_bytes, offer.gpu_memory_bytes) if (
-        offer.gpu_memory_bytes >= gpu.memory_bytes * 0.9) else offer.gpu_memory_bytes
+        offer.gpu_memory_bytes >= gpu.memory_bytes * 0.9) else (
+        offer.gpu_memory_bytes * gpu.usable_memory_bytes // gpu.memory_bytes)
     node = Node(gpu=gpu, gpus_per_node=offer.gpu_count, capacity_bytes=capacity,
                 intra_link="pcie" if link == "pcie" else "auto")
     provider = providers.get(offer.provider)

@@ -10,7 +10,13 @@ from functools import cache
 from importlib import resources
 
 from tuneplan.core.catalog.gpu_names import normalise_gpu_name
-from tuneplan.core.catalog.hardware import GpuSpec, parse_gpu_specs, spec_by_name
+from tuneplan.core.catalog.hardware import (
+    GpuSpec,
+    MemoryTotals,
+    parse_gpu_specs,
+    parse_memory_totals,
+    spec_by_name,
+)
 from tuneplan.core.catalog.providers import Provider, parse_providers
 from tuneplan.errors import InvalidValueError, UnknownGpuError
 
@@ -29,10 +35,19 @@ def list_snapshot_files() -> list[str]:
 
 
 @cache
+def load_memory_totals() -> dict[str, MemoryTotals]:
+    """What the driver offers per GPU (nvidia-smi and CUDA-visible totals, sourced) from the
+    bundled gpu_memory_totals.csv."""
+    return parse_memory_totals(read_data_text("gpu_memory_totals.csv"))
+
+
+@cache
 def load_gpu_specs() -> tuple[GpuSpec, ...]:
-    """Every GPU spec: gpu_specs.csv (full specs) then gpu_specs_extra.csv (memory facts)."""
-    return parse_gpu_specs(read_data_text("gpu_specs.csv")) + parse_gpu_specs(
-        read_data_text("gpu_specs_extra.csv"))
+    """Every GPU spec: gpu_specs.csv (full specs) then gpu_specs_extra.csv (memory facts),
+    with their memory totals from gpu_memory_totals.csv."""
+    totals = load_memory_totals()
+    return parse_gpu_specs(read_data_text("gpu_specs.csv"), totals) + parse_gpu_specs(
+        read_data_text("gpu_specs_extra.csv"), totals)
 
 
 @cache

@@ -38,7 +38,7 @@ from tuneplan.units import (
 
 if TYPE_CHECKING:
     from tuneplan.adapters.store import PricePoint, SourceStatus
-    from tuneplan.core.catalog.hardware import GpuSpec
+    from tuneplan.core.catalog.hardware import GpuSpec, MemoryFigure
     from tuneplan.core.catalog.providers import Provider
 
 catalog_app = typer.Typer(help="The offer catalog: status, import, remove, history (and "
@@ -69,8 +69,9 @@ def _gpu_columns() -> tuple[Column[GpuSpec], ...]:
     return (
         Column("gpu", lambda s: s.name),
         Column("memory", lambda s: s.memory_label, right=True),
-        Column("device reports", lambda s: format_bytes(s.device_memory_bytes)
-               if s.device_memory_bytes else "?", priority=6, right=True),
+        Column("driver total", lambda s: _memory_cell(s.driver_memory), priority=6,
+               right=True),
+        Column("usable", lambda s: _memory_cell(s.usable_memory), right=True),
         Column("type", lambda s: s.memory_type or "?", priority=4),
         Column("bandwidth", lambda s: _rate(s.memory_bandwidth_bytes_per_s, GB, "GB/s"),
                priority=1, right=True),
@@ -99,7 +100,14 @@ def gpus_command(
         _emit(gpus_document(specs))
         return
     print_table(_gpu_columns(), specs, chosen, _console(), wide=wide,
-                title=f"GPUs ({len(specs)}); dense peak rates, '-' = not published")
+                title=f"GPUs ({len(specs)}); dense peak rates, '-' = not published; "
+                      "usable = CUDA-visible total, what a plan's whole-device peak is "
+                      "compared with (* = by rule: assumed, or derived from a reported "
+                      "driver total; see --json for sources)")
+
+
+def _memory_cell(figure: MemoryFigure) -> str:
+    return format_bytes(figure.bytes) + ("" if figure.basis == "reported" else "*")
 
 
 def _rate(value: float | None, scale: float, unit: str = "") -> str:

@@ -22,7 +22,9 @@ def memory_command(model: ModelArg, request: JobRequest, as_json: JsonFlag = Fal
     """Per-GPU memory: allocated, reserved and whole-device peaks with every term."""
     from rich.table import Table
 
-    from tuneplan.service.memory_report import memory_document, run_memory
+    from tuneplan.core.catalog.hardware import usable_phrase
+    from tuneplan.core.planner.search import DEFAULT_MEMORY_MARGIN
+    from tuneplan.service.memory_report import memory_document, memory_limit_bytes, run_memory
     from tuneplan.units import format_bytes
 
     est, spec, gpu = run_memory(request)
@@ -40,9 +42,12 @@ def memory_command(model: ModelArg, request: JobRequest, as_json: JsonFlag = Fal
     table.add_row("whole device", format_bytes(est.device_total_bytes))
     table.add_row("host RAM per node", format_bytes(est.host_ram_bytes))
     if gpu is not None:
-        room = est.headroom(gpu.usable_memory_bytes)
+        limit = memory_limit_bytes(gpu)
+        room = est.headroom(limit)
+        table.add_row(f"{gpu.name} usable", usable_phrase(gpu))
+        table.add_row(f"limit (usable x {DEFAULT_MEMORY_MARGIN:.0%})", format_bytes(limit))
         table.add_row(f"fits {gpu.name}?", f"{'yes' if room >= 0 else 'no'} "
-                      f"({format_bytes(room)} headroom)")
+                      f"({format_bytes(room)} headroom): whole device vs limit")
     make_console().print(table)
 
 

@@ -63,7 +63,7 @@ def _gpus(p: Plan) -> str:
 
 
 def _memory(p: Plan) -> str:
-    return f"{p.candidate.device_total_bytes / GiB:.1f}/{p.capacity_bytes / GiB:.0f}"
+    return f"{p.candidate.device_total_bytes / GiB:.1f}/{p.capacity_bytes / GiB:.1f}"
 
 
 #: The plan table, every cell computed here once (terminal table, CSV and Markdown alike).
@@ -99,6 +99,9 @@ def render_plans(result: PlanResult, catalog: CatalogInfo, top: int, now: dateti
                       f"{result.job.objective.value}")
     if fmt is not OutputFormat.TABLE:
         return
+    console.print(f"mem/GPU GiB: whole-device peak (CUDA context and allocator reserve "
+                  f"included) / usable (CUDA-visible total, less than the card's nominal "
+                  f"size); a plan fits at peak <= usable x {result.assumptions.memory_margin:.0%}")
     _print_front(result, console)
     _print_catalog(catalog, now, console)
     for rank, p in rows:
@@ -144,9 +147,11 @@ FIT_COLUMNS: tuple[Column[MethodFit], ...] = (
 def render_fit(report: FitReport, console: Console, fmt: OutputFormat = OutputFormat.TABLE,
                wide: bool = False) -> None:
     """The fit table; in the terminal, followed by the changes that make the job fit."""
+    basis = report.usable.basis if report.usable is not None else "?"
     print_table(FIT_COLUMNS, report.methods, fmt, console, wide=wide,
-                title=f"{report.gpu}: {report.capacity_bytes / GiB:.1f} GiB, "
-                      f"{report.limit_bytes / GiB:.1f} GiB usable")
+                title=f"{report.gpu}: {report.capacity_bytes / GiB:.1f} GiB usable of "
+                      f"{report.nominal_bytes / GiB:g} GiB ({basis}); a peak fits at <= "
+                      f"{report.limit_bytes / GiB:.1f} GiB (usable x {report.margin:.0%})")
     if fmt is not OutputFormat.TABLE:
         return
     for s in report.suggestions:

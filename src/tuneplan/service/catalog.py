@@ -96,8 +96,10 @@ def gpu_specs(min_memory: str | None = None) -> list[Any]:
 
 
 def gpus_document(specs: list[Any]) -> list[dict[str, Any]]:
-    """``tuneplan gpus --json``: every spec plus its usable memory."""
-    return [asdict(s) | {"usable_memory_bytes": s.usable_memory_bytes} for s in specs]
+    """``tuneplan gpus --json``: every spec plus its driver total and usable (CUDA-visible)
+    memory in bytes; ``driver_memory`` / ``usable_memory`` say basis, source, confidence."""
+    return [asdict(s) | {"driver_memory_bytes": s.driver_memory_bytes,
+                         "usable_memory_bytes": s.usable_memory_bytes} for s in specs]
 
 
 def models_document() -> list[dict[str, Any]]:

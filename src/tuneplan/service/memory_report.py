@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuneplan.core.catalog.hardware import GpuSpec
+from tuneplan.core.catalog.hardware import GpuSpec, usable_phrase
 from tuneplan.core.memory import MemoryAssumptions, MemoryEstimate, estimate_memory
 from tuneplan.core.models import ModelSpec
+from tuneplan.core.planner.search import DEFAULT_MEMORY_MARGIN, memory_limit
 from tuneplan.service.jobs import JobRequest
 from tuneplan.units import format_bytes
 
@@ -37,12 +38,27 @@ def run_memory(request: JobRequest, model: ModelSpec | None = None,
     return estimate_memory(model, job.strategy, assumptions, generation=generation), model, gpu
 
 
+def memory_limit_bytes(gpu: GpuSpec) -> int:
+    """What a whole-device peak may reach on ``gpu``: its usable (CUDA-visible) total x the
+    planner's margin (``DEFAULT_MEMORY_MARGIN``), as ``tuneplan plan`` and ``fit`` compare."""
+    return memory_limit(gpu.usable_memory_bytes, DEFAULT_MEMORY_MARGIN)
+
+
+def gpu_memory_part(gpu: GpuSpec) -> dict[str, Any]:
+    """The GPU's memory figures and the comparison made (``memory`` / ``fit`` JSON)."""
+    return {"name": gpu.name, **gpu.memory_record(), "margin": DEFAULT_MEMORY_MARGIN,
+            "limit_bytes": memory_limit_bytes(gpu),
+            "compared": "whole-device peak (CUDA context, workspaces and allocator reserve "
+                        "included) <= usable_bytes x margin"}
+
+
 def memory_document(est: MemoryEstimate, model: ModelSpec, gpu: GpuSpec | None
                     ) -> dict[str, Any]:
-    """The JSON document of docs/CLI.md for ``tuneplan memory --json``."""
+    """The JSON document of docs/CLI.md for ``tuneplan memory --json``: ``fits`` and
+    ``headroom_bytes`` compare the whole-device peak with ``gpu.limit_bytes``."""
     fits = None
     if gpu is not None:
-        fits = {gpu.name: est.fits(gpu.usable_memory_bytes)}
+        fits = {gpu.name: est.fits(memory_limit_bytes(gpu))}
     return {
         "model": {"name": model.name, "model_type": model.model_type,
                   "num_layers": model.num_layers, "hidden_size": model.hidden_size,
@@ -64,7 +80,8 @@ def memory_document(est: MemoryEstimate, model: ModelSpec, gpu: GpuSpec | None
         "total_params": est.total_params,
         "fits": fits,
         "headroom_bytes": None if gpu is None else {
-            gpu.name: est.headroom(gpu.usable_memory_bytes)},
+            gpu.name: est.headroom(memory_limit_bytes(gpu))},
+        "gpu": None if gpu is None else gpu_memory_part(gpu),
         "assumptions": est.assumptions.as_dict(),
         "notes": list(est.notes),
     }
@@ -88,11 +105,19 @@ def explain_lines(est: MemoryEstimate, gpu: GpuSpec | None) -> list[str]:
     for t in est.host:
         lines.append(f"- {t.path}: {format_bytes(int(t.value))} = {t.formula}")
     if gpu is not None:
-        room = est.headroom(gpu.usable_memory_bytes)
-        verdict = "fits" if room >= 0 else "does NOT fit"
-        lines.append(f"{gpu.name} ({format_bytes(gpu.usable_memory_bytes)} usable): {verdict}, "
-                     f"headroom {format_bytes(room)}")
+        lines += fit_lines(est, gpu)
     lines.append("assumptions: " + ", ".join(
         f"{k}={v}" for k, v in est.assumptions.as_dict().items() if not isinstance(v, dict)))
     lines += [f"note: {note}" for note in est.notes]
     return lines
+
+
+def fit_lines(est: MemoryEstimate, gpu: GpuSpec) -> list[str]:
+    """The comparison on ``gpu`` in words: usable of nominal, the limit, the verdict."""
+    limit = memory_limit_bytes(gpu)
+    room = est.headroom(limit)
+    verdict = "fits" if room >= 0 else "does NOT fit"
+    return [f"{gpu.name}: {usable_phrase(gpu)}",
+            f"  whole-device peak {format_bytes(est.device_total_bytes)} (CUDA context and "
+            f"allocator reserve included) vs {format_bytes(limit)} = usable x "
+            f"{DEFAULT_MEMORY_MARGIN:.0%}: {verdict}, headroom {format_bytes(room)}"]

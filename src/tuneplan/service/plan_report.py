@@ -12,6 +12,7 @@ from typing import Any
 from tuneplan.adapters.plans import CatalogInfo
 from tuneplan.core.catalog.offers import offer_record
 from tuneplan.core.planner.plan import Plan, PlanResult
+from tuneplan.core.planner.search import memory_limit
 
 
 def spot_part(p: Plan) -> dict[str, Any] | None:
@@ -31,6 +32,8 @@ def spot_part(p: Plan) -> dict[str, Any] | None:
 def plan_entry(p: Plan, result: PlanResult) -> dict[str, Any]:
     """One plan as docs/CLI.md's ``plans[]`` entry."""
     c, t = p.candidate, p.candidate.throughput
+    margin = result.assumptions.memory_margin
+    limit = memory_limit(p.capacity_bytes, margin)
     offer = offer_record(p.offer)
     if result.job.spot is False:  # --no-spot: spot prices are not part of the answer
         offer |= {"spot_price_per_hour": None, "spot_price_per_gpu_hour": None}
@@ -47,6 +50,14 @@ def plan_entry(p: Plan, result: PlanResult) -> dict[str, Any]:
         "memory": {"device_total_bytes": c.device_total_bytes,
                    "capacity_bytes": p.capacity_bytes,
                    "headroom_bytes": p.capacity_bytes - c.device_total_bytes,
+                   "limit_bytes": limit, "margin": margin,
+                   "nominal_bytes": p.gpu.memory_bytes,
+                   "usable_basis": p.gpu.usable_memory.basis,
+                   "usable_source": p.gpu.usable_memory.source,
+                   "usable_confidence": p.gpu.usable_memory.confidence,
+                   "compared": "device_total_bytes (CUDA context, workspaces and allocator "
+                               "reserve included) <= capacity_bytes (the card's usable, "
+                               "CUDA-visible total) x margin",
                    "allocated_peak_bytes": c.memory.allocated_peak_bytes,
                    "reserved_peak_bytes": c.memory.reserved_peak_bytes,
                    "host_ram_bytes": c.host_ram_bytes, "peak_phase": c.memory.peak_phase,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tuneplan.core.catalog.hardware import GpuSpec
+from tuneplan.core.catalog.hardware import GpuSpec, MemoryFigure
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.strategy import Checkpointing, Loss, Offload, Optimizer, Sharding, Strategy
 from tuneplan.core.memory import MemoryEstimate
@@ -18,6 +18,7 @@ from tuneplan.core.planner.search import (
     Refused,
     StrategySearch,
     largest_fitting,
+    memory_limit,
 )
 from tuneplan.units import GiB
 
@@ -52,17 +53,27 @@ class Suggestion:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FitReport:
     gpu: str
-    capacity_bytes: int
-    limit_bytes: int
+    capacity_bytes: int              # the GPU's usable (CUDA-visible) total
+    limit_bytes: int                 # capacity x margin: what a whole-device peak may reach
     base: Strategy
     fits: bool
     methods: tuple[MethodFit, ...]
     suggestions: tuple[Suggestion, ...]
+    nominal_bytes: int = 0
+    margin: float = 0.0
+    usable: MemoryFigure | None = None   # basis, source and confidence of capacity_bytes
 
     def as_dict(self) -> dict[str, object]:
         return {
             "gpu": self.gpu, "capacity_bytes": self.capacity_bytes,
-            "limit_bytes": self.limit_bytes, "fits": self.fits,
+            "limit_bytes": self.limit_bytes, "nominal_bytes": self.nominal_bytes,
+            "margin": self.margin,
+            "usable_basis": None if self.usable is None else self.usable.basis,
+            "usable_source": None if self.usable is None else self.usable.source,
+            "usable_confidence": None if self.usable is None else self.usable.confidence,
+            "compared": "whole-device peak (CUDA context, workspaces and allocator reserve "
+                        "included) <= capacity_bytes x margin",
+            "fits": self.fits,
             "strategy": self.base.as_dict(),
             "methods": [{"method": m.method.value, "peak_bytes": m.peak_bytes, "fits": m.fits,
                          "largest_batch_size": m.largest_batch,
@@ -75,9 +86,10 @@ class FitReport:
 
 
 def fit(search: StrategySearch, gpu: GpuSpec, *, max_gpus: int = 64) -> FitReport:
-    """Per method limits on ``gpu`` for ``search.base``, and changes that make it fit."""
+    """Per method limits on ``gpu`` for ``search.base``, and changes that make it fit: a
+    peak fits when it is at most the GPU's usable (CUDA-visible) total x ``search.margin``."""
     capacity = gpu.usable_memory_bytes
-    limit = int(capacity * search.margin)
+    limit = memory_limit(capacity, search.margin)
     gen = gpu.generation
     base = search.base
     methods: list[Method] = [base.method] if base.method is not Method.AUTO else []
@@ -87,7 +99,9 @@ def fit(search: StrategySearch, gpu: GpuSpec, *, max_gpus: int = 64) -> FitRepor
     first = fits[0]
     suggestions = () if first.fits else tuple(_suggestions(search, start, limit, gen, max_gpus))
     return FitReport(gpu=gpu.name, capacity_bytes=capacity, limit_bytes=limit, base=start,
-                     fits=first.fits, methods=tuple(fits), suggestions=suggestions)
+                     fits=first.fits, methods=tuple(fits), suggestions=suggestions,
+                     nominal_bytes=gpu.memory_bytes, margin=search.margin,
+                     usable=gpu.usable_memory)
 
 
 def _peak(search: StrategySearch, s: Strategy, gen: str) -> MemoryEstimate | Refused:

@@ -16,7 +16,7 @@ from datetime import datetime
 from decimal import Decimal
 from functools import lru_cache
 
-from tuneplan.core.catalog.hardware import GpuSpec
+from tuneplan.core.catalog.hardware import GpuSpec, card_capacity_bytes
 from tuneplan.core.catalog.offers import Offer, gpu_matches, provider_matches
 from tuneplan.core.catalog.providers import Provider
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
@@ -259,11 +259,11 @@ def strategy_search(model: ModelSpec, job: Job, a: PlanAssumptions) -> StrategyS
 def offer_node(offer: Offer, gpu: GpuSpec, *, nodes: int = 1,
                inter_node_bytes_per_s: float | None = None) -> Node:
     """The Node ``offer`` x ``nodes`` gives a strategy: its GPUs, the usable memory per card
-    (the spec's usable bytes unless the offer reports clearly less), the link inside a node
+    (``card_capacity_bytes``: the spec's CUDA-visible total, not the nominal size, unless the
+    offer lists clearly less), the link inside a node
     (``node_link``) and, across nodes, the provider's fabric rate."""
     link = node_link(offer, gpu)
-    capacity = min(gpu.usable_memory_bytes, offer.gpu_memory_bytes) if (
-        offer.gpu_memory_bytes >= gpu.memory_bytes * 0.9) else offer.gpu_memory_bytes
+    capacity = card_capacity_bytes(gpu, offer.gpu_memory_bytes)
     return Node(gpu=gpu, gpus_per_node=offer.gpu_count, capacity_bytes=capacity,
                 intra_link="pcie" if link == "pcie" else "auto", nodes=nodes,
                 inter_node_bytes_per_s=inter_node_bytes_per_s if nodes > 1 else None)
@@ -426,7 +426,7 @@ def _more_nodes(search: StrategySearch, job: Job, node: Node, inter: float | Non
 def _why_not(need: int | None, refusals: list[str], capacity: int, a: PlanAssumptions) -> str:
     if need is not None:
         return (f"needs {need / GiB:.1f} GiB per GPU at micro-batch 1, card has "
-                f"{capacity / GiB:.0f} GiB ({a.memory_margin:.0%} usable)")
+                f"{capacity / GiB:.1f} GiB usable, a plan may fill {a.memory_margin:.0%}")
     return refusals[0] if refusals else "no strategy fits"
 
 
@@ -484,7 +484,8 @@ def _why(p: Plan, rank: int, total: int, on_front: bool, job: Job) -> list[str]:
         f"fits {where} at micro-batch {s.batch_size} ({s.sharding.value}, checkpointing "
         f"{s.checkpointing.value}, offload {s.offload.value}): "
         f"{p.candidate.device_total_bytes / GiB:.1f}"
-        f" of {p.capacity_bytes / GiB:.0f} GiB per GPU")
+        f" of {p.capacity_bytes / GiB:.1f} GiB usable per GPU "
+        f"({p.gpu.memory_bytes / GiB:g} GiB nominal)")
     if job.strategy.method is Method.AUTO and s.method in TRADE_OFFS:
         lines.append(TRADE_OFFS[s.method])
     if p.uses_spot and p.spot_usd is not None:

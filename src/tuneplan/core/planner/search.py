@@ -104,10 +104,18 @@ class SearchOutcome:
     refusals: list[str] = field(default_factory=list)
 
 
-#: Share of a card's memory a plan may fill (whole-device peak): 5 % stays free for allocator
-#: fragmentation and transient spikes the estimate does not see. The planner's
-#: ``PlanAssumptions.memory_margin`` and ``tuneplan fit`` both start from this one value.
+#: Share of a card's usable memory (its CUDA-visible total, ``GpuSpec.usable_memory_bytes``,
+#: not the nominal size) a plan may fill with its whole-device peak: 5 % stays free for
+#: allocator fragmentation and transient spikes the estimate does not see. The planner's
+#: ``PlanAssumptions.memory_margin``, ``tuneplan fit`` and ``memory --gpu`` start from it.
 DEFAULT_MEMORY_MARGIN = 0.95
+
+
+def memory_limit(capacity_bytes: int, margin: float = DEFAULT_MEMORY_MARGIN) -> int:
+    """What a whole-device peak may reach on a card whose usable (CUDA-visible) total is
+    ``capacity_bytes``: capacity x margin, rounded down. The planner, ``fit``, ``memory --gpu``
+    and the plan JSON all compare with this one number."""
+    return int(capacity_bytes * margin)
 
 
 @dataclass(slots=True)
@@ -214,7 +222,7 @@ class StrategySearch:
 
     def _search(self, node: Node) -> SearchOutcome:
         out = SearchOutcome()
-        limit = int(node.capacity_bytes * self.margin)
+        limit = memory_limit(node.capacity_bytes, self.margin)
         generation = node.gpu.generation
         for method in self.methods():
             if method is Method.QLORA and Method.LORA in out.best:
