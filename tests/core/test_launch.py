@@ -192,7 +192,7 @@ def test_every_launch_line_goes_through_the_preemption_guard() -> None:
     lines = [sky["run"].strip().splitlines()[-1], dstack["commands"][-1],
              files["launch_accelerate.sh"].strip().splitlines()[-1],
              files["launch_torchrun.sh"].strip().splitlines()[-1]]
-    assert all(line.startswith("bash preemptible.sh ") for line in lines), lines
+    assert all(line.startswith("exec bash preemptible.sh ") for line in lines), lines
     assert "preemptible.sh" in dstack["files"]
     assert sky["resources"]["job_recovery"]["recover_on_exit_codes"] == [143]
     spec = _spec(entry)

@@ -22,13 +22,14 @@ MAIN_PORT = 29500
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeEnv:
     """Shell expressions for this node's rank, the node count, GPUs per node and node 0's
-    address, as a scheduler provides them."""
+    address and port, as a scheduler provides them."""
 
     name: str
     node_rank: str
     num_nodes: str
     gpus_per_node: str
     main_addr: str
+    main_port: str = str(MAIN_PORT)
 
 
 SKYPILOT_ENV = NodeEnv(
@@ -46,7 +47,8 @@ def manual_env(spec: LaunchSpec) -> NodeEnv:
     return NodeEnv(name="manual", node_rank="${NODE_RANK:-0}",
                    num_nodes=f"${{NUM_NODES:-{spec.strategy.nodes}}}",
                    gpus_per_node=f"${{GPUS_PER_NODE:-{spec.strategy.gpus}}}",
-                   main_addr="${MASTER_ADDR:-127.0.0.1}")
+                   main_addr="${MASTER_ADDR:-127.0.0.1}",
+                   main_port=f"${{MASTER_PORT:-{MAIN_PORT}}}")
 
 
 def _mixed_precision(spec: LaunchSpec) -> str:
@@ -206,8 +208,10 @@ exit "$rc"
 
 
 def guarded_argv(spec: LaunchSpec, engine: str, env: NodeEnv) -> list[str]:
-    """``launch_argv`` behind ``preemptible.sh``: what the bundle's scripts and tasks run."""
-    return ["bash", GUARD_SCRIPT, *launch_argv(spec, engine, env)]
+    """``launch_argv`` behind ``preemptible.sh``: what the bundle's scripts and tasks run.
+    ``exec``: the guard replaces the calling shell, so the scheduler's SIGTERM reaches it
+    (a shell waiting on a child would die of it, and the launch with it, unsaved)."""
+    return ["exec", "bash", GUARD_SCRIPT, *launch_argv(spec, engine, env)]
 
 
 def launch_argv(spec: LaunchSpec, engine: str, env: NodeEnv) -> list[str]:
@@ -217,12 +221,12 @@ def launch_argv(spec: LaunchSpec, engine: str, env: NodeEnv) -> list[str]:
         head = ["accelerate", "launch", "--config_file", "accelerate_config.yaml",
                 "--num_machines", nodes, "--num_processes", f"$(({nodes} * {gpus}))",
                 "--machine_rank", env.node_rank, "--main_process_ip", env.main_addr,
-                "--main_process_port", str(MAIN_PORT)]
+                "--main_process_port", env.main_port]
         return [*head, "train.py", "--config", "train_config.json"]
     if engine == "torchrun":
         head = ["torchrun", "--nnodes", nodes, "--nproc_per_node", gpus,
                 "--node_rank", env.node_rank, "--master_addr", env.main_addr,
-                "--master_port", str(MAIN_PORT)]
+                "--master_port", env.main_port]
         return [*head, "train.py", "--config", "train_config.json",
                 "--deepspeed", "ds_config.json"]
     raise ValueError(f"unknown engine {engine!r}")
@@ -242,8 +246,8 @@ def shell_line(argv: list[str]) -> str:
 
 def launch_script(spec: LaunchSpec, engine: str) -> str:
     """A bash script for machines you manage yourself: run it on every node with NODE_RANK,
-    MASTER_ADDR (node 0's address) and, if they differ from the plan, NUM_NODES and
-    GPUS_PER_NODE set."""
+    MASTER_ADDR (node 0's address) and, if they differ from the plan, NUM_NODES,
+    GPUS_PER_NODE and MASTER_PORT set."""
     line = shell_line(guarded_argv(spec, engine, manual_env(spec)))
     return ("#!/usr/bin/env bash\n"
             f"# Plan {spec.plan_id}: {spec.strategy.gpus} GPU(s) x {spec.strategy.nodes} node(s), "

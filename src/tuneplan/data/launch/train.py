@@ -28,6 +28,9 @@ PREFIX = "checkpoint-"
 #: Resume drills: ``N`` sends this process SIGTERM inside step N (between forward/backward
 #: passes), ``N:update`` while step N updates the weights (the save then waits for its end).
 FAULT_ENV = "TUNEPLAN_FAULT_SIGTERM_AT_STEP"
+#: Drills from outside: ``N`` holds process 0 at the end of step N, after writing
+#: ``HOLDING`` into the output folder, until a SIGTERM arrives (sent to the launcher, say).
+HOLD_ENV = "TUNEPLAN_FAULT_HOLD_AT_STEP"
 #: Set by preemptible.sh: the file whose presence says "saved on SIGTERM, restart me" (the
 #: launchers turn every worker exit code into 1).
 PREEMPTED_FILE_ENV = "TUNEPLAN_PREEMPTED_FILE"
@@ -536,6 +539,10 @@ def make_guard(cfg: dict[str, Any], progress_path: Path) -> Any:
             with progress_path.open("a", encoding="utf-8") as out:  # one file per rank
                 out.write(json.dumps({"step": state.global_step, "lr": self.lr,
                                       "sample_ids": self.sample_ids}) + "\n")
+            if os.environ.get(HOLD_ENV) == str(state.global_step) and args.process_index == 0:
+                (Path(args.output_dir) / "HOLDING").write_text(str(state.global_step))
+                while not self.pending:
+                    time.sleep(0.01)
             if self.agreed_pending():
                 control.should_save = True
                 control.should_training_stop = True
