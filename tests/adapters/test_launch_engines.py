@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import signal
 import subprocess
@@ -35,6 +36,8 @@ pytest.importorskip("accelerate")
 pytestmark = pytest.mark.probe
 ZERO_PLAN = ("plan_llama70b_full_aws.json", "f838284b7b65")  # full, ZeRO-3, optimizer offload
 FSDP_PLAN = ("plan_llama70b_full_aws.json", "b53c1e65f5d9")  # full, FSDP, 8 GPUs
+#: The batch write_bundle trains with, in the plan too, so the DeepSpeed JSON agrees with it.
+ONE_ROW = {"batch_size": 1, "grad_accum": 1}
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -44,13 +47,14 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------ DeepSpeed
-ZERO_CASES = {  # name: (strategy changes, client optimizer or None)
-    "zero2": ({"sharding": "zero2", "offload": "none"}, None),
-    "zero3": ({"sharding": "zero3", "offload": "none"}, None),
-    "zero3-offload-adamw": ({}, None),
-    "zero3-offload-params": ({"offload": "optimizer+params"}, None),
-    "zero2-offload-sgd": ({"sharding": "zero2", "optimizer": "sgd"}, "sgd"),
+ZERO_CASES = {  # name: (strategy changes, the optimizer the Trainer makes: torch's)
+    "zero2": ({"sharding": "zero2", "offload": "none"}, "AdamW"),
+    "zero3": ({"sharding": "zero3", "offload": "none"}, "AdamW"),
+    "zero3-offload-adamw": ({}, "AdamW"),
+    "zero3-offload-params": ({"offload": "optimizer+params"}, "AdamW"),
+    "zero2-offload-sgd": ({"sharding": "zero2", "optimizer": "sgd"}, "SGD"),
 }
+OFFLOADED = ("zero3-offload-adamw", "zero3-offload-params", "zero2-offload-sgd")
 
 DS_INITIALIZE = r'''
 import json, os, sys
@@ -69,25 +73,33 @@ def tiny(cfg):
     return LlamaForCausalLM(LlamaConfig(**{k: v for k, v in cfg["model_config"].items()
                                            if k != "model_type"}))
 
+def start(cfg, config, client):
+    """deepspeed.initialize as the Trainer calls it: the JSON's optimizer when it names one,
+    else the Trainer's own (torch's) passed in."""
+    model = tiny(cfg)
+    if "optimizer" in config:
+        return deepspeed.initialize(model=model, config=config,
+                                    model_parameters=model.parameters())
+    made = getattr(torch.optim, client)(model.parameters(), lr=1e-2)
+    # transformers' deepspeed_optim_sched adds this beside the Trainer's own optimizer.
+    config = config | {"zero_allow_untested_optimizer": True}
+    return deepspeed.initialize(model=model, config=config, optimizer=made)
+
 out = {}
 for name, folder, client in json.loads(sys.argv[2]):
     cfg = json.load(open(os.path.join(folder, "train_config.json")))
     bridge = HfTrainerDeepSpeedConfig(json.load(open(os.path.join(folder, "ds_config.json"))))
     bridge.trainer_config_process(train.training_arguments(cfg | {"deepspeed": None}))
     config = bridge.config
-    if client is not None:  # the same JSON without its fix must hit DeepSpeed's refusal
-        strict = {k: v for k, v in config.items() if k != "zero_force_ds_cpu_optimizer"}
-        model = tiny(cfg)
+    unfixed = {k: v for k, v in config.items()
+               if k not in ("optimizer", "zero_force_ds_cpu_optimizer")}
+    if unfixed != config:  # the JSON without its fix must hit DeepSpeed's refusal
         try:
-            deepspeed.initialize(model=model, config=strict,
-                                 optimizer=torch.optim.SGD(model.parameters(), lr=1e-2))
+            start(cfg, unfixed, client)
             out[name + "/unfixed"] = "started"
         except ZeRORuntimeException as exc:
             out[name + "/unfixed"] = str(exc)
-    model = tiny(cfg)
-    kwargs = {"model_parameters": model.parameters()} if client is None else {
-        "optimizer": torch.optim.SGD(model.parameters(), lr=1e-2)}
-    engine, optimizer, _, _ = deepspeed.initialize(model=model, config=config, **kwargs)
+    engine, optimizer, _, _ = start(cfg, config, client)
     ids = torch.randint(0, cfg["model_config"]["vocab_size"], (1, 8))
     loss = engine(input_ids=ids, labels=ids).loss
     engine.backward(loss)
@@ -99,16 +111,27 @@ print("RESULT " + json.dumps(out))
 '''
 
 
+def _need_deepspeed_cpu_adam() -> None:
+    """DeepSpeed compiles its CPU Adam on first use (JIT, with ninja and a C++ compiler)."""
+    import shutil
+
+    pytest.importorskip("deepspeed")
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler: DeepSpeed cannot build its CPU Adam")
+    if shutil.which("ninja") is None and importlib.util.find_spec("ninja") is None:
+        pytest.skip("no ninja: DeepSpeed cannot build its CPU Adam")
+
+
 def _ds_env(port: int) -> dict[str, str]:
     return cpu_env(DS_ACCELERATOR="cpu", MASTER_PORT=str(port))
 
 
 def test_deepspeed_initialises_every_emitted_zero_config(tmp_path: Path) -> None:
-    pytest.importorskip("deepspeed")
+    _need_deepspeed_cpu_adam()
     cases = []
     for name, (changes, client) in ZERO_CASES.items():
         folder = tmp_path / name
-        write_bundle(folder, plan_entry(*ZERO_PLAN, gpus=1, **changes), ("deepspeed",),
+        write_bundle(folder, plan_entry(*ZERO_PLAN, gpus=1, **ONE_ROW, **changes), ("deepspeed",),
                      precision="bf16-mixed")
         cases.append((name, str(folder), client))
     script = tmp_path / "ds_initialize.py"
@@ -126,20 +149,24 @@ def test_deepspeed_initialises_every_emitted_zero_config(tmp_path: Path) -> None
     # AdamW under offload is DeepSpeed's CPU Adam (named in the JSON), not torch's AdamW.
     assert result["zero3-offload-adamw"]["optimizer"] == "DeepSpeedCPUAdam"
     assert result["zero2-offload-sgd"]["optimizer"] == "SGD"  # the plan's own, honoured
-    assert "zero_force_ds_cpu_optimizer" in result["zero2-offload-sgd/unfixed"]
+    assert [result[n]["optimizer"] for n in ("zero2", "zero3")] == ["AdamW", "AdamW"]
+    # Without the emitted fix, DeepSpeed refuses each offloaded start (the old bundles).
+    for name in OFFLOADED:
+        assert "ZeRO-Offload with a client provided optimizer" in result[name + "/unfixed"]
+    assert not [k for k in result if k.endswith("/unfixed") and k[:-8] not in OFFLOADED]
 
 
 def test_trainer_trains_under_zero3_offload_and_saves_a_loadable_model(tmp_path: Path) -> None:
     """The bundle's train.py through the HF Trainer's DeepSpeed integration (as
     launch_torchrun.sh runs it): final/ loads with from_pretrained and holds the weights of
     the last ZeRO checkpoint (gathered to 16 bits, so equal within bf16 rounding)."""
-    pytest.importorskip("deepspeed")
+    _need_deepspeed_cpu_adam()
     import torch
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoModelForCausalLM
 
     folder = tmp_path / "z3"
-    write_bundle(folder, plan_entry(*ZERO_PLAN, gpus=1), ("deepspeed",),
+    write_bundle(folder, plan_entry(*ZERO_PLAN, gpus=1, **ONE_ROW), ("deepspeed",),
                  precision="bf16-mixed", max_steps=2)
     done = subprocess.run(
         [sys.executable, "train.py", "--config", "train_config.json",
@@ -242,8 +269,6 @@ def test_final_save_under_fsdp_writes_the_whole_model(tmp_path: Path) -> None:
     """train.py's save_final through transformers' FSDP branch of Trainer.save_model, with
     accelerate's real FSDP plugin as the bundle configures it (sharded state dicts): the
     plain save writes no weights (the old empty final/), save_final a loadable model."""
-    import importlib.util
-
     import torch
     from accelerate.state import AcceleratorState
     from accelerate.utils import FullyShardedDataParallelPlugin
