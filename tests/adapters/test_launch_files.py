@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tuneplan.adapters.launch_files import load_plan, read_train_script
+from tuneplan.adapters.plans import saved_plan_from_entry
+from tuneplan.core.launch.bundle import render_bundle
 from tuneplan.errors import InvalidValueError
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "launch" / "plan_llama8b_qlora_aws.json"
@@ -48,7 +53,64 @@ def test_newest_complete_skips_unmarked_and_damaged_checkpoints(train: Any,
     assert found is not None
     path, info = found
     assert path.name == "checkpoint-3" and info["step"] == 3
-    assert info["files"] == {"model.safetensors": 3, "optimizer.pt": 10}
+    assert {rel: entry["bytes"] for rel, entry in info["files"].items()} == {
+        "model.safetensors": 3, "optimizer.pt": 10}
+    assert info["files"]["optimizer.pt"]["sha256"] == hashlib.sha256(b"o" * 10).hexdigest()
+
+
+def test_a_same_size_damaged_checkpoint_is_refused_by_its_hash(
+        train: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _checkpoint(tmp_path, 3, train)
+    newest = _checkpoint(tmp_path, 6, train)
+    (newest / "model.safetensors").write_bytes(b"x" * 6)  # same size, other bytes
+    assert train.read_complete_marker(newest, MARKER) is not None  # sizes alone pass
+    found = train.newest_complete(tmp_path, MARKER)
+    assert found is not None and found[0].name == "checkpoint-3"
+    err = capsys.readouterr().err
+    assert "REFUSING checkpoint-6: model.safetensors no longer match the SHA-256" in err
+    # Damage that leaves no good checkpoint stops the run instead of starting it over.
+    (tmp_path / "checkpoint-3" / "optimizer.pt").write_bytes(b"p" * 10)
+    with pytest.raises(SystemExit, match="checkpoint-6, checkpoint-3 failed the content check"):
+        train.newest_complete(tmp_path, MARKER)
+
+
+def test_a_marker_listing_sizes_only_is_still_read(train: Any, tmp_path: Path) -> None:
+    ckpt = _checkpoint(tmp_path, 2, train, marked=False)
+    (ckpt / MARKER).write_text(json.dumps(
+        {"step": 2, "files": {"model.safetensors": 2, "optimizer.pt": 10}}))
+    found = train.newest_complete(tmp_path, MARKER)
+    assert found is not None and found[0] == ckpt
+
+
+def _guard(tmp_path: Path, launcher: str, *, stale_flag: bool = False
+           ) -> subprocess.CompletedProcess[str]:
+    """preemptible.sh of a real bundle around a stand-in launcher (a bash snippet)."""
+    doc = json.loads(FIXTURE.read_text())
+    plan = saved_plan_from_entry({"job": doc["job"], "model": doc.get("model"),
+                                  **doc["plans"][0]})
+    (tmp_path / "preemptible.sh").write_text(
+        render_bundle(plan, ["accelerate"], train_script="")["preemptible.sh"])
+    flag = tmp_path / ".tuneplan_preempted"
+    if stale_flag:
+        flag.write_text("{}")  # left by an earlier run: must not count for this one
+    env = {k: v for k, v in os.environ.items() if k != "TUNEPLAN_PREEMPTED_FILE"}
+    return subprocess.run(["bash", "preemptible.sh", "bash", "-c", launcher], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, check=False)
+
+
+@pytest.mark.parametrize(("launcher", "stale", "code"), [
+    ('echo saved > "$TUNEPLAN_PREEMPTED_FILE"; exit 1', False, 143),  # saved on SIGTERM
+    ("exit 1", False, 1),                                             # a real failure
+    ("exit 1", True, 1),                                              # stale flag removed
+    ('echo saved > "$TUNEPLAN_PREEMPTED_FILE"; exit 0', False, 0),    # finished anyway
+    ("exit 3", False, 3),
+])
+def test_guard_turns_the_saved_on_sigterm_flag_into_143(
+        tmp_path: Path, launcher: str, stale: bool, code: int) -> None:
+    done = _guard(tmp_path, launcher, stale_flag=stale)
+    assert done.returncode == code, done.stderr
+    if code == 143:
+        assert "launcher exited 1 after train.py saved on SIGTERM" in done.stderr
 
 
 def test_marker_is_written_last_and_lists_every_file(train: Any, tmp_path: Path) -> None:

@@ -160,9 +160,9 @@ def test_lora_survives_two_interruptions_and_keeps_the_adapter(tmp_path: Path) -
     assert lora_b and all(v.abs().sum() > 0 for v in lora_b)  # trained, not re-initialised
 
 
-def test_jsonl_rows_are_packed_or_cut_at_seq_len(tmp_path: Path) -> None:
-    """The real-data path: a local tokenizer, texts joined with EOS and cut into seq_len rows
-    (packing), or each text cut at seq_len (no packing)."""
+def _word_tokenizer_and_train(tmp_path: Path) -> Any:
+    """A local word-level tokenizer saved under tmp_path/tok, and the bundle's train.py as a
+    module."""
     import importlib.util
 
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -173,23 +173,64 @@ def test_jsonl_rows_are_packed_or_cut_at_seq_len(tmp_path: Path) -> None:
     core.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=core, eos_token="</s>",
                             unk_token="[UNK]").save_pretrained(str(tmp_path / "tok"))
-    data = tmp_path / "train.jsonl"
-    data.write_text('{"text": "a b c"}\n{"text": "d e"}\n{"text": "a a a a a"}\n')
     (tmp_path / "train.py").write_text(read_train_script())
     spec = importlib.util.spec_from_file_location("bundle_train_data", tmp_path / "train.py")
     assert spec and spec.loader
     train = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(train)
-    cfg = {"model_name_or_path": str(tmp_path / "tok"), "seq_len": 4, "packing": True,
-           "dataset": {"kind": "jsonl", "path": str(data), "text_field": "text"}}
+    return train
+
+
+def _jsonl_cfg(tmp_path: Path, data: Path, **extra: Any) -> dict[str, Any]:
+    return {"model_name_or_path": str(tmp_path / "tok"), "seq_len": 4, "packing": True,
+            "dataset": {"kind": "jsonl", "path": str(data), "text_field": "text",
+                        "cache_dir": str(tmp_path / "tokenised")}} | extra
+
+
+def test_jsonl_rows_are_packed_or_cut_at_seq_len(tmp_path: Path) -> None:
+    """The real-data path: a local tokenizer, texts joined with EOS and cut into seq_len rows
+    (packing), or each text cut at seq_len (no packing), read from memory-mapped files."""
+    import numpy as np
+
+    train = _word_tokenizer_and_train(tmp_path)
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"text": "a b c"}\n{"text": "d e"}\n\n{"text": "a a a a a"}\n')
+    cfg = _jsonl_cfg(tmp_path, data)
     packed, pad = train.build_dataset(cfg)
+    assert isinstance(packed.tokens, np.memmap) and packed.tokens.dtype == np.uint16
     # a b c </s> | d e </s> a | a a a a  (the last 2 tokens do not fill a row: dropped)
     assert [packed[i]["input_ids"] for i in range(len(packed))] == [
         [2, 3, 4, 1], [5, 6, 1, 2], [2, 2, 2, 2]]
     assert pad == 1  # no pad token: EOS pads
+    with pytest.raises(IndexError):
+        packed[3]
+    again, _ = train.build_dataset(cfg)  # the tokenised files are reused, not rebuilt
+    assert len(list((tmp_path / "tokenised").iterdir())) == 1 and len(again) == 3
     cut, _ = train.build_dataset(cfg | {"packing": False})
     assert [cut[i]["input_ids"] for i in range(len(cut))] == [[2, 3, 4, 1], [5, 6, 1],
                                                               [2, 2, 2, 2]]
     batch = train.make_collator(pad)([cut[1], cut[0]])
     assert batch["labels"][0].tolist() == [5, 6, 1, -100]  # padding is not trained on
     assert batch["sample_ids"].tolist() == [1, 0]
+
+
+def test_tokenising_memory_stays_flat_as_the_data_grows(tmp_path: Path) -> None:
+    """Peak Python-side allocation (tracemalloc: lists, ints, numpy buffers) while tokenising
+    a file 10x larger stays about the same: tokens go to disk batch by batch, not into one
+    list. Holding every token as a Python list would grow it 10x."""
+    import tracemalloc
+
+    train = _word_tokenizer_and_train(tmp_path)
+    peaks = []
+    for lines in (3 * train.TOKENISE_BATCH_LINES, 30 * train.TOKENISE_BATCH_LINES):
+        data = tmp_path / f"train{lines}.jsonl"
+        data.write_text('{"text": "a b c d e a b c d e a b"}\n' * lines)
+        cfg = _jsonl_cfg(tmp_path, data, seq_len=8)
+        tracemalloc.start()
+        rows, _ = train.build_dataset(cfg)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        assert len(rows) == lines * 13 // 8  # 12 words + EOS per line, packed into rows of 8
+        assert rows[len(rows) - 1]["input_ids"] == rows[len(rows) - 1]["input_ids"][:8]
+    small, large = peaks
+    assert large < 2 * small, peaks

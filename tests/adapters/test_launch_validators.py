@@ -242,13 +242,26 @@ def test_skypilot_itself_loads_the_task(plan: dict[str, Any], tmp_path: Path,
 
 
 # ------------------------------------------------------------------ multi-node launch lines
-_ECHO = f'{sys.executable} -c "import json,sys; print(json.dumps(sys.argv[1:]))"'
-SHELL_STUBS = f'accelerate() {{ {_ECHO} accelerate "$@"; }}\ntorchrun() {{ {_ECHO} "$@"; }}\n'
+_ECHO = "import json, sys; print(json.dumps({name}sys.argv[1:]))"
+
+
+def _stub_launchers(folder: Path) -> str:
+    """A folder of stand-ins for accelerate and torchrun that print the argv they got (as
+    programs, so preemptible.sh runs them as it runs the real ones); returns it."""
+    stubs = folder / "stubs"
+    stubs.mkdir(exist_ok=True)
+    for name, prefix in (("accelerate", '["accelerate"] + '), ("torchrun", "")):
+        path = stubs / name
+        path.write_text(f"#!{sys.executable}\n" + _ECHO.format(name=prefix) + "\n")
+        path.chmod(0o755)
+    return str(stubs)
 
 
 def _expand(line: str, env: dict[str, str], cwd: Path) -> list[str]:
-    """The argv a node's shell really passes to the launcher (launcher stubbed by echo)."""
-    done = subprocess.run(["bash", "-c", SHELL_STUBS + line], env={**os.environ, **env},
+    """The argv a node's shell really passes to the launcher, through preemptible.sh
+    (launchers stubbed by echo)."""
+    path = f"{_stub_launchers(cwd)}{os.pathsep}{os.environ.get('PATH', '')}"
+    done = subprocess.run(["bash", "-c", line], env={**os.environ, **env, "PATH": path},
                           cwd=cwd, capture_output=True, text=True, check=True)
     argv: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
     return argv

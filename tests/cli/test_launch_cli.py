@@ -21,11 +21,13 @@ def test_launch_from_a_plan_file_writes_the_bundle(run_cli: Run, tmp_path: Path)
     doc = result.json()
     assert doc["plan_id"] == "d03e2a81c965" and doc["targets"] == ["skypilot"]
     assert set(doc["files"]) == {"train.py", "train_config.json", "requirements.txt",
-                                 "accelerate_config.yaml", "sky.yaml", "RUN.md"}
+                                 "accelerate_config.yaml", "preemptible.sh", "sky.yaml",
+                                 "RUN.md"}
     assert sorted(p.name for p in out.iterdir()) == sorted(doc["files"])
     cfg = json.loads((out / "train_config.json").read_text())
     assert cfg["plan_id"] == "d03e2a81c965" and cfg["method"] == "qlora"
     assert (out / "train.py").stat().st_mode & 0o111
+    assert (out / "preemptible.sh").stat().st_mode & 0o111
 
 
 def test_non_empty_folder_is_refused_unless_forced(run_cli: Run, tmp_path: Path) -> None:

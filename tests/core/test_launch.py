@@ -122,7 +122,7 @@ def test_bundle_files_follow_targets_and_sharding() -> None:
     single = _plan("plan_llama8b_qlora_aws.json")
     files = render_bundle(_saved(single), ["skypilot"], train_script="# train")
     assert set(files) == {"train.py", "train_config.json", "requirements.txt",
-                          "accelerate_config.yaml", "sky.yaml", "RUN.md"}
+                          "accelerate_config.yaml", "preemptible.sh", "sky.yaml", "RUN.md"}
     assert "bitsandbytes" in files["requirements.txt"]
     assert "deepspeed" not in files["requirements.txt"]
     zero3 = render_bundle(_saved(_plan("plan_llama70b_full_aws.json", 1)), ["dstack"],
@@ -153,3 +153,50 @@ def test_run_md_says_cadence_cost_and_how_to_launch() -> None:
     assert "sky jobs launch sky.yaml" in text and "dstack apply -f .dstack.yml" in text
     assert all(w in text for w in plan["warnings"])
     assert spec.planned_steps == math.ceil(2_000_000_000 / (1 * 8192 * 1 * 4))
+
+
+def _with_strategy(entry: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    return entry | {"strategy": entry["strategy"] | changes}
+
+
+def test_offloaded_optimizer_is_one_deepspeed_accepts() -> None:
+    """ZeRO-Offload: AdamW is named in the JSON (DeepSpeed builds its CPU Adam, the rate the
+    plan's step time assumes); any other optimizer stays the Trainer's, with DeepSpeed's
+    client-optimizer refusal switched off; without offload neither key is there."""
+    from tuneplan.core.launch.engines import deepspeed_config
+
+    entry = _plan("plan_llama70b_full_aws.json", 1)
+    assert entry["strategy"]["offload"] == "optimizer"
+    adam = deepspeed_config(_spec(entry))
+    assert adam["optimizer"] == {"type": "AdamW", "params": {
+        "lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}
+    assert "zero_force_ds_cpu_optimizer" not in adam
+    sgd = deepspeed_config(_spec(_with_strategy(entry, optimizer="sgd")))
+    assert sgd["zero_force_ds_cpu_optimizer"] is False and "optimizer" not in sgd
+    on_gpu = deepspeed_config(_spec(_with_strategy(entry, offload="none")))
+    assert "optimizer" not in on_gpu and "zero_force_ds_cpu_optimizer" not in on_gpu
+    assert "offload_optimizer" not in on_gpu["zero_optimization"]
+    text = render_bundle(_saved(_with_strategy(entry, optimizer="sgd")), ["all"],
+                         train_script="")["RUN.md"]
+    assert "sgd runs there as the Trainer's own optimizer" in text
+
+
+def test_every_launch_line_goes_through_the_preemption_guard() -> None:
+    from tuneplan.core.cost.estimate import CostAssumptions
+    from tuneplan.core.launch.engines import GRACE_BASE_S, shutdown_grace_s
+
+    entry = _plan("plan_llama70b_multinode_aws.json")
+    files = render_bundle(_saved(entry), ["all"], train_script="")
+    sky = yaml.safe_load(files["sky.yaml"])
+    dstack = yaml.safe_load(files[".dstack.yml"])
+    lines = [sky["run"].strip().splitlines()[-1], dstack["commands"][-1],
+             files["launch_accelerate.sh"].strip().splitlines()[-1],
+             files["launch_torchrun.sh"].strip().splitlines()[-1]]
+    assert all(line.startswith("exec bash preemptible.sh ") for line in lines), lines
+    assert "preemptible.sh" in dstack["files"]
+    assert sky["resources"]["job_recovery"]["recover_on_exit_codes"] == [143]
+    spec = _spec(entry)
+    write_s = spec.checkpoint_bytes / CostAssumptions().checkpoint_write_bytes_per_s
+    grace = shutdown_grace_s(spec)
+    assert grace == GRACE_BASE_S + math.ceil(2 * write_s) and grace > 30
+    assert f"TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-{grace}" in files["preemptible.sh"]

@@ -114,12 +114,17 @@ class LaunchSpec:
         return math.ceil(self.tokens_per_epoch * self.epochs / per_step)
 
 
+def checkpoint_write_s(ckpt_bytes: int) -> float:
+    """Seconds one checkpoint takes to write at the cost model's stated write rate."""
+    return ckpt_bytes / CostAssumptions().checkpoint_write_bytes_per_s
+
+
 def _interval(plan: SavedPlan, ckpt_bytes: int) -> tuple[float, str]:
     """(seconds between checkpoints, where the figure comes from)."""
     if plan.spot_interval_s:
         return plan.spot_interval_s, "the plan's spot cost model (Young/Daly)"
     a = CostAssumptions()
-    write_s = ckpt_bytes / a.checkpoint_write_bytes_per_s
+    write_s = checkpoint_write_s(ckpt_bytes)
     interval = young_daly_interval_s(write_s, HOUR_S / a.default_interruptions_per_hour)
     return interval, (f"Young/Daly sqrt(2 x {write_s:.0f} s write x "
                       f"{1 / a.default_interruptions_per_hour:.0f} h MTBF), default assumptions")
@@ -176,7 +181,8 @@ def train_config(spec: LaunchSpec, *, output_dir: str = CHECKPOINT_DIR) -> dict[
         "lr_scheduler": "cosine", "seed": 42,
         "save_steps": spec.save_steps, "save_total_limit": spec.save_total_limit,
         "output_dir": f"{output_dir}/{spec.plan_id}", "marker_name": MARKER_NAME,
-        "dataset": {"kind": "jsonl", "path": "data/train.jsonl", "text_field": "text"},
+        "dataset": {"kind": "jsonl", "path": "data/train.jsonl", "text_field": "text",
+                    "cache_dir": "data/tokenised"},
         "deepspeed": "ds_config.json" if spec.zero_stage is not None else None,
     }
 
@@ -201,6 +207,7 @@ def bundle_files(spec: LaunchSpec, chosen: tuple[Target, ...], *,
         "train_config.json": json.dumps(train_config(spec), indent=2) + "\n",
         "requirements.txt": launch_engines.requirements(spec, deepspeed=with_ds),
         "accelerate_config.yaml": launch_engines.render_accelerate_config(spec),
+        launch_engines.GUARD_SCRIPT: launch_engines.guard_script(spec),
     }
     if with_ds:
         files["ds_config.json"] = json.dumps(launch_engines.deepspeed_config(spec), indent=2) + "\n"

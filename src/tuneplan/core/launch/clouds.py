@@ -11,7 +11,14 @@ import math
 from typing import Any
 
 from tuneplan.core.launch.bundle import CHECKPOINT_DIR, LaunchSpec
-from tuneplan.core.launch.engines import DSTACK_ENV, SKYPILOT_ENV, launch_argv, shell_line
+from tuneplan.core.launch.engines import (
+    DSTACK_ENV,
+    EXIT_PREEMPTED,
+    GUARD_SCRIPT,
+    SKYPILOT_ENV,
+    guarded_argv,
+    shell_line,
+)
 from tuneplan.core.launch.yamltext import render_yaml
 from tuneplan.units import GB
 
@@ -31,7 +38,6 @@ DSTACK_BACKENDS = {
     "nebius": "nebius", "cudo": "cudo", "cudocompute": "cudo", "oci": "oci", "oracle": "oci",
     "datacrunch": "datacrunch", "verda": "verda", "vultr": "vultr", "hotaisle": "hotaisle",
     "cloudrift": "cloudrift", "tensordock": "tensordock"}
-RESTART_EXIT_CODE = 143  # train.py's exit after a SIGTERM save: 128 + SIGTERM
 
 
 def _key(provider: str) -> str:
@@ -56,7 +62,7 @@ def _disk_gb(spec: LaunchSpec) -> int:
 def _run_script(spec: LaunchSpec, engine: str, env: Any) -> str:
     return ("set -euo pipefail\n"
             "# train.py resumes from the newest complete checkpoint under the mount.\n"
-            f"{shell_line(launch_argv(spec, engine, env))}\n")
+            f"{shell_line(guarded_argv(spec, engine, env))}\n")
 
 
 def skypilot_task(spec: LaunchSpec, *, engine: str = "accelerate") -> dict[str, Any]:
@@ -70,7 +76,7 @@ def skypilot_task(spec: LaunchSpec, *, engine: str = "accelerate") -> dict[str, 
         "accelerators": f"{accelerator_name(spec.gpu_name)}:{spec.strategy.gpus}",
         "use_spot": spec.use_spot, "disk_size": _disk_gb(spec),
         "job_recovery": {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 3,
-                         "recover_on_exit_codes": [RESTART_EXIT_CODE]}}
+                         "recover_on_exit_codes": [EXIT_PREEMPTED]}}
     return {
         "name": f"tuneplan-{spec.plan_id}", "num_nodes": spec.strategy.nodes, "workdir": ".",
         "resources": resources,
@@ -99,11 +105,11 @@ def dstack_task(spec: LaunchSpec, *, engine: str = "accelerate") -> dict[str, An
         "type": "task", "name": f"tuneplan-{spec.plan_id}", "nodes": spec.strategy.nodes,
         "python": "3.11",
         "files": ["train.py", "train_config.json", "requirements.txt",
-                  "accelerate_config.yaml", "data"]
+                  "accelerate_config.yaml", GUARD_SCRIPT, "data"]
                  + (["ds_config.json"] if spec.zero_stage is not None else []),
         "env": [f"TUNEPLAN_CHECKPOINT_DIR={CHECKPOINT_DIR}"],
         "commands": ["pip install -r requirements.txt",
-                     shell_line(launch_argv(spec, engine, DSTACK_ENV))],
+                     shell_line(guarded_argv(spec, engine, DSTACK_ENV))],
         "resources": {"gpu": f"{accelerator_name(spec.gpu_name)}:{spec.strategy.gpus}",
                       "disk": f"{_disk_gb(spec)}GB.."},
         "spot_policy": "spot" if spec.use_spot else "on-demand",

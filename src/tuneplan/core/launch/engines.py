@@ -8,11 +8,12 @@ libraries' parsers check it in the tests.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from tuneplan.core.job.strategy import Offload, Precision, Sharding
-from tuneplan.core.launch.bundle import LaunchSpec
+from tuneplan.core.job.strategy import Offload, Optimizer, Precision, Sharding
+from tuneplan.core.launch.bundle import LaunchSpec, checkpoint_write_s
 from tuneplan.core.launch.yamltext import render_yaml
 
 MAIN_PORT = 29500
@@ -21,13 +22,14 @@ MAIN_PORT = 29500
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeEnv:
     """Shell expressions for this node's rank, the node count, GPUs per node and node 0's
-    address, as a scheduler provides them."""
+    address and port, as a scheduler provides them."""
 
     name: str
     node_rank: str
     num_nodes: str
     gpus_per_node: str
     main_addr: str
+    main_port: str = str(MAIN_PORT)
 
 
 SKYPILOT_ENV = NodeEnv(
@@ -45,7 +47,8 @@ def manual_env(spec: LaunchSpec) -> NodeEnv:
     return NodeEnv(name="manual", node_rank="${NODE_RANK:-0}",
                    num_nodes=f"${{NUM_NODES:-{spec.strategy.nodes}}}",
                    gpus_per_node=f"${{GPUS_PER_NODE:-{spec.strategy.gpus}}}",
-                   main_addr="${MASTER_ADDR:-127.0.0.1}")
+                   main_addr="${MASTER_ADDR:-127.0.0.1}",
+                   main_port=f"${{MASTER_PORT:-{MAIN_PORT}}}")
 
 
 def _mixed_precision(spec: LaunchSpec) -> str:
@@ -115,7 +118,8 @@ def deepspeed_config(spec: LaunchSpec) -> dict[str, Any]:
     zero: dict[str, Any] = {"stage": stage}
     if stage:
         zero |= {"overlap_comm": True, "contiguous_gradients": True}
-    if stage and spec.strategy.offload is not Offload.NONE:
+    offloaded = bool(stage) and spec.strategy.offload is not Offload.NONE
+    if offloaded:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
@@ -131,7 +135,83 @@ def deepspeed_config(spec: LaunchSpec) -> dict[str, Any]:
         out["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16}
     elif spec.strategy.precision is not Precision.FP32:
         out["bf16"] = {"enabled": True}
+    if offloaded:
+        out |= _offloaded_optimizer(spec)
     return out
+
+
+def _offloaded_optimizer(spec: LaunchSpec) -> dict[str, Any]:
+    """What lets DeepSpeed start with the optimizer offloaded to the host.
+
+    ``deepspeed.initialize`` (deepspeed 0.19 ``runtime/engine.py`` ``_configure_optimizer``)
+    raises ZeRORuntimeException for a client optimizer under offload unless it is DeepSpeed's
+    CPUAdam or ``zero_force_ds_cpu_optimizer`` is false. AdamW is named in the JSON: DeepSpeed
+    builds its CPUAdam (the host update rate the plan's step time assumes) and the HF Trainer
+    fills the ``auto`` values from its arguments. Any other optimizer is the Trainer's own,
+    run on the host with the check switched off (else accelerate would swap it for CPUAdam
+    without a word: accelerate 1.x ``map_pytorch_optim_to_deepspeed``)."""
+    if spec.strategy.optimizer is Optimizer.ADAMW:
+        return {"optimizer": {"type": "AdamW", "params": {
+            "lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}}
+    return {"zero_force_ds_cpu_optimizer": False}
+
+
+#: The bundle's wrapper around the launcher (``guard_script``).
+GUARD_SCRIPT = "preemptible.sh"
+#: Exit code of a run that saved on SIGTERM and wants to be restarted (128 + SIGTERM); the
+#: clouds' recovery rules match it.
+EXIT_PREEMPTED = 143
+#: Fixed part of the launcher's grace period after SIGTERM: start-up of the save, the
+#: marker, the collectives (stated, not measured).
+GRACE_BASE_S = 60
+
+
+def shutdown_grace_s(spec: LaunchSpec) -> int:
+    """Seconds the launcher waits for its workers after SIGTERM before SIGKILL: the base plus
+    twice the checkpoint's write time at the cost model's rate (write it, then read it back
+    for its content hashes). torch's own default is 30 s (torch 2.x
+    ``distributed/launcher/api.py``, ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``), too short for a
+    large checkpoint, and a save cut by SIGKILL is a lost one."""
+    return GRACE_BASE_S + math.ceil(2 * checkpoint_write_s(spec.checkpoint_bytes))
+
+
+def guard_script(spec: LaunchSpec) -> str:
+    """``preemptible.sh LAUNCHER ARGS...``: runs the launcher and exits 143 when train.py
+    saved on SIGTERM. ``accelerate launch`` and ``torchrun`` exit 1 whatever their workers
+    returned (torch 2.x ``distributed/launcher/api.py``: a failed worker becomes
+    ChildFailedError, a signal to the launcher SignalException, both uncaught), so train.py's
+    own 143 never reaches the scheduler; train.py leaves a flag file instead, removed here
+    before each start. The launcher runs in its own session, so a signal to this script's
+    process group reaches it once, forwarded here."""
+    grace = shutdown_grace_s(spec)
+    note = f"launcher exited $rc after train.py saved on SIGTERM: exit {EXIT_PREEMPTED}"
+    return f"""#!/usr/bin/env bash
+# Plan {spec.plan_id}: bash {GUARD_SCRIPT} <launcher> <args...>
+# Exit {EXIT_PREEMPTED} = train.py saved on SIGTERM (restart me); else the launcher's code.
+set -uo pipefail
+export TUNEPLAN_PREEMPTED_FILE="${{TUNEPLAN_PREEMPTED_FILE:-$PWD/.tuneplan_preempted}}"
+# Seconds the launcher gives train.py to finish its SIGTERM save before SIGKILL (see RUN.md).
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT="${{TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-{grace}}}"
+rm -f "$TUNEPLAN_PREEMPTED_FILE"
+if command -v setsid >/dev/null 2>&1; then setsid "$@" & else "$@" & fi
+child=$!
+trap 'trap "" TERM INT HUP; kill -TERM "$child" 2>/dev/null' TERM INT HUP
+rc=0
+wait "$child" || rc=$?
+while kill -0 "$child" 2>/dev/null; do rc=0; wait "$child" || rc=$?; done
+if [ "$rc" -ne 0 ] && [ -f "$TUNEPLAN_PREEMPTED_FILE" ]; then
+  echo "[{GUARD_SCRIPT}] {note}" >&2
+  exit {EXIT_PREEMPTED}
+fi
+exit "$rc"
+"""
+
+
+def guarded_argv(spec: LaunchSpec, engine: str, env: NodeEnv) -> list[str]:
+    """``launch_argv`` behind ``preemptible.sh``: what the bundle's scripts and tasks run.
+    ``exec``: the guard replaces the calling shell, so the scheduler's SIGTERM reaches it
+    (a shell waiting on a child would die of it, and the launch with it, unsaved)."""
+    return ["exec", "bash", GUARD_SCRIPT, *launch_argv(spec, engine, env)]
 
 
 def launch_argv(spec: LaunchSpec, engine: str, env: NodeEnv) -> list[str]:
@@ -141,12 +221,12 @@ def launch_argv(spec: LaunchSpec, engine: str, env: NodeEnv) -> list[str]:
         head = ["accelerate", "launch", "--config_file", "accelerate_config.yaml",
                 "--num_machines", nodes, "--num_processes", f"$(({nodes} * {gpus}))",
                 "--machine_rank", env.node_rank, "--main_process_ip", env.main_addr,
-                "--main_process_port", str(MAIN_PORT)]
+                "--main_process_port", env.main_port]
         return [*head, "train.py", "--config", "train_config.json"]
     if engine == "torchrun":
         head = ["torchrun", "--nnodes", nodes, "--nproc_per_node", gpus,
                 "--node_rank", env.node_rank, "--master_addr", env.main_addr,
-                "--master_port", str(MAIN_PORT)]
+                "--master_port", env.main_port]
         return [*head, "train.py", "--config", "train_config.json",
                 "--deepspeed", "ds_config.json"]
     raise ValueError(f"unknown engine {engine!r}")
@@ -166,9 +246,9 @@ def shell_line(argv: list[str]) -> str:
 
 def launch_script(spec: LaunchSpec, engine: str) -> str:
     """A bash script for machines you manage yourself: run it on every node with NODE_RANK,
-    MASTER_ADDR (node 0's address) and, if they differ from the plan, NUM_NODES and
-    GPUS_PER_NODE set."""
-    line = shell_line(launch_argv(spec, engine, manual_env(spec)))
+    MASTER_ADDR (node 0's address) and, if they differ from the plan, NUM_NODES,
+    GPUS_PER_NODE and MASTER_PORT set."""
+    line = shell_line(guarded_argv(spec, engine, manual_env(spec)))
     return ("#!/usr/bin/env bash\n"
             f"# Plan {spec.plan_id}: {spec.strategy.gpus} GPU(s) x {spec.strategy.nodes} node(s), "
             f"{spec.strategy.sharding.value}, launched with {engine}.\n"

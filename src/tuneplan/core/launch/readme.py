@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from tuneplan.core.job.strategy import Offload, Optimizer
 from tuneplan.core.launch.bundle import LaunchSpec, Target
+from tuneplan.core.launch.engines import EXIT_PREEMPTED, GUARD_SCRIPT, shutdown_grace_s
 from tuneplan.units import GB, format_duration
 
 
@@ -43,6 +45,15 @@ def _expectations(spec: LaunchSpec) -> list[str]:
     out = [f"- Step time about {spec.step_s:.2f} s"
            + (f", about {spec.planned_steps} optimizer steps" if spec.planned_steps else "")
            + (f", {spec.hours:.1f} h in all" if spec.hours else "") + "."]
+    s = spec.strategy
+    if s.offload is not Offload.NONE and spec.zero_stage is not None:
+        out.append(
+            "- Optimizer state on the host: DeepSpeed's CPU Adam updates it (named in "
+            "`ds_config.json`; DeepSpeed compiles it on the first start)."
+            if s.optimizer is Optimizer.ADAMW else
+            f"- Optimizer state on the host: {s.optimizer.value} runs there as the Trainer's "
+            "own optimizer (`zero_force_ds_cpu_optimizer: false`), slower than the DeepSpeed "
+            "CPU Adam rate the step time assumes.")
     if spec.on_demand_usd or spec.spot_usd:
         out.append(f"- Cost: on-demand {spec.on_demand_usd or '-'} USD, spot expected "
                    f"{spec.spot_usd or '-'} USD.")
@@ -58,11 +69,20 @@ def _checkpoints(spec: LaunchSpec) -> list[str]:
         f"{spec.checkpoint_bytes / GB:.1f} GB; the newest {spec.save_total_limit} are kept "
         f"(disk asked for: {spec.disk_bytes / GB:.0f} GB).",
         "- A checkpoint counts only once `TUNEPLAN_COMPLETE.json` (written last, listing every "
-        "file and its size) is present and matches; train.py resumes from the newest such one: "
-        "weights or adapter, optimizer, scheduler, RNG and the position in the data.",
+        "file with its size and SHA-256) is present and matches; train.py resumes from the "
+        "newest such one whose files still hash as saved (a damaged one is refused, with its "
+        "file names, and an older one used): weights or adapter, optimizer, scheduler, RNG and "
+        "the position in the data.",
         "- On SIGTERM (spot notice, `sky jobs cancel`, `dstack stop`) train.py saves at once "
         "(single process: mid-step, the unfinished step is redone on resume; several processes:"
-        " at the end of the current step, all ranks agreeing) and exits with code 143.",
+        " at the end of the current step, all ranks agreeing). `accelerate launch` and "
+        "`torchrun` exit 1 whatever train.py returned, so every launch goes through "
+        f"`{GUARD_SCRIPT}`: it exits **{EXIT_PREEMPTED}** (what the recovery rules match) when "
+        "train.py left its saved-on-SIGTERM flag, and gives the launcher "
+        f"{shutdown_grace_s(spec)} s (`TORCH_ELASTIC_SHUTDOWN_TIMEOUT`; torch's default is 30 s)"
+        " to let the save finish before SIGKILL.",
+        "- The final model goes to `final/` whole, loadable with `from_pretrained` (under FSDP"
+        " the final save switches to a full state dict; interval checkpoints stay sharded).",
         "- Resuming a ZeRO/FSDP checkpoint with a different number of GPUs prints a warning: "
         "convert it first (DeepSpeed `ds_to_universal.py`).",
     ]
@@ -82,6 +102,8 @@ def _how(files: Sequence[str], targets: Sequence[Target]) -> list[str]:
         if f"launch_{engine}.sh" in files:
             out += ["", f"Your own machines with {engine} (run on every node):", "",
                     f"    NODE_RANK=0 MASTER_ADDR=<node 0 address> bash launch_{engine}.sh"]
+    out += ["", "Text is tokenised once into memory-mapped files under "
+            "`data/tokenised/` (memory does not grow with the data set)."]
     if "launch_torchrun.sh" in files:
         out += ["", "`launch_torchrun.sh` trains through the HF Trainer's DeepSpeed integration "
                 "(`--deepspeed ds_config.json`): an FSDP plan maps to ZeRO-3 (full shard) or "

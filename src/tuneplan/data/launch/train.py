@@ -3,14 +3,17 @@
 
 transformers Trainer + PEFT + bitsandbytes as the plan says. Checkpoints every ``save_steps``
 to ``output_dir``; a checkpoint counts only when its marker (written last, listing every file
-and its size) matches; resume is from the newest complete one (weights or adapter, optimizer,
-scheduler, RNG, data position). SIGTERM saves at once and exits with code 143.
-Run: ``accelerate launch train.py --config train_config.json`` (or torchrun, see RUN.md).
+with its size and SHA-256) matches; resume is from the newest complete one whose contents
+still hash as saved (weights or adapter, optimizer, scheduler, RNG, data position). SIGTERM
+saves at once, leaves the flag file ``preemptible.sh`` turns into exit code 143, and exits 143.
+Text data is tokenised once into memory-mapped files (memory does not grow with the data).
+Run: ``bash preemptible.sh accelerate launch train.py --config train_config.json`` (RUN.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -25,6 +28,13 @@ PREFIX = "checkpoint-"
 #: Resume drills: ``N`` sends this process SIGTERM inside step N (between forward/backward
 #: passes), ``N:update`` while step N updates the weights (the save then waits for its end).
 FAULT_ENV = "TUNEPLAN_FAULT_SIGTERM_AT_STEP"
+#: Drills from outside: ``N`` holds process 0 at the end of step N, after writing
+#: ``HOLDING`` into the output folder, until a SIGTERM arrives (sent to the launcher, say).
+HOLD_ENV = "TUNEPLAN_FAULT_HOLD_AT_STEP"
+#: Set by preemptible.sh: the file whose presence says "saved on SIGTERM, restart me" (the
+#: launchers turn every worker exit code into 1).
+PREEMPTED_FILE_ENV = "TUNEPLAN_PREEMPTED_FILE"
+HASH_CHUNK_BYTES = 1 << 24
 
 
 def fault_due(step: int, phase: str) -> bool:
@@ -54,33 +64,79 @@ def checkpoint_step(path: Path) -> int | None:
     return int(name[len(PREFIX):])
 
 
+def _recorded(entry: Any) -> tuple[int, str | None]:
+    """(bytes, sha256 or None) of a marker's file entry; a bare integer is a size alone."""
+    if isinstance(entry, dict):
+        return int(entry["bytes"]), entry.get("sha256")
+    return int(entry), None
+
+
 def read_complete_marker(ckpt: Path, marker_name: str) -> dict[str, Any] | None:
     """The marker's content when the checkpoint is complete: the marker parses and every file
-    it lists exists with the size it lists. Else None."""
+    it lists exists with the size it lists (contents: ``changed_files``). Else None."""
     try:
         info = json.loads((ckpt / marker_name).read_text(encoding="utf-8"))
         files = info["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+        sizes = {rel: _recorded(entry)[0] for rel, entry in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    if not files:
+    if not sizes:
         return None
-    for rel, size in files.items():
+    for rel, size in sizes.items():
         target = ckpt / rel
         if not target.is_file() or target.stat().st_size != size:
             return None
     return dict(info)
 
 
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(HASH_CHUNK_BYTES), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _hash_all(paths: list[Path]) -> list[str]:
+    """SHA-256 of each file, several at once (hashlib releases the GIL on large buffers)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1))) as pool:
+        return list(pool.map(file_sha256, paths))
+
+
+def changed_files(ckpt: Path, info: dict[str, Any]) -> list[str]:
+    """Files of a complete checkpoint whose SHA-256 differs from the one recorded at save
+    time (a file damaged or overwritten after the save, even at the same size)."""
+    recorded = {rel: _recorded(entry)[1] for rel, entry in info["files"].items()}
+    hashed = sorted(rel for rel, digest in recorded.items() if digest)
+    now = _hash_all([ckpt / rel for rel in hashed])
+    return [rel for rel, digest in zip(hashed, now, strict=True) if digest != recorded[rel]]
+
+
 def newest_complete(output_dir: Path, marker_name: str) -> tuple[Path, dict[str, Any]] | None:
-    """The complete checkpoint with the highest step, ignoring unfinished ones."""
+    """The complete checkpoint with the highest step whose files still hash as saved,
+    ignoring unfinished ones and refusing damaged ones. Raises SystemExit when damaged ones
+    leave none (starting over would silently throw their progress away)."""
     if not output_dir.is_dir():
         return None
     found = [(checkpoint_step(p), p) for p in output_dir.iterdir() if p.is_dir()]
+    refused: list[str] = []
     for step, path in sorted(((s, p) for s, p in found if s is not None), reverse=True):
         info = read_complete_marker(path, marker_name)
-        if info is not None:
+        if info is None:
+            log(f"ignoring {path.name}: no complete marker (step {step} was not fully saved)")
+            continue
+        bad = changed_files(path, info)
+        if not bad:
             return path, info
-        log(f"ignoring {path.name}: no complete marker (step {step} was not fully saved)")
+        log(f"REFUSING {path.name}: {', '.join(bad)} no longer match the SHA-256 recorded "
+            "when it was saved (damaged or overwritten since); trying an older checkpoint")
+        refused.append(path.name)
+    if refused:
+        raise SystemExit(f"[train.py] no usable checkpoint: {', '.join(refused)} failed the "
+                         "content check and no older complete one is left. Restore them, or "
+                         "move them away to start over.")
     return None
 
 
@@ -93,12 +149,14 @@ def _fsync(path: Path) -> None:
 
 
 def write_marker(ckpt: Path, marker_name: str, info: dict[str, Any]) -> None:
-    """Fsync every file, then write the marker (via a temporary name) listing them: last."""
-    files: dict[str, int] = {}
-    for path in sorted(ckpt.rglob("*")):
-        if path.is_file() and path.name != marker_name and not path.name.endswith(".tmp"):
-            _fsync(path)
-            files[str(path.relative_to(ckpt))] = path.stat().st_size
+    """Fsync every file, then write the marker (via a temporary name) listing each with its
+    size and SHA-256: last."""
+    paths = [path for path in sorted(ckpt.rglob("*")) if path.is_file()
+             and path.name != marker_name and not path.name.endswith(".tmp")]
+    for path in paths:
+        _fsync(path)
+    files = {str(path.relative_to(ckpt)): {"bytes": path.stat().st_size, "sha256": digest}
+             for path, digest in zip(paths, _hash_all(paths), strict=True)}
     tmp = ckpt / (marker_name + ".tmp")
     tmp.write_text(json.dumps({**info, "files": files}, indent=1), encoding="utf-8")
     _fsync(tmp)
@@ -118,6 +176,13 @@ def warn_world_size(info: dict[str, Any], world_size: int, sharding: str) -> Non
     else:
         log(f"WARNING: world size changed {saved} -> {world_size}: the global batch changes "
             "and the data position is counted in the old steps.")
+
+
+def flag_preempted(step: int) -> None:
+    """Leave the file preemptible.sh reads: this run stopped on SIGTERM with its state saved."""
+    path = os.environ.get(PREEMPTED_FILE_ENV)
+    if path:
+        Path(path).write_text(json.dumps({"step": step, "pid": os.getpid()}), encoding="utf-8")
 
 
 # ---------------------------------------------------------------- settings
@@ -233,41 +298,127 @@ def peft_targets(model: Any, targets: list[str]) -> list[str]:
 
 
 class TokenRows:
-    """Token-id rows with their index (``sample_id``: the data position is auditable)."""
+    """Token-id rows over one flat array of ids (a memory-mapped file for real data): row i is
+    ``tokens[starts[i]:starts[i + 1]]``, returned with its index (``sample_id``: the data
+    position is auditable). Only the rows a batch asks for become Python ints."""
 
-    def __init__(self, rows: list[list[int]]) -> None:
-        self.rows = rows
+    def __init__(self, tokens: Any, starts: Any) -> None:
+        self.tokens = tokens
+        self.starts = starts
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.starts) - 1
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        return {"input_ids": self.rows[index], "sample_id": index}
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        begin, end = int(self.starts[index]), int(self.starts[index + 1])
+        return {"input_ids": self.tokens[begin:end].tolist(), "sample_id": index}
+
+
+TOKENISE_BATCH_LINES = 1024
+
+
+def _tokenised_key(cfg: dict[str, Any], data_path: Path) -> str:
+    """What the tokenised files depend on: the data file (path, size, mtime), the tokenizer,
+    seq_len and packing."""
+    data, stat = cfg["dataset"], data_path.stat()
+    parts = [str(data_path.resolve()), stat.st_size, stat.st_mtime_ns,
+             cfg["model_name_or_path"], data.get("text_field", "text"), cfg["seq_len"],
+             bool(cfg["packing"])]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+
+def _write_tokenised(cfg: dict[str, Any], tok: Any, data_path: Path, folder: Path) -> None:
+    """Stream the JSONL file through the tokenizer, TOKENISE_BATCH_LINES lines at a time,
+    appending ids to ``tokens.bin`` and row starts to ``starts.bin``; ``meta.json`` last.
+    Packing joins texts with EOS and cuts seq_len rows (a last partial row is dropped), else
+    each text is cut at seq_len."""
+    import numpy as np
+
+    data, seq_len, packing = cfg["dataset"], int(cfg["seq_len"]), bool(cfg["packing"])
+    field = data.get("text_field", "text")
+    dtype = np.uint16 if len(tok) <= np.iinfo(np.uint16).max else np.uint32
+    folder.mkdir(parents=True)
+    written = 0
+
+    with (folder / "tokens.bin").open("wb") as ids_out, \
+            (folder / "starts.bin").open("wb") as starts_out:
+        def flush(texts: list[str]) -> None:
+            nonlocal written
+            if not texts:
+                return
+            rows = [[*ids, tok.eos_token_id] for ids in tok(texts)["input_ids"]]
+            if not packing:
+                rows = [row[:seq_len] for row in rows]
+                starts = np.cumsum([0, *map(len, rows)], dtype=np.int64)[:-1] + written
+                starts.tofile(starts_out)
+            flat = np.fromiter((i for row in rows for i in row), dtype=dtype)
+            flat.tofile(ids_out)
+            written += len(flat)
+
+        batch: list[str] = []
+        with data_path.open(encoding="utf-8") as lines:
+            for line in lines:
+                if line.strip():
+                    batch.append(json.loads(line)[field])
+                if len(batch) >= TOKENISE_BATCH_LINES:
+                    flush(batch)
+                    batch = []
+        flush(batch)
+        if packing:
+            written -= written % seq_len  # the last partial row is not trained on
+            np.arange(0, written, seq_len, dtype=np.int64).tofile(starts_out)
+        np.array([written], dtype=np.int64).tofile(starts_out)
+    (folder / "meta.json").write_text(json.dumps(
+        {"tokens": written, "dtype": np.dtype(dtype).name}), encoding="utf-8")
+
+
+def tokenised_rows(cfg: dict[str, Any], tok: Any) -> TokenRows:
+    """The JSONL data as TokenRows over memory-mapped files, tokenised once into the cache
+    folder (``dataset.cache_dir``, node-local) and reused while the data file, tokenizer,
+    seq_len and packing stay the same. Written under a private name, then renamed: processes
+    racing to build it agree on one copy."""
+    import numpy as np
+
+    data = cfg["dataset"]
+    data_path = Path(data["path"])
+    folder = Path(data.get("cache_dir") or "data/tokenised") / _tokenised_key(cfg, data_path)
+    if not (folder / "meta.json").is_file():
+        tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+        _write_tokenised(cfg, tok, data_path, tmp)
+        try:
+            os.rename(tmp, folder)
+        except OSError:  # another process finished first: use its copy
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    if not meta["tokens"]:
+        raise SystemExit(f"[train.py] {data_path} holds no tokens ({data.get('text_field')})")
+    tokens = np.memmap(folder / "tokens.bin", dtype=meta["dtype"], mode="r")
+    starts = np.memmap(folder / "starts.bin", dtype=np.int64, mode="r")
+    return TokenRows(tokens, starts)
 
 
 def build_dataset(cfg: dict[str, Any]) -> tuple[TokenRows, int]:
     """(rows, pad id). ``synthetic``: seeded random ids (own generator: the global RNG is not
-    touched); ``jsonl``: a text field tokenised, packed to seq_len or cut at it."""
+    touched); ``jsonl``: a text field tokenised into memory-mapped files (``tokenised_rows``)."""
+    import numpy as np
     import torch
 
     data, seq_len = cfg["dataset"], cfg["seq_len"]
     if data["kind"] == "synthetic":
         gen = torch.Generator().manual_seed(int(data.get("seed", 0)))
-        ids = torch.randint(0, int(data["vocab_size"]), (int(data["rows"]), seq_len), generator=gen)
-        return TokenRows(ids.tolist()), 0
+        rows = int(data["rows"])
+        ids = torch.randint(0, int(data["vocab_size"]), (rows, seq_len), generator=gen)
+        starts = np.arange(0, rows * seq_len + 1, seq_len, dtype=np.int64)
+        return TokenRows(ids.numpy().reshape(-1), starts), 0
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(cfg["model_name_or_path"])
-    texts = [json.loads(line)[data.get("text_field", "text")]
-             for line in Path(data["path"]).read_text(encoding="utf-8").splitlines() if line]
-    encoded = [tok(t)["input_ids"] + [tok.eos_token_id] for t in texts]
-    if cfg["packing"]:
-        flat = [i for row in encoded for i in row]
-        rows = [flat[i:i + seq_len] for i in range(0, len(flat) - seq_len + 1, seq_len)]
-    else:
-        rows = [row[:seq_len] for row in encoded]
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    return TokenRows(rows), pad
+    return tokenised_rows(cfg, tok), pad
 
 
 def make_collator(pad_id: int) -> Any:
@@ -332,6 +483,7 @@ def make_guard(cfg: dict[str, Any], progress_path: Path) -> Any:
         def on_sigterm(self, signum: int, frame: Any) -> None:
             if self.phase == "setup":
                 log("SIGTERM before training started: nothing to save")
+                flag_preempted(0)
                 raise SystemExit(EXIT_PREEMPTED)
             self.pending = True
             if self.phase == "compute" and self.trainer.args.world_size == 1:
@@ -349,6 +501,7 @@ def make_guard(cfg: dict[str, Any], progress_path: Path) -> Any:
                 self.mark(ckpt, "sigterm")
             log(f"SIGTERM: state of step {step} is in {ckpt.name}; exiting {EXIT_PREEMPTED}")
             self.preempted = True
+            flag_preempted(step)
             raise SystemExit(EXIT_PREEMPTED)
 
         def mark(self, ckpt: Path, reason: str) -> None:
@@ -386,6 +539,10 @@ def make_guard(cfg: dict[str, Any], progress_path: Path) -> Any:
             with progress_path.open("a", encoding="utf-8") as out:  # one file per rank
                 out.write(json.dumps({"step": state.global_step, "lr": self.lr,
                                       "sample_ids": self.sample_ids}) + "\n")
+            if os.environ.get(HOLD_ENV) == str(state.global_step) and args.process_index == 0:
+                (Path(args.output_dir) / "HOLDING").write_text(str(state.global_step))
+                while not self.pending:
+                    time.sleep(0.01)
             if self.agreed_pending():
                 control.should_save = True
                 control.should_training_stop = True
@@ -425,6 +582,50 @@ def truncate_progress(path: Path, step: int) -> None:
     path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def save_final(trainer: Any, final: Path) -> None:
+    """The whole trained model (or adapter) into ``final``, loadable with from_pretrained.
+
+    Interval checkpoints under FSDP use sharded state dicts (each rank writes its part: quick),
+    but the Trainer's save_model writes weights only for a FULL_STATE_DICT (transformers
+    ``Trainer.save_model``): switch to it for this save. Raises SystemExit when no weights
+    came out (a run that ends "successfully" with nothing to load is a failure)."""
+    if getattr(trainer, "is_fsdp_enabled", False):
+        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
+    trainer.save_model(str(final))
+    trainer.accelerator.wait_for_everyone()
+    if not trainer.args.should_save:
+        return
+    weights = [p.name for p in final.iterdir() if p.suffix in WEIGHT_SUFFIXES
+               and p.name != "training_args.bin"] if final.is_dir() else []
+    if not weights:
+        raise SystemExit(f"[train.py] the final save wrote no weights into {final}")
+
+
+def resume_point(args: Any, output_dir: Path, marker_name: str
+                 ) -> tuple[Path, dict[str, Any]] | None:
+    """``newest_complete`` found once (by process 0, which reads and hashes the checkpoints)
+    and shared with every process, so all resume from the same one or stop together."""
+    import torch.distributed as dist
+
+    if args.world_size == 1 or not dist.is_initialized():
+        return newest_complete(output_dir, marker_name)
+    answer: list[Any] = [None]
+    if args.process_index == 0:
+        try:
+            found = newest_complete(output_dir, marker_name)
+            answer = [("found", str(found[0]), found[1]) if found else ("none",)]
+        except SystemExit as stop:
+            answer = [("stop", str(stop.code))]
+    dist.broadcast_object_list(answer, src=0)
+    kind = answer[0][0]
+    if kind == "stop":
+        raise SystemExit(answer[0][1])
+    return (Path(answer[0][1]), answer[0][2]) if kind == "found" else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="train_config.json")
@@ -439,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
                              else f"progress-rank{rank}.jsonl")
     guard = make_guard(cfg, progress)
     signal.signal(signal.SIGTERM, guard.on_sigterm)
-    found = newest_complete(output_dir, cfg["marker_name"])
+    found = resume_point(args, output_dir, cfg["marker_name"])
     resume = None
     if found is not None:
         resume, info = found
@@ -448,15 +649,17 @@ def main(argv: list[str] | None = None) -> int:
         truncate_progress(progress, int(info["step"]))
     elif progress.exists():
         progress.unlink()  # no checkpoint: the run starts over, so does its log
-    dataset, pad = build_dataset(cfg)
+    with args.main_process_first(local=True, desc="tokenising"):  # one process per node
+        dataset, pad = build_dataset(cfg)
     trainer = make_trainer(build_model(cfg), args, dataset, make_collator(pad), guard)
     guard.trainer = trainer
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     if guard.preempted:
         log(f"stopped on SIGTERM after saving step {trainer.state.global_step}")
+        flag_preempted(trainer.state.global_step)
         return EXIT_PREEMPTED
     final = output_dir / "final"
-    trainer.save_model(str(final))
+    save_final(trainer, final)
     if args.should_save:
         write_marker(final, cfg["marker_name"], {"step": trainer.state.global_step,
                                                  "reason": "final", "saved_at": time.time()})
