@@ -177,7 +177,7 @@ def test_a_successful_refresh_replaces_and_keeps_history(store: CatalogStore) ->
 
 
 def test_unknown_source_name_lists_the_valid_ones() -> None:
-    with pytest.raises(InvalidValueError, match="choose from azure, aws, runpod"):
+    with pytest.raises(InvalidValueError, match="choose from all, azure, aws, runpod"):
         select_sources(["nope"])
     assert "aws" not in {s.name for s in select_sources(None)}  # opt-in: huge offer files
     assert [s.name for s in select_sources(["aws"])] == ["aws"]
