@@ -269,3 +269,13 @@ def test_runpod_sends_no_authorization_without_a_key(
         assert len(runpod.fetch(client, base_url=f"{base}/graphql").offers) == 83
     assert "Authorization" not in script.seen[0].headers
     assert script.seen[0].path == "/graphql"
+
+
+def test_a_redirect_loop_is_one_fetch_error_without_the_query(served: tuple[str, Script]) -> None:
+    base, script = served
+    script.replies = [Reply(302, headers={"Location": f"/loop?api_key={SECRET}"})]
+    with httpx.Client(follow_redirects=True, max_redirects=3) as client, pytest.raises(
+            FetchError) as caught:
+        fetch_bytes(client, "GET", f"{base}/v?api_key={SECRET}", retry=policy(Sleeps()))
+    assert str(caught.value).startswith(f"error fetching {base}/v: ")
+    assert SECRET not in str(caught.value) and len(script.seen) == 4

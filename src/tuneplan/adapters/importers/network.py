@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -196,6 +197,8 @@ def fetch_bytes(client: httpx.Client, method: str, url: str, *, cache: HttpCache
         except httpx.TransportError as exc:
             failure = f"network error fetching {where}: {_one_line(exc, url)}"
             cause = exc
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:  # redirects, bad encoding: final
+            raise FetchError(f"error fetching {where}: {_one_line(exc, url)}") from exc
         else:
             if response.status_code not in RETRY_STATUSES:
                 return _body(response, full_url, where, cache if conditional else None)
@@ -253,10 +256,14 @@ def _short(url: str) -> str:
     return url.split("?", 1)[0]
 
 
+_URL_QUERY = re.compile(r"(\w+://[^\s?'\"]*)\?[^\s'\"]*")
+
+
 def _one_line(exc: Exception, url: str) -> str:
-    """A transport error's text on one line, without the URL's query, at most 200 chars."""
+    """An error's text on one line, at most 200 chars, with no URL query in it (a query may
+    carry a key): ``url``'s query is cut wherever it appears, and so is any other URL's."""
     text = " ".join(str(exc).split()) or type(exc).__name__
-    full = str(url)
-    if "?" in full:
-        text = text.replace(full, _short(full)).replace(full.split("?", 1)[1], "…")
-    return text[:200]
+    query = str(url).split("?", 1)[1] if "?" in str(url) else ""
+    if query:
+        text = text.replace(query, "…")
+    return _URL_QUERY.sub(r"\1", text)[:200]
