@@ -279,3 +279,17 @@ def test_a_redirect_loop_is_one_fetch_error_without_the_query(served: tuple[str,
         fetch_bytes(client, "GET", f"{base}/v?api_key={SECRET}", retry=policy(Sleeps()))
     assert str(caught.value).startswith(f"error fetching {base}/v: ")
     assert SECRET not in str(caught.value) and len(script.seen) == 4
+
+
+def test_a_body_without_validators_replaces_the_cached_one(
+        served: tuple[str, Script], tmp_path: Path) -> None:
+    base, script = served
+    script.replies = [Reply(200, b"old", {"ETag": '"1"'}), Reply(200, b"new"),
+                      Reply(200, b"newest")]
+    cache = HttpCache(tmp_path)
+    with httpx.Client() as client:
+        bodies = [fetch_bytes(client, "GET", f"{base}/v", cache=cache) for _ in range(3)]
+    assert bodies == [b"old", b"new", b"newest"]
+    assert script.seen[1].headers.get("If-None-Match") == '"1"'
+    assert "If-None-Match" not in script.seen[2].headers  # "old" can no longer answer a 304
+    assert list(tmp_path.iterdir()) == []

@@ -9,7 +9,9 @@ Retries (``RetryPolicy``): a transport error (connection refused or reset, timeo
 cut short), HTTP 429 and the transient 5xx statuses are retried with exponential backoff and
 jitter, at most ``attempts`` tries in all; a ``Retry-After`` header (delay-seconds or an
 HTTP-date, RFC 9110 section 10.2.3) on a 429 or 503 is honoured, capped at
-``max_retry_after_s``. Conditional requests (``HttpCache``): a GET with a cache sends the
+``max_retry_after_s``. The POSTs sent here are read-only queries (RunPod's GraphQL
+``gpuTypes``, vast.ai's offer search), so retrying them is as safe as retrying a GET.
+Conditional requests (``HttpCache``): a GET with a cache sends the
 ``ETag``/``Last-Modified`` of the last good body as ``If-None-Match``/``If-Modified-Since``
 (RFC 9110 section 13.1), and a 304 answer returns that body from disk.
 """
@@ -143,11 +145,15 @@ class HttpCache:
             return None
 
     def store(self, url: str, response: httpx.Response) -> None:
-        """Keep ``response``'s body when it carries a validator (nothing to revalidate else)."""
+        """Keep ``response``'s body when it carries a validator; without one, forget ``url``
+        (an older body must never answer a later 304)."""
         etag, modified = response.headers.get("ETag"), response.headers.get("Last-Modified")
-        if not etag and not modified:
-            return
         body, meta = self._paths(url)
+        if not etag and not modified:
+            for path in (meta, body):
+                with contextlib.suppress(OSError):
+                    path.unlink(missing_ok=True)
+            return
         with contextlib.suppress(OSError):
             self.directory.mkdir(parents=True, exist_ok=True)
             _write_atomic(body, response.content)
@@ -182,7 +188,10 @@ def fetch_bytes(client: httpx.Client, method: str, url: str, *, cache: HttpCache
     policy = retry or DEFAULT_RETRY
     headers = {"User-Agent": USER_AGENT, **kwargs.pop("headers", {})}
     conditional = cache is not None and method.upper() == "GET"
-    full_url = str(_request_url(url, kwargs.get("params")))
+    try:
+        full_url = str(_request_url(url, kwargs.get("params")))
+    except (httpx.InvalidURL, TypeError, ValueError) as exc:
+        raise FetchError(f"invalid URL {_short(str(url))[:120]!r}: {_one_line(exc, url)}") from exc
     if conditional and cache is not None:
         headers.update(cache.validators(full_url))
     where = _short(url)
