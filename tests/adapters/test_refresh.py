@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -24,6 +25,7 @@ from tests.waiting import HANG_GUARD_S, wait_until
 from tuneplan.adapters import refresh as refresh_module
 from tuneplan.adapters.importers import azure, runpod, vastai
 from tuneplan.adapters.importers.base import ImportResult
+from tuneplan.adapters.importers.network import HttpCache
 from tuneplan.adapters.refresh import LiveSource, refresh, select_sources
 from tuneplan.adapters.store import CatalogStore
 from tuneplan.core.catalog.offers import Offer
@@ -177,7 +179,7 @@ def test_a_successful_refresh_replaces_and_keeps_history(store: CatalogStore) ->
 
 
 def test_unknown_source_name_lists_the_valid_ones() -> None:
-    with pytest.raises(InvalidValueError, match="choose from azure, aws, runpod"):
+    with pytest.raises(InvalidValueError, match="choose from all, azure, aws, runpod"):
         select_sources(["nope"])
     assert "aws" not in {s.name for s in select_sources(None)}  # opt-in: huge offer files
     assert [s.name for s in select_sources(["aws"])] == ["aws"]
@@ -226,7 +228,8 @@ def test_a_refresh_killed_mid_write_leaves_the_database_identical(
     marker = tmp_path / "half-way"
     root = Path(__file__).resolve().parents[2]
     child = subprocess.Popen([sys.executable, "-c", _KILLED_SCRIPT, str(store.path), str(marker)],
-                             cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+                             cwd=root, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                 [str(root), os.environ.get("PYTHONPATH", "")])})
     try:
         wait_until(lambda: marker.exists() or child.poll() is not None,
                    "the child reaching the middle of its write")
@@ -265,3 +268,54 @@ def test_a_live_skypilot_catalog_retires_the_bundled_snapshot_of_its_cloud(tmp_p
     history = [p for p in store.history("A10") if p.source == "skypilot-snapshot/lambda"]
     assert history, "the retired snapshot stays as price history"
     store.close()
+
+
+def test_sources_are_fetched_concurrently_and_reported_in_order(store: CatalogStore) -> None:
+    # Each fetch waits until all three are running: a one-at-a-time refresh would break the
+    # barrier (its timeout only stops a hung test) and every source would fail.
+    barrier = threading.Barrier(3, timeout=HANG_GUARD_S)
+    threads: set[str] = set()
+
+    def meeting(source: LiveSource) -> LiveSource:
+        def fetch(client: httpx.Client, **kwargs: Any) -> ImportResult:
+            barrier.wait()
+            threads.add(threading.current_thread().name)
+            return source.fetch(client, **kwargs)
+        return LiveSource(name=source.name, group=source.group, fetch=fetch)
+
+    started: list[str] = []
+    outcomes = refresh(store, client=routes(), available=tuple(map(meeting, sources())),
+                       on_progress=lambda s, o: started.append(s.name) if o is None else None)
+    assert [(o.source, o.status) for o in outcomes] == [
+        ("runpod", "ok"), ("vastai", "ok"), ("azure", "ok")]
+    assert len(threads) == 3 and sorted(started) == ["azure", "runpod", "vastai"]
+    assert {s.source: s.snapshots for s in store.status()} == {
+        "runpod": 2, "vastai": 2, "azure": 2}
+
+
+def test_source_lists_split_on_commas_and_all_takes_every_source() -> None:
+    assert [s.name for s in select_sources(["runpod,vastai", " azure "])] == [
+        "runpod", "vastai", "azure"]
+    everything = select_sources(["all"])
+    assert len(everything) == len(refresh_module.live_sources())
+    assert "aws" in {s.name for s in everything}  # all includes the opt-in sources
+    assert [s.name for s in select_sources(["gpuhunt"])] == [
+        f"gpuhunt/{p}" for p in ("aws", "azure", "verda", "gcp", "lambdalabs", "nebius", "oci",
+                                 "runpod", "cloudrift")]
+    with pytest.raises(InvalidValueError, match="empty source"):
+        select_sources(["runpod,"])
+
+
+def test_cache_goes_only_to_cacheable_sources(store: CatalogStore, tmp_path: Path) -> None:
+    given: dict[str, object] = {}
+
+    def recording(name: str, cacheable: bool) -> LiveSource:
+        def fetch(client: httpx.Client, **kwargs: Any) -> ImportResult:
+            given[name] = kwargs.get("cache")
+            raise OSError("stop here")
+        return LiveSource(name=name, group=name, fetch=fetch, cacheable=cacheable)
+
+    cache = HttpCache(tmp_path / "http")
+    refresh(store, client=routes(), cache=cache,
+            available=(recording("public", True), recording("keyed", False)))
+    assert given == {"public": cache, "keyed": None}

@@ -9,6 +9,8 @@ import threading
 import time
 import zipfile
 from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime
 from decimal import Decimal
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,21 +20,33 @@ import pytest
 
 from tests.conftest import FIXTURES
 from tuneplan.adapters.importers import aws, azure, gpuhunt, runpod, skypilot_live, vastai
-from tuneplan.adapters.refresh import LiveSource, refresh
+from tuneplan.adapters.refresh import LiveSource, live_sources, refresh
 from tuneplan.adapters.store import CatalogStore
 from tuneplan.core.catalog.offers import OfferFilter
 
 PAYLOADS = FIXTURES / "importers"
+OLD = datetime(2026, 11, 1, tzinfo=UTC)
 SKYPILOT_CSV = ("InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,Region,"
                 "GpuInfo,SpotPrice\ngpu_8x_h100_sxm5,H100,8.0,208.0,1800.0,23.92,us-east-1,,\n")
 
 
-def _zip() -> bytes:
+GPUHUNT_VERSION = "20261130-01"
+GPUHUNT_PROVIDERS = ("aws", "lambdalabs", "runpod")  # the CSVs in fixtures gpuhunt_v3/
+
+
+def gpuhunt_zip(provider: str) -> bytes:
+    """One provider's catalog archive as gpuhunt 0.1.34 downloads it: ``<provider>.csv``."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as bundle:
-        sample = (PAYLOADS / "gpuhunt_catalog_v2_sample.csv").read_text()
-        bundle.writestr("datacrunch.csv", sample)
+        bundle.write(PAYLOADS / "gpuhunt_v3" / f"{provider}.csv", f"{provider}.csv")
     return buffer.getvalue()
+
+
+def gpuhunt_sources(server: str) -> tuple[LiveSource, ...]:
+    """The live gpuhunt sources of the fixture's providers, pointed at the replay server."""
+    return tuple(replace(s, fetch=partial(s.fetch, base_url=f"{server}/v3"))
+                 for s in live_sources()
+                 if s.group == "gpuhunt" and s.name.split("/")[1] in GPUHUNT_PROVIDERS)
 
 
 class _Replay(BaseHTTPRequestHandler):
@@ -67,13 +81,14 @@ class _Replay(BaseHTTPRequestHandler):
             self._send(json.dumps(first).encode())
         elif self.path.startswith("/prices"):
             self._send(json.dumps({**page, "Items": page["Items"][7:]}).encode())
-        elif self.path == "/v2/version":
-            self._send(b"20261130")
-        elif self.path == "/v2/20261130/catalog.zip":
-            self._send(_zip())
+        elif self.path.startswith("/v3/") and self.path.endswith("/version"):
+            self._send(GPUHUNT_VERSION.encode() + b"\n")
+        elif self.path.startswith("/v3/") and self.path.endswith(
+                f"/{GPUHUNT_VERSION}/catalog.zip"):
+            self._send(gpuhunt_zip(self.path.split("/")[2]))
         elif self.path == "/catalogs/v8/lambda/vms.csv":
             self._send(SKYPILOT_CSV.encode())
-        elif self.path == "/slow/v2/version":
+        elif self.path == "/slow/runpod/version":
             time.sleep(1.0)
             self._send(b"too late")
         elif self.path.endswith("/index.json"):
@@ -103,8 +118,7 @@ def test_refresh_over_http_writes_good_sources_and_reports_the_truncated_one(
                    fetch=partial(runpod.fetch, base_url=f"{server}/graphql")),
         LiveSource(name="vastai", group="vastai",
                    fetch=partial(vastai.fetch, base_url=f"{server}/bundles/")),
-        LiveSource(name="gpuhunt", group="gpuhunt",
-                   fetch=partial(gpuhunt.fetch, base_url=server)),
+        *gpuhunt_sources(server),
         LiveSource(name="skypilot/lambda", group="skypilot",
                    fetch=partial(skypilot_live.fetch, cloud="lambda",
                                  base_url=f"{server}/catalogs")),
@@ -113,10 +127,11 @@ def test_refresh_over_http_writes_good_sources_and_reports_the_truncated_one(
         outcomes = {o.source: o for o in refresh(store, available=available)}
         assert outcomes["aws"].failed and "network error" in outcomes["aws"].message
         assert [s for s, o in outcomes.items() if o.status == "ok"] == [
-            "azure", "runpod", "vastai", "gpuhunt", "skypilot/lambda"]
+            "azure", "runpod", "vastai", "gpuhunt/aws", "gpuhunt/lambdalabs", "gpuhunt/runpod",
+            "skypilot/lambda"]
         counts = {s.source: s.offers for s in store.status()}
-        assert counts == {"azure": 6, "runpod": 83, "vastai": 1, "gpuhunt": 4,
-                          "skypilot/lambda": 1}
+        assert counts == {"azure": 6, "runpod": 83, "vastai": 1, "gpuhunt/aws": 1,
+                          "gpuhunt/lambdalabs": 1, "gpuhunt/runpod": 3, "skypilot/lambda": 1}
         offers = store.offers()
         spot_offers = store.offers(OfferFilter(spot=True))
     # NC24ads has only a Spot meter: listed by a spot query, not by the on-demand default.
@@ -125,15 +140,15 @@ def test_refresh_over_http_writes_good_sources_and_reports_the_truncated_one(
     assert (nc24.gpu, nc24.gpu_count, nc24.spot_price_per_hour) == (
         "A100 80GB PCIe", 1, Decimal("1.041296"))
     providers = {o.provider for o in offers}
-    assert providers == {"Azure", "RunPod", "Vast.ai", "Verda (ex-DataCrunch)", "Lambda"}
+    assert providers == {"Azure", "RunPod", "Vast.ai", "AWS", "Lambda"}
 
 
 def test_a_source_slower_than_the_timeout_fails_alone(
         server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("tuneplan.adapters.importers.network.TIMEOUT_S", 0.2)
     available = (
-        LiveSource(name="gpuhunt", group="gpuhunt",
-                   fetch=partial(gpuhunt.fetch, base_url=f"{server}/slow")),
+        LiveSource(name="gpuhunt/runpod", group="gpuhunt",
+                   fetch=partial(gpuhunt.fetch, provider="runpod", base_url=f"{server}/slow")),
         LiveSource(name="vastai", group="vastai",
                    fetch=partial(vastai.fetch, base_url=f"{server}/bundles/")),
     )
@@ -141,3 +156,55 @@ def test_a_source_slower_than_the_timeout_fails_alone(
         slow, fast = refresh(store, available=available)
         assert slow.failed and "timeout after 0.2 s" in slow.message
         assert fast.status == "ok" and fast.offers_written == 1
+
+
+def test_gpuhunt_sources_read_the_fixture_through_the_gpuhunt_library(
+        server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpuhunt as library
+
+    queried: list[list[str]] = []
+    original = library.Catalog.query
+
+    def spy(self: object, **kwargs: object) -> object:
+        queried.append(list(kwargs["provider"]))  # type: ignore[call-overload]
+        return original(self, **kwargs)
+
+    monkeypatch.setattr(library.Catalog, "query", spy)
+    with CatalogStore.open(tmp_path / "catalog.sqlite", seed=False) as store:
+        legacy = gpuhunt.parse_gpuhunt_catalog(
+            {"aws": (PAYLOADS / "gpuhunt_v3" / "aws.csv").read_text()}, OLD)
+        store.replace_source("gpuhunt", legacy.offers, OLD)  # what earlier versions wrote
+        queried.clear()
+        outcomes = refresh(store, ["gpuhunt"], available=gpuhunt_sources(server))
+        assert [(o.source, o.status, o.offers_written) for o in outcomes] == [
+            ("gpuhunt/aws", "ok", 1), ("gpuhunt/lambdalabs", "ok", 1),
+            ("gpuhunt/runpod", "ok", 3)]
+        assert "gpuhunt" not in {s.source for s in store.status()}  # retired, kept as history
+        offers = {(o.source, o.instance_type, o.gpu_count): o
+                  for o in store.offers(OfferFilter(spot=True))}
+        offers.update({(o.source, o.instance_type, o.gpu_count): o for o in store.offers()})
+    assert sorted(queried) == [["aws"], ["lambdalabs"], ["runpod"]]
+    assert len(offers) == 5
+    p4d = offers["gpuhunt/aws", "p4d.24xlarge", 8]
+    assert (p4d.provider, p4d.gpu, p4d.price_per_hour, p4d.spot_price_per_hour) == (
+        "AWS", "A100 40GB SXM4", Decimal("32.7726"), None)
+    assert (p4d.vcpus, p4d.ram_bytes) == (96.0, 1152 * 2**30)
+    lam = offers["gpuhunt/lambdalabs", "gpu_1x_a100_sxm4 [example-flag]", 1]
+    assert (lam.provider, lam.price_per_hour, lam.disk_bytes, lam.notes) == (
+        "Lambda", Decimal("1.1"), 512 * 10**9, "gpuhunt flags: example-flag")
+    runpod_prices = {(t, n): (o.gpu, o.price_per_hour, o.spot_price_per_hour)
+                     for (s, t, n), o in offers.items() if s == "gpuhunt/runpod"}
+    assert runpod_prices == {
+        ("NVIDIA H100 80GB HBM3", 1): ("H100 SXM5", Decimal("2.99"), Decimal("1.75")),
+        ("NVIDIA H100 80GB HBM3", 8): ("H100 SXM5", Decimal("23.92"), None),
+        ("AMD Instinct MI300X OAM", 1): ("MI300X", Decimal("2.49"), Decimal("1.49")),
+    }
+
+
+def test_gpuhunt_sources_are_every_offline_provider_of_the_pinned_library() -> None:
+    from gpuhunt._internal.catalog import CATALOG_URL, OFFLINE_PROVIDERS
+
+    assert tuple(OFFLINE_PROVIDERS) == gpuhunt.PROVIDERS
+    assert gpuhunt.DEFAULT_URL == CATALOG_URL
+    names = [s.name for s in live_sources() if s.group == "gpuhunt"]
+    assert names == [f"gpuhunt/{p}" for p in OFFLINE_PROVIDERS]

@@ -1,16 +1,19 @@
 """Refresh the catalog from live sources, one atomic snapshot per source.
 
-Each source is fetched and parsed fully in memory, then written with one
-``store.replace_source`` transaction. A source that fails (network, HTTP status, timeout,
-unreadable payload, no valid offers, mostly rejected rows, a crash in its parser or during
-the write) keeps its previous snapshot exactly, yields a one-line reason, and never stops the
-others. A key-less source that needs a key is skipped, not failed.
+Sources are fetched and parsed concurrently (threads, one shared ``httpx.Client``), each
+fully in memory; the calling thread then writes each with one ``store.replace_source``
+transaction as it arrives (the SQLite connection never leaves that thread). A source that
+fails (network, HTTP status, timeout, unreadable payload, no valid offers, mostly rejected
+rows, a crash in its parser or during the write) keeps its previous snapshot exactly, yields
+a one-line reason, and never stops the others. A source that needs a missing key (or library)
+is skipped, not failed.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -28,13 +31,17 @@ from tuneplan.adapters.importers import (
     vastai,
 )
 from tuneplan.adapters.importers.base import ImportResult, utc_now
-from tuneplan.adapters.importers.network import SourceSkipped
+from tuneplan.adapters.importers.network import HttpCache, SourceSkipped
 from tuneplan.adapters.store import CatalogStore
 from tuneplan.errors import CatalogError, InvalidValueError
 
 #: A source whose rows are more than half rejected is treated as broken (a unit or schema
 #: change upstream), and its previous snapshot is kept.
 MAX_REJECTED_SHARE = 0.5
+#: Sources fetched at the same time (each is a few requests; the client pools connections).
+MAX_WORKERS = 8
+#: ``--source`` word for every source, the opt-in ones included.
+ALL = "all"
 
 Fetcher = Callable[..., ImportResult]
 
@@ -43,7 +50,9 @@ Fetcher = Callable[..., ImportResult]
 class LiveSource:
     """One refreshable store source: its name, the group ``--source`` also accepts, its fetch.
 
-    ``opt_in`` sources run only when named (the AWS offer file is hundreds of MB per region).
+    ``opt_in`` sources run only when named (the AWS offer file is hundreds of MB per region),
+    or with ``all``. ``cacheable`` sources take ``cache=`` (conditional GETs of public files);
+    the others POST, or send a key whose answer should not be kept on disk.
     """
 
     name: str
@@ -52,6 +61,7 @@ class LiveSource:
     needs_key: str | None = None
     opt_in: bool = False
     supersedes: tuple[str, ...] = ()   # store sources this one replaces when it succeeds
+    cacheable: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,36 +85,47 @@ class SourceOutcome:
 def live_sources() -> tuple[LiveSource, ...]:
     """Every live source, in refresh order (SkyPilot clouds last: they are the most files)."""
     own = (
-        LiveSource(name=azure.SOURCE, group=azure.SOURCE, fetch=azure.fetch),
-        LiveSource(name=aws.SOURCE, group=aws.SOURCE, fetch=aws.fetch, opt_in=True),
+        LiveSource(name=azure.SOURCE, group=azure.SOURCE, fetch=azure.fetch, cacheable=True),
+        LiveSource(name=aws.SOURCE, group=aws.SOURCE, fetch=aws.fetch, opt_in=True,
+                   cacheable=True),
         LiveSource(name=runpod.SOURCE, group=runpod.SOURCE, fetch=runpod.fetch),
         LiveSource(name=vastai.SOURCE, group=vastai.SOURCE, fetch=vastai.fetch),
-        LiveSource(name=gpuhunt.SOURCE, group=gpuhunt.SOURCE, fetch=gpuhunt.fetch),
         LiveSource(name=lambda_cloud.SOURCE, group=lambda_cloud.SOURCE, fetch=lambda_cloud.fetch,
                    needs_key=lambda_cloud.KEY_ENV),
     )
+    # One source per gpuhunt provider (published independently); each retires the single
+    # "gpuhunt" source that earlier versions wrote from the all-provider v2 archive.
+    hunted = tuple(
+        LiveSource(name=gpuhunt.source_name(provider), group=gpuhunt.SOURCE,
+                   fetch=partial(gpuhunt.fetch, provider=provider),
+                   supersedes=(gpuhunt.SOURCE,), cacheable=True)
+        for provider in gpuhunt.PROVIDERS)
     clouds = tuple(
         LiveSource(name=skypilot_live.source_name(cloud), group=skypilot_live.SOURCE,
                    fetch=partial(skypilot_live.fetch, cloud=cloud),
-                   supersedes=_bundled_sources_of(cloud))
+                   supersedes=_bundled_sources_of(cloud), cacheable=True)
         for cloud in skypilot_live.CLOUDS)
-    return own + clouds
+    return own + hunted + clouds
 
 
 def select_sources(names: Iterable[str] | None,
                    available: tuple[LiveSource, ...] | None = None) -> tuple[LiveSource, ...]:
-    """The sources named (a source or a group such as ``skypilot``); when ``names`` is None,
-    every source that is not opt-in.
+    """The sources named (a source, a group such as ``skypilot``, ``all``; each name may be a
+    comma-separated list); when ``names`` is None, every source that is not opt-in.
 
-    Raises InvalidValueError (exit 2) naming the valid choices for an unknown name.
+    Raises InvalidValueError (exit 2) naming the valid choices for an unknown or empty name.
     """
     available = available if available is not None else live_sources()
     if names is None:
         return tuple(s for s in available if not s.opt_in)
+    words = [word.strip() for name in names for word in name.split(",")]
+    if not words or not all(words):
+        raise InvalidValueError("--source names an empty source: choose from "
+                                + ", ".join(valid_source_names(available)))
     chosen: dict[str, LiveSource] = {}
-    for name in names:
-        key = name.strip().lower()
-        matched = [s for s in available if key in (s.name, s.group)]
+    for name in words:
+        key = name.lower()
+        matched = [s for s in available if key in (s.name, s.group, ALL)]
         if not matched:
             raise InvalidValueError(f"unknown source {name!r}: choose from "
                                     + ", ".join(valid_source_names(available)))
@@ -113,35 +134,43 @@ def select_sources(names: Iterable[str] | None,
 
 
 def valid_source_names(available: tuple[LiveSource, ...] | None = None) -> list[str]:
-    """Groups first, then every individual source name."""
+    """``all``, groups, then every individual source name."""
     available = available if available is not None else live_sources()
     groups = dict.fromkeys(s.group for s in available)
-    return [*groups, *(s.name for s in available if s.name not in groups)]
+    return [ALL, *groups, *(s.name for s in available if s.name not in groups)]
 
 
 def refresh(store: CatalogStore, sources: Iterable[str] | None = None,
             client: httpx.Client | None = None, *,
             available: tuple[LiveSource, ...] | None = None,
             on_progress: Callable[[LiveSource, SourceOutcome | None], None] | None = None,
+            cache: HttpCache | None = None, max_workers: int = MAX_WORKERS,
             ) -> list[SourceOutcome]:
-    """Refresh ``sources`` (names or groups; all when None) into ``store``, one at a time.
+    """Refresh ``sources`` (names or groups; all but opt-in when None) into ``store``.
 
-    ``on_progress(source, None)`` is called before a source, ``(source, outcome)`` after.
+    Up to ``max_workers`` sources are fetched at once; each is written, all or nothing, in
+    this thread as soon as it is parsed. Outcomes come back in ``select_sources`` order.
+    ``on_progress(source, None)`` is called when a source starts (from a worker thread),
+    ``(source, outcome)`` when it is done (from this thread): it must be thread-safe.
+    ``cache`` makes the GETs of cacheable sources conditional (``network.HttpCache``).
     Raises InvalidValueError for an unknown source name, before anything is fetched.
     """
     chosen = select_sources(sources, available)
     own_client = client is None
     client = client or httpx.Client(follow_redirects=True)
+    outcomes: dict[str, SourceOutcome] = {}
     try:
-        outcomes = []
-        for source in chosen:
-            if on_progress:
-                on_progress(source, None)
-            outcome = refresh_one(store, source, client)
-            outcomes.append(outcome)
-            if on_progress:
-                on_progress(source, outcome)
-        return outcomes
+        workers = max(1, min(max_workers, len(chosen)))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="refresh") as pool:
+            futures = {pool.submit(_fetch_one, source, client, cache, on_progress): source
+                       for source in chosen}
+            for future in as_completed(futures):
+                source = futures[future]
+                outcome = _write_one(store, source, future.result())
+                outcomes[source.name] = outcome
+                if on_progress:
+                    on_progress(source, outcome)
+        return [outcomes[source.name] for source in chosen]
     finally:
         if own_client:
             client.close()
@@ -153,12 +182,32 @@ def _bundled_sources_of(cloud: str) -> tuple[str, ...]:
     return (own, f"{own}-v7") if cloud == "runpod" else (own,)
 
 
-def refresh_one(store: CatalogStore, source: LiveSource, client: httpx.Client) -> SourceOutcome:
+@dataclass(frozen=True, slots=True)
+class _Fetched:
+    """A parsed source waiting to be written."""
+
+    result: ImportResult
+    stamp: datetime
+    started: float
+
+
+def refresh_one(store: CatalogStore, source: LiveSource, client: httpx.Client, *,
+                cache: HttpCache | None = None) -> SourceOutcome:
     """Fetch, check and write one source; never raises (every failure becomes an outcome)."""
+    return _write_one(store, source, _fetch_one(source, client, cache, None))
+
+
+def _fetch_one(source: LiveSource, client: httpx.Client, cache: HttpCache | None,
+               on_progress: Callable[[LiveSource, SourceOutcome | None], None] | None,
+               ) -> _Fetched | SourceOutcome:
+    """Fetch and check one source (any thread); never raises."""
     started = time.monotonic()
     stamp = utc_now()
     try:
-        result = source.fetch(client, fetched_at=stamp)
+        if on_progress:
+            on_progress(source, None)
+        extra = {"cache": cache} if cache is not None and source.cacheable else {}
+        result = source.fetch(client, fetched_at=stamp, **extra)
     except SourceSkipped as exc:
         return _outcome(source, "skipped", str(exc), started)
     except Exception as exc:  # a crash in one importer must not stop the others
@@ -167,6 +216,15 @@ def refresh_one(store: CatalogStore, source: LiveSource, client: httpx.Client) -
     if problem:
         return _outcome(source, "failed", f"{source.name}: {problem}; previous snapshot kept",
                         started, result)
+    return _Fetched(result, stamp, started)
+
+
+def _write_one(store: CatalogStore, source: LiveSource,
+               fetched: _Fetched | SourceOutcome) -> SourceOutcome:
+    """Write one fetched source (the store's thread); never raises."""
+    if isinstance(fetched, SourceOutcome):
+        return fetched
+    result, stamp, started = fetched.result, fetched.stamp, fetched.started
     try:
         written = store.replace_source(source.name, result.offers, _fetched_at(result, stamp),
                                        retires=source.supersedes)

@@ -90,6 +90,17 @@ def default_path() -> Path:
     return Path(platformdirs.user_data_dir("tuneplan")) / "catalog.sqlite"
 
 
+def default_cache_dir() -> Path:
+    """Where ``catalog refresh`` keeps the last good body of each price URL (conditional
+    requests): ``$TUNEPLAN_HOME/http-cache``, else the per-user cache dir (platformdirs)."""
+    home = os.environ.get("TUNEPLAN_HOME")
+    if home:
+        return Path(home) / "http-cache"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("tuneplan")) / "http"
+
+
 class CatalogStore:
     """The SQLite catalog. Open with ``CatalogStore.open()``; close or use as a context manager.
 

@@ -119,35 +119,41 @@ def test_lambda_is_skipped_without_key_and_sends_it_when_set(
     assert offer.price_per_hour == Decimal("1.1")
 
 
-def _gpuhunt_zip() -> bytes:
+def _gpuhunt_zip(provider: str) -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as bundle:
-        sample = fixture_bytes("gpuhunt_catalog_v2_sample.csv").decode()
-        bundle.writestr("aws.csv", sample)
-        bundle.writestr("runpod.csv", sample.replace("i1,", "r1,"))
+        bundle.writestr(f"{provider}.csv", fixture_bytes(f"gpuhunt_v3/{provider}.csv"))
     return buffer.getvalue()
 
 
-def test_gpuhunt_reads_the_version_then_the_zip() -> None:
+def test_gpuhunt_reads_the_provider_version_then_its_zip() -> None:
+    paths: list[str] = []
+
     def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v2/version":
-            return httpx.Response(200, text="20261130\n")
-        assert request.url.path == "/v2/20261130/catalog.zip"
-        return httpx.Response(200, content=_gpuhunt_zip())
+        paths.append(request.url.path)
+        if request.url.path == "/v3/runpod/version":
+            return httpx.Response(200, text="20261130-01\n")
+        return httpx.Response(200, content=_gpuhunt_zip("runpod"))
 
-    result = gpuhunt.fetch(client(handler), base_url="https://bucket.example", fetched_at=AT)
-    assert {o.provider for o in result.offers} == {"AWS", "RunPod"}
-    assert len(result.offers) == 8
+    result = gpuhunt.fetch(client(handler), provider="runpod",
+                           base_url="https://bucket.example/v3", fetched_at=AT)
+    assert paths == ["/v3/runpod/version", "/v3/runpod/20261130-01/catalog.zip"]
+    assert {o.provider for o in result.offers} == {"RunPod"}
+    assert len(result.offers) == 3
 
 
-def test_gpuhunt_corrupt_zip_is_a_payload_error() -> None:
+def test_gpuhunt_corrupt_or_foreign_zip_is_a_payload_error() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/v2/version":
+        if request.url.path.endswith("/version"):
             return httpx.Response(200, text="1")
-        return httpx.Response(200, content=_gpuhunt_zip()[:100])
+        return httpx.Response(200, content=_gpuhunt_zip("runpod")[:100])
 
     with pytest.raises(PayloadError, match="zip"):
-        gpuhunt.fetch(client(handler))
+        gpuhunt.fetch(client(handler), provider="runpod")
+    with pytest.raises(PayloadError, match=r"holds no aws\.csv"):
+        gpuhunt.fetch(client(lambda r: httpx.Response(200, content=_gpuhunt_zip("runpod"))
+                             if r.url.path.endswith(".zip") else httpx.Response(200, text="1")),
+                      provider="aws")
 
 
 def test_skypilot_live_fetches_one_cloud_csv() -> None:
@@ -188,8 +194,7 @@ def test_transport_failures_become_fetch_errors(exc: Exception, message: str) ->
         runpod.fetch(client(handler))
 
 
-def test_throttled_requests_are_retried(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("tuneplan.adapters.importers.network.time.sleep", lambda s: None)
+def test_throttled_requests_are_retried() -> None:
     replies = iter([httpx.Response(429, headers={"Retry-After": "2"}),
                     httpx.Response(200, content=fixture_bytes("vastai_bundles_offer.json"))])
     assert len(vastai.fetch(client(lambda request: next(replies))).offers) == 1

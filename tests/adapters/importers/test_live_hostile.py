@@ -14,7 +14,7 @@ from tests.conftest import FIXTURES
 from tuneplan.adapters.importers.aws import parse_aws_offer_file
 from tuneplan.adapters.importers.azure import parse_azure_prices
 from tuneplan.adapters.importers.base import ImportResult
-from tuneplan.adapters.importers.gpuhunt import parse_gpuhunt_csv
+from tuneplan.adapters.importers.gpuhunt import parse_gpuhunt_catalog
 from tuneplan.adapters.importers.runpod import parse_runpod_gpu_types
 from tuneplan.adapters.importers.validation import (
     MAX_REJECT_REASONS,
@@ -144,14 +144,21 @@ def test_vastai_bad_counts_and_names() -> None:
 
 
 def test_gpuhunt_malformed_csv_rows() -> None:
-    header = (PAYLOADS / "gpuhunt_catalog_v2_sample.csv").read_text().splitlines()[0]
-    text = "\n".join([header, "ok,us,1.0,8,32,1,L4,24.0,False,,nvidia,",
-                      "neg,us,-1.0,8,32,1,L4,24.0,False,,nvidia,",
-                      "spot,us,1.0,8,32,1,L4,24.0,maybe,,nvidia,",
-                      "short,us,1.0", "cpu,us,0.1,8,32,0,,,False,,,",
-                      "tpu,us,1.0,8,32,1,v5litepod-1,16,False,,google,"]) + "\n"
-    result = parse_gpuhunt_csv(text, "gcp", AT)
+    header = (PAYLOADS / "gpuhunt_v3" / "aws.csv").read_text().splitlines()[0]
+    text = "\n".join([header, "ok,us,1.0,8,32,1,L4,24.0,False,,nvidia,,x86,{}",
+                      "neg,us,-1.0,8,32,1,L4,24.0,False,,nvidia,,x86,{}",
+                      "spot,us,1.0,8,32,1,L4,24.0,maybe,,nvidia,,x86,{}",
+                      "short,us,1.0", "cpu,us,0.1,8,32,0,,,False,,,,x86,{}",
+                      "tpu,us,1.0,8,32,1,v5litepod-1,16,False,,google,,x86,{}"]) + "\n"
+    result = parse_gpuhunt_catalog({"gcp": text}, AT)
     assert [o.instance_type for o in result.offers] == ["ok"]
-    assert result.total_rejected == 3  # negative price, bad spot flag, short row
+    # gpuhunt's reader skips the bad spot flag and the short row; our check rejects the price.
+    assert result.total_rejected == 3
+    reasons = "\n".join(result.rejected_rows)
+    assert "gcp.csv line 4: Cannot parse field 'spot'" in reasons
+    assert "gcp.csv line 5: Required field 'gpu_count' is missing" in reasons
+    assert "gcp.csv item 2: price must be > 0" in reasons
     with pytest.raises(PayloadError, match="lacks columns"):
-        parse_gpuhunt_csv("a,b\n1,2\n", "gcp", AT)
+        parse_gpuhunt_catalog({"gcp": "a,b\n1,2\n"}, AT)
+    with pytest.raises(PayloadError, match="no offline provider 'vastai'"):
+        parse_gpuhunt_catalog({"vastai": text}, AT)

@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import FIXTURES
 from tuneplan.adapters.importers.aws import parse_aws_offer_file
 from tuneplan.adapters.importers.azure import gpus_of_sku, parse_azure_prices
-from tuneplan.adapters.importers.gpuhunt import parse_gpuhunt_csv
+from tuneplan.adapters.importers.gpuhunt import parse_gpuhunt_catalog
 from tuneplan.adapters.importers.lambda_cloud import parse_lambda_instance_types
 from tuneplan.adapters.importers.runpod import parse_runpod_gpu_types
 from tuneplan.adapters.importers.validation import PayloadError
@@ -145,18 +145,18 @@ def test_lambda_cents_become_dollars_and_description_names_the_gpu() -> None:
 def test_gpuhunt_csv_merges_spot_rows_and_keeps_flags_distinct() -> None:
     text = (PAYLOADS / "gpuhunt_catalog_v2_sample.csv").read_text()
     text += "i1,us,0.2,30,240,1,A10,24.0,True,,nvidia,\n"  # the spot row of i1
-    result = parse_gpuhunt_csv(text, "lambdalabs", AT)
+    result = parse_gpuhunt_catalog({"lambdalabs": text}, AT)
     offers = by_instance(result.offers)
     assert sorted(offers) == ["i1", "i2 [f1]", "i3 [f1 f2]", "i4"]
     assert (offers["i1"].price_per_hour, offers["i1"].spot_price_per_hour) == (
         Decimal("0.5"), Decimal("0.2"))
     assert offers["i4"].gpu_count == 8 and offers["i4"].price_per_gpu_hour == Decimal("0.5")
     assert {o.provider for o in result.offers} == {"Lambda"}
-    assert all(o.source == "gpuhunt" for o in result.offers)
+    assert all(o.source == "gpuhunt/lambdalabs" for o in result.offers)
 
 
 def test_gpuhunt_v1_header_without_flags_still_parses() -> None:
     text = "instance_name,location,price,cpu,memory,gpu_count,gpu_name,gpu_memory,spot," \
            "disk_size,gpu_vendor\nx,eu,1.5,8,32,1,L4,24.0,False,100,nvidia\n"
-    (offer,) = parse_gpuhunt_csv(text, "gcp", AT).offers
+    (offer,) = parse_gpuhunt_catalog({"gcp": text}, AT).offers
     assert (offer.provider, offer.gpu, offer.disk_bytes) == ("GCP", "L4", 100 * 10**9)

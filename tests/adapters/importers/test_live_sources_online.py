@@ -23,9 +23,10 @@ pytestmark = [
 
 
 @pytest.mark.parametrize("fetch", [
-    azure.fetch, runpod.fetch, vastai.fetch, gpuhunt.fetch,
+    azure.fetch, runpod.fetch, vastai.fetch,
+    lambda client: gpuhunt.fetch(client, provider="runpod"),
     lambda client: skypilot_live.fetch(client, cloud="lambda"),
-], ids=["azure", "runpod", "vastai", "gpuhunt", "skypilot-lambda"])
+], ids=["azure", "runpod", "vastai", "gpuhunt-runpod", "skypilot-lambda"])
 def test_live_source_gives_offers_with_known_gpus(
         fetch: Callable[[httpx.Client], ImportResult]) -> None:
     with httpx.Client(follow_redirects=True) as client:

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from tuneplan.adapters.importers.base import ImportResult, utc_now
-from tuneplan.adapters.importers.network import fetch_json
+from tuneplan.adapters.importers.network import HttpCache, fetch_json
 from tuneplan.adapters.importers.validation import (
     OfferCollector,
     PayloadError,
@@ -57,10 +57,11 @@ _WANTED = {
 
 
 def fetch(client: httpx.Client, *, base_url: str = DEFAULT_URL,
-          regions: Sequence[str] = DEFAULT_REGIONS,
+          regions: Sequence[str] = DEFAULT_REGIONS, cache: HttpCache | None = None,
           fetched_at: datetime | None = None) -> ImportResult:
     """Download each region's offer file, then parse them together (all in memory first)."""
-    payloads = [fetch_json(client, "GET", base_url.rstrip("/") + OFFER_PATH.format(region=r))
+    payloads = [fetch_json(client, "GET", base_url.rstrip("/") + OFFER_PATH.format(region=r),
+                           cache=cache)
                 for r in regions]
     stamp = fetched_at or utc_now()
     return merge_results(parse_aws_offer_file(payload, stamp) for payload in payloads)

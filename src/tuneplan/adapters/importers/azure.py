@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from tuneplan.adapters.importers.base import ImportResult, utc_now
-from tuneplan.adapters.importers.network import MAX_PAGES, FetchError, fetch_json
+from tuneplan.adapters.importers.network import MAX_PAGES, FetchError, HttpCache, fetch_json
 from tuneplan.adapters.importers.validation import (
     OfferCollector,
     PayloadError,
@@ -71,7 +71,7 @@ class _Key:
 
 
 def fetch(client: httpx.Client, *, base_url: str = DEFAULT_URL,
-          fetched_at: datetime | None = None) -> ImportResult:
+          cache: HttpCache | None = None, fetched_at: datetime | None = None) -> ImportResult:
     """GET every page (following ``NextPageLink``) into memory, then parse them all at once."""
     items: list[Any] = []
     url: str | None = base_url
@@ -79,7 +79,7 @@ def fetch(client: httpx.Client, *, base_url: str = DEFAULT_URL,
     for _ in range(MAX_PAGES):
         if url is None:
             return parse_azure_prices({"Items": items}, fetched_at or utc_now())
-        page = fetch_json(client, "GET", url, params=params)
+        page = fetch_json(client, "GET", url, params=params, cache=cache)
         if not isinstance(page, dict) or not isinstance(page.get("Items"), list):
             raise PayloadError(f"Azure page {_page_name(url)} has no Items list")
         items.extend(page["Items"])

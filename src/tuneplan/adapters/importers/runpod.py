@@ -41,10 +41,14 @@ QUERY = """query GpuTypes { gpuTypes { id displayName memoryInGb maxGpuCount
 
 def fetch(client: httpx.Client, *, base_url: str = DEFAULT_URL,
           fetched_at: datetime | None = None) -> ImportResult:
-    """POST the gpuTypes query and parse it (see ``parse_runpod_gpu_types``)."""
+    """POST the gpuTypes query and parse it (see ``parse_runpod_gpu_types``).
+
+    An optional key goes in the ``Authorization: Bearer`` header (as dstack 0.22.5's RunPod
+    client sends it), never in the URL, where logs and error texts would show it.
+    """
     key = os.environ.get(KEY_ENV, "").strip()
-    params = {"api_key": key} if key else None
-    payload = fetch_json(client, "POST", base_url, json={"query": QUERY}, params=params)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    payload = fetch_json(client, "POST", base_url, json={"query": QUERY}, headers=headers)
     return parse_runpod_gpu_types(payload, fetched_at or utc_now())
 
 

@@ -12,7 +12,7 @@ from datetime import datetime
 import httpx
 
 from tuneplan.adapters.importers.base import ImportResult, utc_now
-from tuneplan.adapters.importers.network import fetch_text
+from tuneplan.adapters.importers.network import HttpCache, fetch_text
 from tuneplan.adapters.importers.skypilot import parse_skypilot_csv
 
 SOURCE = "skypilot"
@@ -32,7 +32,7 @@ def source_name(cloud: str) -> str:
 
 
 def fetch(client: httpx.Client, *, cloud: str, base_url: str = DEFAULT_URL,
-          fetched_at: datetime | None = None) -> ImportResult:
-    """GET ``<base_url>/v8/<cloud>/vms.csv`` and parse it fully in memory."""
-    text = fetch_text(client, f"{base_url.rstrip('/')}/{SCHEMA}/{cloud}/vms.csv")
+          cache: HttpCache | None = None, fetched_at: datetime | None = None) -> ImportResult:
+    """GET ``<base_url>/v8/<cloud>/vms.csv`` (conditional with ``cache``), parse it in memory."""
+    text = fetch_text(client, f"{base_url.rstrip('/')}/{SCHEMA}/{cloud}/vms.csv", cache=cache)
     return parse_skypilot_csv(text, cloud, fetched_at or utc_now(), source_name(cloud))

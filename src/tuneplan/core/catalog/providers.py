@@ -29,7 +29,7 @@ PROVIDER_ALIASES: dict[str, str] = {
     "fluidstack": "Fluidstack", "modal": "Modal", "together": "Together AI",
     "togetherai": "Together AI", "cudo": "Cudo", "cudocompute": "Cudo", "shadeform": "Shadeform",
     "primeintellect": "Prime Intellect", "seeweb": "Seeweb", "lium": "Lium", "daytona": "Daytona",
-    "yotta": "Yotta", "hyperbolic": "Hyperbolic", "mithril": "Mithril",
+    "yotta": "Yotta", "hyperbolic": "Hyperbolic", "mithril": "Mithril", "cloudrift": "CloudRift",
 }
 
 
