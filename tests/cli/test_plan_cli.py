@@ -43,13 +43,24 @@ def test_no_spot_removes_spot_prices(run_cli: Run) -> None:
     assert all(p["offer"]["spot_price_per_hour"] is None for p in plans)
 
 
-def test_an_impossible_job_exits_2_with_the_fit_solvers_changes(run_cli: Run) -> None:
-    result = run_cli("plan", "meta-llama/Llama-3.1-405B", "--method", "full", "--gpu",
-                     "RTX 4090", "--max-gpus", "1", "--no-multi-node", "--tokens", "1M")
-    assert result.code == 2 and result.stdout == ""
+def test_an_impossible_job_exits_2_naming_memory_and_the_fit_solvers_changes(
+        run_cli: Run) -> None:
+    args = ("plan", "meta-llama/Llama-3.1-405B", "--method", "full", "--gpu", "RTX 4090",
+            "--max-gpus", "1", "--no-multi-node", "--tokens", "1M")
+    result = run_cli(*args)
+    assert result.code == 2
     line = result.stderr.strip()
-    assert line.count("\n") == 0 and line.startswith("error: no plan")
-    assert "Changes on RTX 4090" in line and "QLoRA" in line and "GiB" in line
+    assert line.count("\n") == 0 and line.startswith("error: no plan: binding: memory")
+    assert "binding memory: nothing fits in GPU memory" in result.stdout
+    # 405B weights alone are 810 GB in bf16: even QLoRA's 4-bit base misses a 24 GB card.
+    assert "QLoRA" in result.stdout and "still too big" in result.stdout
+    doc = run_cli(*args, "--json")
+    assert doc.code == 2
+    body = doc.json()
+    assert body["feasible"] is False and body["plans"] == []
+    assert [b["constraint"] for b in body["binding"]] == ["memory"]
+    qlora = next(r for r in body["relaxations"] if "--method qlora" in r["change"])
+    assert qlora["unit"] == "bytes" and qlora["amount"] > 24 * 2**30 and qlora["plan"] is None
 
 
 def test_job_file_with_flags_overriding_it(run_cli: Run, tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 Thin: job flags go through ``tuneplan.service.jobflags`` (plus the planner's own flags below), the
 work is ``adapters.plans`` / ``core.planner.plan`` / ``core.planner.fit``, presentation
 ``plan_report``.
-An impossible job exits 2 with the fit solver's cheapest changes in its one-line message.
+An impossible job still prints its answer (the binding constraints and what relaxing each
+gives; ``--json``: the document with ``feasible: false``) and exits 2.
 """
 
 from __future__ import annotations
@@ -28,16 +29,19 @@ def plan_command(model: ModelArg, request: JobRequest, top: TopOpt = 10,
 
     from tuneplan.adapters.hub import resolve_model
     from tuneplan.adapters.plans import catalog_info
-    from tuneplan.cli.render import render_plans
-    from tuneplan.service.planning import plan_and_keep
+    from tuneplan.cli.render import render_infeasible, render_plans
+    from tuneplan.service.planning import plan_and_keep, raise_if_infeasible
 
     job = request.job()
     now = datetime.now(UTC)
     result, document = plan_and_keep(job, resolve_model(job.model), top, now=now)
     if as_json:
         emit_json(document)
-        return
-    render_plans(result, catalog_info(now), top, now, Console(width=200))
+    elif result.plans:
+        render_plans(result, catalog_info(now), top, now, Console(width=200))
+    else:
+        render_infeasible(result, Console(width=200))
+    raise_if_infeasible(result)
 
 
 @job_flags("fit")

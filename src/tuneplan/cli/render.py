@@ -13,7 +13,7 @@ from rich.table import Table
 from tuneplan.adapters.plans import CatalogInfo
 from tuneplan.cli.options import safe
 from tuneplan.core.planner.fit import FitReport
-from tuneplan.core.planner.plan import Plan, PlanResult
+from tuneplan.core.planner.plan import Plan, PlanResult, fixed_values
 from tuneplan.service.plan_report import spot_part
 from tuneplan.units import HOUR_S, GiB, format_duration
 
@@ -69,6 +69,11 @@ def render_plans(result: PlanResult, catalog: CatalogInfo, top: int, now: dateti
             _settings(p), f"{p.candidate.throughput.tokens_per_second:,.0f}",
             f"{p.hours:.2f}", _usd(p.cost_usd), _spot_text(p), _billing(p), safe(p.storage))
     console.print(table)
+    fixed = fixed_values(result.job)
+    if fixed:
+        console.print("fixed by you (every plan keeps it; the search varied the rest): "
+                      + ", ".join(f"{name.replace('_', '-')} {getattr(v, 'value', v)}"
+                                  for name, v in fixed.items()))
     _print_front(result, console)
     _print_catalog(catalog, now, console)
     for rank, p in enumerate(result.plans[:top], start=1):
@@ -78,6 +83,21 @@ def render_plans(result: PlanResult, catalog: CatalogInfo, top: int, now: dateti
     if result.rejected:
         console.print(f"{len(result.rejected)} offers rejected (see --json), e.g. "
                       f"{safe(result.rejected[0].offer.gpu)}: {safe(result.rejected[0].reason)}")
+
+
+def render_infeasible(result: PlanResult, console: Console) -> None:
+    """An impossible job: the binding constraints, then what relaxing each gives."""
+    why = result.infeasible
+    console.print(f"{safe(result.model)}: no plan ({result.considered} offers considered, "
+                  f"{len(result.rejected)} rejected)")
+    if why is None:
+        return
+    for b in why.binding:
+        console.print(f"binding {safe(b.constraint)}: {safe(b.detail)}")
+    for r in why.relaxations:
+        console.print(f"  relax {safe(r.constraint)}: {safe(r.text())}")
+    if not why.relaxations and any(b.constraint != "estimate" for b in why.binding):
+        console.print("  no single change the planner tried gives a plan")
 
 
 def _print_front(result: PlanResult, console: Console) -> None:
