@@ -17,7 +17,7 @@ from decimal import Decimal
 from tuneplan.units import HOUR_S
 
 #: Order in which binding constraints are listed (``Binding.constraint`` prefixes).
-ORDER = ("estimate", "filters", "memory", "budget", "deadline", "flag", "filter")
+ORDER = ("estimate", "filters", "memory", "hardware", "budget", "deadline", "flag", "filter")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

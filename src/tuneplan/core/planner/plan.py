@@ -389,7 +389,8 @@ def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[s
             outcome, short = bigger, {}
     if not outcome.best:
         need = outcome.smallest_need_bytes
-        return Refused(_why_not(need, outcome.refusals, capacity, a),
+        batch = job.strategy.batch_size if job.is_fixed("batch_size") else 1
+        return Refused(_why_not(need, outcome.refusals, capacity, a, batch=batch),
                        kind="memory" if need is not None else "estimate")
     options: list[_Option] = []
     for candidate in outcome.best.values():
@@ -495,9 +496,10 @@ def _more_nodes(search: StrategySearch, job: Job, node: Node, inter: float | Non
     return None
 
 
-def _why_not(need: int | None, refusals: list[str], capacity: int, a: PlanAssumptions) -> str:
+def _why_not(need: int | None, refusals: list[str], capacity: int, a: PlanAssumptions, *,
+             batch: int = 1) -> str:
     if need is not None:
-        return (f"needs {need / GiB:.1f} GiB per GPU at micro-batch 1, card has "
+        return (f"needs {need / GiB:.1f} GiB per GPU at micro-batch {batch}, card has "
                 f"{capacity / GiB:.0f} GiB ({a.memory_margin:.0%} usable)")
     return refusals[0] if refusals else "no strategy fits"
 
