@@ -204,3 +204,16 @@ def test_the_spot_figure_does_not_depend_on_how_many_plans_get_the_detail() -> N
         (p.id, p.spot_usd, p.best_cost) for p in bare.plans]
     assert all(p.spot is None for p in bare.plans)
     assert Decimal(0) < detailed.plans[0].best_cost
+
+
+def test_spot_wins_only_where_its_expected_run_meets_the_deadline() -> None:
+    offers = [offer("L40S", 1, "1.20", spot="0.30", provider="AWS")]
+    free = run(MODEL, "qlora", offers, tokens=TOKENS, spot=True).plans[0]
+    assert free.uses_spot and free.spot_hours is not None and free.spot_hours > free.hours
+    # Between the on-demand run and spot's expected one (interruptions, restarts).
+    deadline_s = (free.hours + free.spot_hours) / 2 * HOUR_S
+    tight = run(MODEL, "qlora", offers, tokens=TOKENS, spot=True, deadline_s=deadline_s)
+    [p] = tight.plans
+    assert not p.uses_spot and p.best_cost == p.cost_usd and p.best_hours == p.hours
+    assert p.best_hours * HOUR_S <= deadline_s
+    assert "spot expected" not in " ".join(p.why)

@@ -103,7 +103,7 @@ def render_infeasible(result: PlanResult, console: Console) -> None:
 def _print_front(result: PlanResult, console: Console) -> None:
     by_id = {p.id: p for p in result.plans}
     points = [by_id[i] for i in result.pareto_ids if i in by_id]
-    text = ", ".join(f"{_usd(p.best_cost)} in {format_duration(p.hours * HOUR_S)} "
+    text = ", ".join(f"{_usd(p.best_cost)} in {format_duration(p.best_hours * HOUR_S)} "
                      f"({p.strategy.world_size}x {p.gpu.name}, {safe(p.offer.provider)})"
                      for p in points[:8])
     console.print(f"Pareto front (cost vs time): {text}")

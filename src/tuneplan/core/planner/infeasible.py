@@ -33,7 +33,7 @@ class PlanRef:
     nodes: int
     method: str
     batch_size: int
-    hours: float              # wall hours (on-demand run)
+    hours: float              # wall hours as it runs (spot's expected when spot wins)
     cost_usd: Decimal         # the ranked cost (spot's expected cost when spot wins)
 
     def text(self) -> str:

@@ -271,23 +271,39 @@ def _plan(context: _Context, job: Job, search: StrategySearch
             if spot_price is not None and option.spot_billed_s is not None:
                 spot = billed_total(spot_price * option.nodes, option.spot_billed_s,
                                     option.extras)
-            ranked_cost = ranking_cost(cost, spot, spot_wins)
-            if job.deadline_s is not None and option.hours * HOUR_S > job.deadline_s:
+            # Spot may win only where its expected run (interruptions included) meets the
+            # deadline; elsewhere the plan runs on-demand, so the hours checked against the
+            # deadline are always those of the way the plan runs.
+            spot_h = option.unit.spot_expected_hours
+            spot_late = job.deadline_s is not None and spot_h is not None and (
+                spot_h * HOUR_S > job.deadline_s)
+            may_spot = spot_wins and not spot_late
+            ranked_cost = ranking_cost(cost, spot, may_spot)
+            priced = _Priced(offer, shape, option, cost, spot, ranked_cost, may_spot)
+            if job.deadline_s is not None and (priced.hours * HOUR_S > job.deadline_s
+                                               or (cost is None and spot_late)):
+                hours = spot_h if cost is None and spot_h is not None else priced.hours
                 late.append(Rejection(offer=offer, kind="deadline", reason=(
-                    f"takes {option.hours:.1f} h, deadline {job.deadline_s / HOUR_S:.1f} h")))
-                overruns.append(_Priced(offer, shape, option, cost, spot, ranked_cost))
+                    f"takes {hours:.1f} h{' on spot' if cost is None else ''}, deadline "
+                    f"{job.deadline_s / HOUR_S:.1f} h")))
+                overruns.append(priced)
+                continue
+            if ranked_cost == INFINITY:
+                rejected.append(Rejection(offer=offer, kind="hardware", reason=(
+                    "no on-demand price, and on spot the job would almost never finish "
+                    "between interruptions")))
                 continue
             if job.budget_usd is not None and ranked_cost > job.budget_usd:
                 late.append(Rejection(offer=offer, kind="budget", reason=(
                     f"costs ${ranked_cost:,.2f}, budget ${job.budget_usd:,.2f}")))
-                overruns.append(_Priced(offer, shape, option, cost, spot, ranked_cost))
+                overruns.append(priced)
                 continue
             # One plan per provider, instance shape and method: the cheapest region wins.
             dedupe = (offer.provider, offer.instance_type, offer.gpu, offer.gpu_count,
                       option.nodes, option.method)
             held = best.get(dedupe)
-            if held is None or (ranked_cost, option.hours) < (held.best_cost, held.option.hours):
-                best[dedupe] = _Priced(offer, shape, option, cost, spot, ranked_cost)
+            if held is None or (ranked_cost, priced.hours) < (held.best_cost, held.hours):
+                best[dedupe] = priced
     rejected += late
     plans = [_build_plan(p, job, now, a) for p in best.values()]
     ranked, front = rank_plans(plans, job.objective, a.min_pareto_saving_s)
@@ -358,6 +374,19 @@ class _Priced:
     cost: Decimal | None
     spot: Decimal | None
     best_cost: Decimal
+    may_spot: bool                   # spot may win this plan (``Plan.spot_may_win``)
+
+    @property
+    def on_spot(self) -> bool:
+        """``Plan.uses_spot``: spot may win and its expected cost is lower."""
+        return self.may_spot and self.spot is not None and (
+            self.cost is None or self.spot < self.cost)
+
+    @property
+    def hours(self) -> float:
+        """Wall hours of the way the plan runs (``Plan.best_hours``)."""
+        spot_h = self.option.unit.spot_expected_hours
+        return spot_h if self.on_spot and spot_h else self.option.hours
 
 
 def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[str, GpuSpec],
@@ -419,7 +448,7 @@ def _build_plan(p: _Priced, job: Job, now: datetime, a: PlanAssumptions) -> Plan
     return Plan(id=plan_id(offer, candidate.strategy), offer=offer, gpu=shape.gpu,
                 candidate=candidate, link=shape.link, capacity_bytes=shape.capacity,
                 hours=option.hours, cost_usd=p.cost, spot_usd=p.spot,
-                spot_hours=option.unit.spot_expected_hours, spot_may_win=job.spot is True,
+                spot_hours=option.unit.spot_expected_hours, spot_may_win=p.may_spot,
                 best_cost=p.best_cost, storage=storage_note(shape.provider),
                 warnings=tuple(plan_warnings(candidate, offer, shape.gpu, shape.provider,
                                              shape.link, now=now,
@@ -508,8 +537,8 @@ def pareto_front(plans: Sequence[Plan], min_saving_s: float = 0.0) -> list[Plan]
     """Plans no other plan beats on both cost and hours, cheapest first; a dearer plan joins
     only when it saves at least ``min_saving_s`` of wall time over the previous member."""
     front: list[Plan] = []
-    for p in sorted(plans, key=lambda p: (p.best_cost, p.hours)):
-        if not front or p.hours < front[-1].hours - min_saving_s / HOUR_S:
+    for p in sorted(plans, key=lambda p: (p.best_cost, p.best_hours)):
+        if not front or p.best_hours < front[-1].best_hours - min_saving_s / HOUR_S:
             front.append(p)
     return front
 
@@ -520,8 +549,8 @@ def rank_plans(plans: list[Plan], objective: Objective,
     front = pareto_front(plans, min_saving_s)
     ids = tuple(p.id for p in front)
     if objective is Objective.TIME:
-        return sorted(plans, key=lambda p: (p.hours, p.best_cost, p.id)), ids
-    by_cost = sorted(plans, key=lambda p: (p.best_cost, p.hours, p.id))
+        return sorted(plans, key=lambda p: (p.best_hours, p.best_cost, p.id)), ids
+    by_cost = sorted(plans, key=lambda p: (p.best_cost, p.best_hours, p.id))
     if objective is Objective.PARETO:
         on = set(ids)
         return front + [p for p in by_cost if p.id not in on], ids
@@ -591,7 +620,7 @@ def plan_ref(p: Plan) -> PlanRef:
     s = p.strategy
     return PlanRef(id=p.id, provider=p.offer.provider, instance_type=p.offer.instance_type,
                    region=p.offer.region, gpu=p.gpu.name, gpus=s.gpus, nodes=s.nodes,
-                   method=s.method.value, batch_size=s.batch_size, hours=p.hours,
+                   method=s.method.value, batch_size=s.batch_size, hours=p.best_hours,
                    cost_usd=p.best_cost)
 
 
@@ -600,7 +629,7 @@ def _priced_ref(p: _Priced) -> PlanRef:
     return PlanRef(id=plan_id(p.offer, s), provider=p.offer.provider,
                    instance_type=p.offer.instance_type, region=p.offer.region,
                    gpu=p.shape.gpu.name, gpus=s.gpus, nodes=s.nodes, method=s.method.value,
-                   batch_size=s.batch_size, hours=p.option.hours, cost_usd=p.best_cost)
+                   batch_size=s.batch_size, hours=p.hours, cost_usd=p.best_cost)
 
 
 def _value(value: object) -> str:
