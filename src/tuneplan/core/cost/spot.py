@@ -154,16 +154,27 @@ def _last_waste(model: SpotModel, g: int, m: int, mean_x: float) -> float:
     full, length, _last = model.segments()
     if not full:  # one segment: nothing is kept, the last session runs it all again
         return _billed(restart + run, g, m) - (restart + run)
-    if full > 10_000:
-        return g / 2
+    # d whole segments done before the interruption: P(d <= j) = (1 - q^(j+1)) / cut for
+    # j < full (q = e^(-λL)), 1 at full; the last session runs R + W - dL. Its billed length is
+    # g Σ_k P(R + W - dL > k g) (and every step below the minimum): one term per billing step
+    # of the run, not per segment.
     cut = -math.expm1(-lam * run)
-    out = 0.0
-    for done in range(full + 1):
-        start, end = done * length, min((done + 1) * length, run)
-        share = (math.exp(-lam * start) - math.exp(-lam * end)) / cut
-        rest = restart + run - start
-        out += share * (_billed(rest, g, m) - rest)
-    return out
+    steps = max(math.ceil((restart + run) / g), math.ceil(m / g))
+    if steps > 5_000:
+        return g / 2
+    q_log = -lam * length
+
+    def below(bound: float) -> float:  # P(d < bound)
+        j = math.ceil(bound) - 1
+        if j < 0:
+            return 0.0
+        return 1.0 if j >= full else -math.expm1(q_log * (j + 1)) / cut
+
+    billed = g * sum(1.0 if k * g < m else below((restart + run - k * g) / length)
+                     for k in range(steps))
+    geometric = math.expm1(q_log * full) / math.expm1(q_log)   # Σ_{j=0}^{full-1} q^j
+    mean_done = full - (full - math.exp(q_log) * geometric) / cut   # E[d] = Σ_j P(d >= j)
+    return max(0.0, billed - (restart + run - length * mean_done))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
