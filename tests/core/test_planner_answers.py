@@ -11,11 +11,12 @@ import pytest
 
 from tests.core.test_planner import MIXED, NOW, PROVIDERS, SPECS, offer, run
 from tuneplan.adapters.hub import resolve_model
+from tuneplan.core.catalog.offers import Offer
 from tuneplan.core.cost.estimate import Billing, billed_seconds
 from tuneplan.core.cost.spot import SpotModel, expected_billed_s, expected_wall_s, simulate
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.strategy import Job, Sharding, Strategy
-from tuneplan.core.planner.plan import PlanResult, plan_offers
+from tuneplan.core.planner.plan import Plan, PlanResult, plan_offers
 from tuneplan.units import HOUR_S
 
 MODEL = "meta-llama/Llama-3.1-8B"
@@ -217,3 +218,24 @@ def test_spot_wins_only_where_its_expected_run_meets_the_deadline() -> None:
     assert not p.uses_spot and p.best_cost == p.cost_usd and p.best_hours == p.hours
     assert p.best_hours * HOUR_S <= deadline_s
     assert "spot expected" not in " ".join(p.why)
+
+
+def test_a_budget_only_spot_meets_names_spot_as_the_relaxation() -> None:
+    offers = [offer("L40S", 1, "1.20", spot="0.30", provider="AWS"),
+              offer("H100 SXM5", 1, "2.99", spot="0.90", provider="AWS")]
+    allowed = run(MODEL, "qlora", offers, tokens=TOKENS, spot=True).plans[0]
+    on_demand = min(p.cost_usd for p in _loose_over(offers) if p.cost_usd is not None)
+    assert allowed.uses_spot and allowed.best_cost < on_demand
+    budget = (allowed.best_cost + on_demand) / 2
+    result = run(MODEL, "qlora", offers, tokens=TOKENS, budget_usd=budget)
+    assert result.infeasible is not None
+    assert [b.constraint for b in result.infeasible.binding] == ["budget", "flag:spot"]
+    spot = next(r for r in result.infeasible.relaxations if r.constraint == "flag:spot")
+    assert spot.plan is not None and spot.plan.id == allowed.id
+    assert spot.plan.cost_usd == allowed.best_cost <= budget
+    money = next(r for r in result.infeasible.relaxations if r.constraint == "budget")
+    assert money.amount == on_demand - budget
+
+
+def _loose_over(offers: list[Offer]) -> tuple[Plan, ...]:
+    return run(MODEL, "qlora", offers, tokens=TOKENS).plans

@@ -654,6 +654,11 @@ def _alternatives(job: Job) -> Iterable[tuple[str, str, str, Job, bool]]:
                    f"leave {flag} to the planner (instead of {_value(getattr(s, name))})",
                    replace(job, fixed=tuple(f for f in job.fixed if f != name)),
                    name in ("gpus", "nodes"))
+    if job.spot is not True:
+        yield ("flag:spot", "on-demand prices rank the plans" + (
+            " (--no-spot)" if job.spot is False else " (no --spot)"),
+            "--spot (spot's expected cost, interruptions included, may win)",
+            replace(job, spot=True), True)
     if not job.multi_node and not job.is_fixed("nodes"):
         yield ("flag:multi-node", "one node per plan (no --multi-node)",
                "--multi-node (plans across several nodes)", replace(job, multi_node=True), True)
