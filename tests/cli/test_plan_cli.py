@@ -123,11 +123,11 @@ def test_an_impossible_budget_and_deadline_name_what_binds_with_a_relaxation(
     assert time["unit"] == "h" and time["amount"] > 0
     # The relaxation is real: the raised budget, same deadline, plans what it named.
     raised = money["plan"]["cost_usd"]
-    assert float(raised) == float(money["amount"]) + 50
+    assert Decimal(raised) == Decimal(money["amount"]) + 50
     again = run_cli(*IMPOSSIBLE[:6], "--budget", raised, "--deadline", "2h",
                     "--json", "--top", "1000").ok_json()
     assert money["plan"]["id"] in {p["id"] for p in again["plans"]}
-    assert min(float(p["cost"]["ranked_usd"]) for p in again["plans"]) == float(raised)
+    assert min(Decimal(p["cost"]["ranked_usd"]) for p in again["plans"]) == Decimal(raised)
     # Within budget, the deadline relaxation's plan takes what it says.
     assert float(time["plan"]["cost_usd"]) <= 50
     assert time["plan"]["hours"] > 2 and time["plan"]["hours"] <= 2 + time["amount"]
