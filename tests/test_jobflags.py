@@ -30,8 +30,9 @@ def test_every_flag_sets_a_real_field_and_every_field_has_a_flag() -> None:
         assert flag.field in {f.name for f in dataclasses.fields(flag.owner)}, flag.name
     covered = {(f.owner, f.field) for f in FLAGS}
     strategy_fields = {(Strategy, f.name) for f in dataclasses.fields(Strategy)}
-    job_fields = {(Job, f.name) for f in dataclasses.fields(Job)} - {(Job, "model"),
-                                                                      (Job, "strategy")}
+    # ``fixed`` is not a flag: it records which strategy flags were given.
+    job_fields = {(Job, f.name) for f in dataclasses.fields(Job)} - {
+        (Job, "model"), (Job, "strategy"), (Job, "fixed")}
     assert strategy_fields - covered == set()
     assert job_fields - covered == set()
 
@@ -80,6 +81,8 @@ def test_cli_file_and_form_values_give_the_same_job(tmp_path: Path) -> None:
     assert a.strategy.lora_rank == 8 and a.strategy.checkpointing is Checkpointing.NONE
     assert a.strategy.sharding is Sharding.ZERO3  # derived: several GPUs
     assert a.tokens == 50_000_000
+    # What was given is fixed for the planner; the derived sharding and the defaults are not.
+    assert a.fixed == ("checkpointing", "gpus", "lora_rank", "method", "packing", "seq_len")
     # A job's own values rebuild it (what a job file written from it would hold).
     assert job_from_values("m", job_values(a), command="plan") == a
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -45,13 +47,24 @@ def test_no_spot_removes_spot_prices(run_cli: Run) -> None:
     assert all(p["offer"]["spot_price_per_hour"] is None for p in plans)
 
 
-def test_an_impossible_job_exits_2_with_the_fit_solvers_changes(run_cli: Run) -> None:
-    result = run_cli("plan", "meta-llama/Llama-3.1-405B", "--method", "full", "--gpu",
-                     "RTX 4090", "--max-gpus", "1", "--no-multi-node", "--tokens", "1M")
-    assert result.code == 2 and result.stdout == ""
+def test_an_impossible_job_exits_2_naming_memory_and_the_fit_solvers_changes(
+        run_cli: Run) -> None:
+    args = ("plan", "meta-llama/Llama-3.1-405B", "--method", "full", "--gpu", "RTX 4090",
+            "--max-gpus", "1", "--no-multi-node", "--tokens", "1M")
+    result = run_cli(*args)
+    assert result.code == 2
     line = result.stderr.strip()
-    assert line.count("\n") == 0 and line.startswith("error: no plan")
-    assert "Changes on RTX 4090" in line and "QLoRA" in line and "GiB" in line
+    assert line.count("\n") == 0 and line.startswith("error: no plan: binding: memory")
+    assert "binding memory: nothing fits in GPU memory" in result.stdout
+    # 405B weights alone are 810 GB in bf16: even QLoRA's 4-bit base misses a 24 GB card.
+    assert "QLoRA" in result.stdout and "still too big" in result.stdout
+    doc = run_cli(*args, "--json")
+    assert doc.code == 2
+    body = doc.json()
+    assert body["feasible"] is False and body["plans"] == []
+    assert [b["constraint"] for b in body["binding"]] == ["memory"]
+    qlora = next(r for r in body["relaxations"] if "--method qlora" in r["change"])
+    assert qlora["unit"] == "bytes" and qlora["amount"] > 24 * 2**30 and qlora["plan"] is None
 
 
 def test_job_file_with_flags_overriding_it(run_cli: Run, tmp_path: Path) -> None:
@@ -153,3 +166,114 @@ def test_fit_states_usable_of_nominal_and_the_limit(
     monkeypatch.setenv("COLUMNS", "250")
     text = run_cli("fit", "meta-llama/Llama-3.1-8B", "--gpu", "L40S", "--method", "qlora").stdout
     assert "L40S: 44.4 GiB usable of 48 GiB (reported); a peak fits at <= 42.2 GiB" in text
+
+
+IMPOSSIBLE = ("plan", "meta-llama/Llama-3.1-70B", "--method", "full", "--tokens", "50M",
+              "--budget", "60", "--deadline", "2h")
+
+
+def test_an_impossible_budget_and_deadline_name_what_binds_with_a_relaxation(
+        run_cli: Run) -> None:
+    result = run_cli(*IMPOSSIBLE, "--json")
+    assert result.code == 2
+    doc = result.json()   # always one JSON document, even with no plan
+    assert doc["feasible"] is False and doc["plans"] == [] and doc["feasible_plans"] == 0
+    binding = [b["constraint"] for b in doc["binding"]]
+    assert binding[:2] == ["budget", "deadline"]
+    relax = {r["constraint"]: r for r in doc["relaxations"]}
+    money, time = relax["budget"], relax["deadline"]
+    assert money["unit"] == "USD" and float(money["amount"]) > 0
+    assert time["unit"] == "h" and time["amount"] > 0
+    # The relaxation is real: the raised budget, same deadline, plans what it named.
+    raised = money["plan"]["cost_usd"]
+    assert Decimal(raised) == Decimal(money["amount"]) + 60
+    again = run_cli(*IMPOSSIBLE[:6], "--budget", raised, "--deadline", "2h",
+                    "--json", "--top", "1000").ok_json()
+    assert money["plan"]["id"] in {p["id"] for p in again["plans"]}
+    assert min(Decimal(p["cost"]["ranked_usd"]) for p in again["plans"]) == Decimal(raised)
+    # Within budget, the deadline relaxation's plan takes what it says.
+    assert float(time["plan"]["cost_usd"]) <= 60
+    assert time["plan"]["hours"] > 2 and time["plan"]["hours"] <= 2 + time["amount"]
+    text = run_cli(*IMPOSSIBLE)
+    assert text.code == 2
+    assert f"binding budget: the cheapest plan within the deadline costs ${raised}" in text.stdout
+    assert "binding deadline:" in text.stdout
+    assert f"relax budget: budget +${money['amount']}" in text.stdout
+    assert text.stderr.startswith("error: no plan: binding: budget, deadline")
+    assert text.stderr.count("\n") == 1
+
+
+def test_batch_size_given_is_kept_in_every_plan_and_marked_fixed(run_cli: Run) -> None:
+    base = ("plan", "llama-3.1-8b", "--method", "qlora", "--tokens", "50M", "--top", "25")
+    free = run_cli(*base, "--json").ok_json()
+    assert {p["strategy"]["batch_size"] for p in free["plans"]} != {2}  # the search moves it
+    assert free["fixed"] == {}
+    doc = run_cli(*base, "--batch-size", "2", "--json").ok_json()
+    assert doc["plans"] and {p["strategy"]["batch_size"] for p in doc["plans"]} == {2}
+    assert doc["fixed"] == {"batch_size": 2}
+    assert all(p["fixed"] == ["batch_size"] for p in doc["plans"])
+    assert all("micro-batch 2 [fixed]" in p["why"][1] for p in doc["plans"])
+    text = run_cli(*base, "--batch-size", "2")
+    assert text.code == 0 and "fixed by you" in text.stdout and "batch-size 2" in text.stdout
+
+
+def test_gpus_1_never_gives_a_multi_gpu_plan(run_cli: Run) -> None:
+    doc = run_cli("plan", "llama-3.1-8b", "--method", "lora", "--tokens", "200M", "--gpus", "1",
+                  "--top", "50", "--json").ok_json()
+    plans = doc["plans"]
+    assert plans and all(p["strategy"]["gpus"] == 1 and p["strategy"]["nodes"] == 1
+                         and p["offer"]["gpu_count"] == 1 for p in plans)
+    # Without it the same job's fastest plans use several GPUs.
+    free = run_cli("plan", "llama-3.1-8b", "--method", "lora", "--tokens", "200M",
+                   "--objective", "time", "--top", "5", "--json").ok_json()
+    assert any(p["strategy"]["gpus"] > 1 for p in free["plans"])
+
+
+def test_a_fixed_gpu_count_that_cannot_work_binds_with_its_relaxation(run_cli: Run) -> None:
+    result = run_cli("plan", "meta-llama/Llama-3.1-70B", "--method", "full", "--tokens", "50M",
+                     "--gpus", "1", "--json")
+    assert result.code == 2
+    doc = result.json()
+    assert doc["fixed"] == {"gpus": 1}
+    binding = [b["constraint"] for b in doc["binding"]]
+    assert binding[0] == "memory" and "flag:gpus" in binding
+    gpus = next(r for r in doc["relaxations"] if r["constraint"] == "flag:gpus")
+    assert gpus["plan"]["gpus_per_node"] > 1
+    free = run_cli("plan", "meta-llama/Llama-3.1-70B", "--method", "full", "--tokens", "50M",
+                   "--top", "1", "--json").ok_json()
+    assert gpus["plan"]["id"] == free["plans"][0]["id"]
+
+
+def _row_spot(stdout: str, plan_id: str) -> str:
+    line = next(line for line in stdout.splitlines() if plan_id in line and "│" in line)
+    found = re.search(r"\$([\d,]+\.\d\d) / \$", line)
+    assert found, line
+    return found.group(1)
+
+
+def test_spot_table_order_column_and_words_quote_the_ranked_figure(
+        run_cli: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "250")  # why-lines unwrapped, every column shown
+    args = ("plan", "llama-3.1-8b", "--method", "qlora", "--tokens", "200M", "--spot",
+            "--top", "10")
+    doc = run_cli(*args, "--json").ok_json()
+    plans = doc["plans"]
+    ranked = [Decimal(p["cost"]["ranked_usd"]) for p in plans]
+    assert ranked == sorted(ranked)
+    assert any(p["cost"]["uses_spot"] for p in plans)
+    text = run_cli(*args)
+    assert text.code == 0
+    for p in plans:
+        c = p["cost"]
+        figure = c["spot"]["expected_usd"] if c["uses_spot"] else c["on_demand_usd"]
+        assert c["ranked_usd"] == figure
+        if c["spot"] is None:  # no spot price for this offer: ranked on-demand
+            continue
+        assert _row_spot(text.stdout, p["id"]) == f"{Decimal(c['spot']['expected_usd']):,.2f}"
+        assert f"spot expected ${Decimal(c['spot']['expected_usd']):,.2f}" in p["why"][-1]
+        why = next(line for line in text.stdout.splitlines() if line.startswith("#") and
+                   p["id"] in line and "why:" in line)
+        assert f"spot expected ${Decimal(c['spot']['expected_usd']):,.2f}" in why
+    # The table lists the plans in the JSON's ranked order.
+    rows = [line for line in text.stdout.splitlines() if re.match(r"│\s+\d+ │ [0-9a-f]{12}", line)]
+    assert [re.search(r"[0-9a-f]{12}", r).group(0) for r in rows] == [p["id"] for p in plans]

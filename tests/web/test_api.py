@@ -245,8 +245,14 @@ def test_api_plan_is_the_cli_document(client: TestClient, run_cli: Run) -> None:
     api = client.post("/api/plan", json=QLORA_8B)
     assert api.status_code == 200, api.text
     mine, theirs = api.json(), cli.json()
-    for key in ("job", "plans", "pareto_front", "rejected", "feasible_plans", "assumptions"):
+    for key in ("plans", "pareto_front", "rejected", "feasible_plans", "assumptions"):
         assert mine[key] == theirs[key], key
+    # The web sends only values that differ from their defaults, so the CLI's explicit
+    # --seq-len 2048 (the default) is listed as given there and not here; neither fixes a
+    # setting the planner searches.
+    assert {k: v for k, v in mine["job"].items() if k != "fixed"} == {
+        k: v for k, v in theirs["job"].items() if k != "fixed"}
+    assert mine["fixed"] == theirs["fixed"] == {}
     first = mine["plans"][0]
     assert set(first) >= {"id", "offer", "strategy", "memory", "throughput", "cost", "why",
                           "warnings"}

@@ -3,7 +3,8 @@
 Thin: job flags go through ``tuneplan.service.jobflags`` (plus the planner's own flags below), the
 work is ``adapters.plans`` / ``core.planner.plan`` / ``core.planner.fit``, presentation
 ``plan_report``.
-An impossible job exits 2 with the fit solver's cheapest changes in its one-line message.
+An impossible job still prints its answer (the binding constraints and what relaxing each
+gives; ``--json``: the document with ``feasible: false``) and exits 2.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ def plan_command(model: ModelArg, request: JobRequest, top: TopOpt = 10,
     """Ranked plans over the whole catalog: memory fit, time, cost, why and warnings."""
     from tuneplan.adapters.hub import resolve_model
     from tuneplan.adapters.plans import catalog_info
-    from tuneplan.cli.render import render_plans
-    from tuneplan.service.planning import plan_and_keep
+    from tuneplan.cli.render import render_infeasible, render_plans
+    from tuneplan.service.planning import plan_and_keep, raise_if_infeasible
 
     chosen = output_format(fmt, as_json, wide=wide)
     job = request.job()
@@ -46,8 +47,11 @@ def plan_command(model: ModelArg, request: JobRequest, top: TopOpt = 10,
     result, document = plan_and_keep(job, resolve_model(job.model), top, now=now)
     if chosen is OutputFormat.JSON:
         emit_json(document)
-        return
-    render_plans(result, catalog_info(now), top, now, make_console(), chosen, wide)
+    elif result.plans:
+        render_plans(result, catalog_info(now), top, now, make_console(), chosen, wide)
+    else:
+        render_infeasible(result, make_console())
+    raise_if_infeasible(result)
 
 
 @job_flags("fit")

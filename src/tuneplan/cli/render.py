@@ -6,6 +6,7 @@ Markdown; nothing is computed.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -15,7 +16,7 @@ from tuneplan.adapters.plans import CatalogInfo
 from tuneplan.cli.options import OutputFormat, safe
 from tuneplan.cli.tables import Column, print_table
 from tuneplan.core.planner.fit import FitReport, MethodFit
-from tuneplan.core.planner.plan import Plan, PlanResult
+from tuneplan.core.planner.plan import Plan, PlanResult, fixed_values
 from tuneplan.service.plan_report import spot_part
 from tuneplan.units import HOUR_S, GiB, format_duration
 
@@ -69,6 +70,13 @@ def _memory(p: Plan) -> str:
 #: The plan table, every cell computed here once (terminal table, CSV and Markdown alike).
 #: Priority 0 is always shown (the id ``cost`` and ``launch`` take, and what a plan is chosen
 #: on); the others are left out, highest number first, when the terminal is narrow.
+def plan_columns(spot: bool) -> tuple[Column[PlanRow], ...]:
+    """The plan table; when spot may win (``--spot``) its expected cost decides the rank,
+    so the spot column is a decision column too."""
+    return tuple(replace(c, priority=0) if spot and c.header == "spot exp/P90" else c
+                 for c in PLAN_COLUMNS)
+
+
 PLAN_COLUMNS: tuple[Column[PlanRow], ...] = (
     Column("#", lambda r: str(r[0]), right=True),
     Column("id", lambda r: r[1].id),
@@ -94,7 +102,7 @@ def render_plans(result: PlanResult, catalog: CatalogInfo, top: int, now: dateti
     """The plan table; in the terminal, followed by the Pareto front, the catalog's age and
     each plan's why and warnings (CSV and Markdown are the table alone)."""
     rows = list(enumerate(result.plans[:top], start=1))
-    print_table(PLAN_COLUMNS, rows, fmt, console, wide=wide,
+    print_table(plan_columns(result.job.spot is True), rows, fmt, console, wide=wide,
                 title=f"{result.model}: top {len(rows)} of {len(result.plans)} plans by "
                       f"{result.job.objective.value}")
     if fmt is not OutputFormat.TABLE:
@@ -102,6 +110,11 @@ def render_plans(result: PlanResult, catalog: CatalogInfo, top: int, now: dateti
     console.print(f"mem/GPU GiB: whole-device peak (CUDA context and allocator reserve "
                   f"included) / usable (CUDA-visible total, less than the card's nominal "
                   f"size); a plan fits at peak <= usable x {result.assumptions.memory_margin:.0%}")
+    fixed = fixed_values(result.job)
+    if fixed:
+        console.print("fixed by you (every plan keeps it; the search varied the rest): "
+                      + ", ".join(f"{name.replace('_', '-')} {getattr(v, 'value', v)}"
+                                  for name, v in fixed.items()))
     _print_front(result, console)
     _print_catalog(catalog, now, console)
     for rank, p in rows:
@@ -113,10 +126,25 @@ def render_plans(result: PlanResult, catalog: CatalogInfo, top: int, now: dateti
                       f"{safe(result.rejected[0].offer.gpu)}: {safe(result.rejected[0].reason)}")
 
 
+def render_infeasible(result: PlanResult, console: Console) -> None:
+    """An impossible job: the binding constraints, then what relaxing each gives."""
+    why = result.infeasible
+    console.print(f"{safe(result.model)}: no plan ({result.considered} offers considered, "
+                  f"{len(result.rejected)} rejected)")
+    if why is None:
+        return
+    for b in why.binding:
+        console.print(f"binding {safe(b.constraint)}: {safe(b.detail)}")
+    for r in why.relaxations:
+        console.print(f"  relax {safe(r.constraint)}: {safe(r.text())}")
+    if not why.relaxations and any(b.constraint != "estimate" for b in why.binding):
+        console.print("  no single change the planner tried gives a plan")
+
+
 def _print_front(result: PlanResult, console: Console) -> None:
     by_id = {p.id: p for p in result.plans}
     points = [by_id[i] for i in result.pareto_ids if i in by_id]
-    text = ", ".join(f"{_usd(p.best_cost)} in {format_duration(p.hours * HOUR_S)} "
+    text = ", ".join(f"{_usd(p.best_cost)} in {format_duration(p.best_hours * HOUR_S)} "
                      f"({p.strategy.world_size}x {p.gpu.name}, {safe(p.offer.provider)})"
                      for p in points[:8])
     console.print(f"Pareto front (cost vs time): {text}")

@@ -397,6 +397,7 @@ def job_from_values(model: str, values: Mapping[str, Any], *, command: str,
     """
     allowed = {f.name for f in flags_for(command)}
     given: dict[str, Any] = {}
+    chosen: set[str] = set()  # flags the person set (a use case's defaults are not chosen)
     for layer, origin in ((defaults or {}, "default"), (file_values or {}, "job file"),
                           (values, "flag")):
         for name, value in layer.items():
@@ -408,6 +409,8 @@ def job_from_values(model: str, values: Mapping[str, Any], *, command: str,
                     + suggest(name, allowed) if name in BY_NAME else
                     f"unknown job flag --{name}" + suggest(name, allowed))
             given[name] = value
+            if origin != "default":
+                chosen.add(name)
     fields: dict[type, dict[str, Any]] = {Strategy: {}, Job: {}}
     for flag in FLAGS:  # declaration order: the checkpointing switches combine predictably
         if flag.name not in given:
@@ -422,7 +425,9 @@ def job_from_values(model: str, values: Mapping[str, Any], *, command: str,
             fields[flag.owner][flag.field] = value
     _derive(fields[Strategy], given)
     strategy = _build(Strategy, fields[Strategy])
-    job: Job = _build(Job, {"model": model, "strategy": strategy, **fields[Job]})
+    fixed = tuple(sorted({f.field for f in FLAGS if f.owner is Strategy and f.name in chosen}))
+    job: Job = _build(Job, {"model": model, "strategy": strategy, **fields[Job],
+                            "fixed": fixed})
     return job
 
 
@@ -450,17 +455,20 @@ def _build(cls: Any, fields: dict[str, Any]) -> Any:
 
 
 def job_values(job: Job) -> dict[str, Any]:
-    """The flag values that rebuild ``job`` with ``job_from_values`` (a job file's content)."""
+    """The flag values that rebuild ``job`` with ``job_from_values`` (a job file's content):
+    the job's own fields, and the strategy fields the person fixed (the others were defaults
+    or derived, and stay free)."""
     out: dict[str, Any] = {}
     for flag in FLAGS:
-        if flag.apply is not None:
+        if flag.apply is not None or (flag.owner is Strategy and not job.is_fixed(flag.field)):
             continue
         source = job.strategy if flag.owner is Strategy else job
         value = getattr(source, flag.field)
         if value is None:
             continue
         out[flag.name] = list(value) if isinstance(value, tuple) else value
-    checkpointing = job.strategy.checkpointing
-    out["gradient-checkpointing"] = checkpointing is not Checkpointing.NONE
-    out["offload-activations"] = checkpointing is Checkpointing.OFFLOAD
+    if job.is_fixed("checkpointing"):
+        checkpointing = job.strategy.checkpointing
+        out["gradient-checkpointing"] = checkpointing is not Checkpointing.NONE
+        out["offload-activations"] = checkpointing is Checkpointing.OFFLOAD
     return out

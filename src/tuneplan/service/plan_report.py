@@ -11,17 +11,20 @@ from typing import Any
 
 from tuneplan.adapters.plans import CatalogInfo
 from tuneplan.core.catalog.offers import offer_record
-from tuneplan.core.planner.plan import Plan, PlanResult
+from tuneplan.core.planner.plan import Plan, PlanResult, fixed_values
 from tuneplan.core.planner.search import memory_limit
 
 
 def spot_part(p: Plan) -> dict[str, Any] | None:
+    """The plan's spot figures: ``expected_usd`` is the plan's own ``spot_usd`` (what ranking,
+    the table and the why-line use); P50/P90 come from the detailed Monte Carlo."""
     if p.spot_usd is None:
         return None
     out: dict[str, Any] = {"expected_usd": p.spot_usd, "expected_hours": p.spot_hours}
     if p.spot is not None and p.spot.spot is not None:
         s = p.spot.spot
-        out |= {"expected_usd": s.expected_cost, "p50_usd": s.p50_cost, "p90_usd": s.p90_cost,
+        out |= {"p50_usd": s.p50_cost, "p90_usd": s.p90_cost,
+                "simulated_mean_usd": s.simulated_mean_cost,
                 "p90_hours": s.p90_hours,
                 "checkpoint_interval_minutes": s.checkpoint_interval_minutes,
                 "interruptions_expected": s.interruptions_expected,
@@ -40,8 +43,8 @@ def plan_entry(p: Plan, result: PlanResult) -> dict[str, Any]:
     cost: dict[str, Any] = {
         "hours": p.hours, "on_demand_usd": p.cost_usd, "spot": spot_part(p),
         "uses_spot": p.uses_spot, "ranked_usd": p.best_cost, "storage_note": p.storage}
-    if p.on_demand is not None:
-        cost |= {"on_demand_usd": p.on_demand.cost, "compute_usd": p.on_demand.compute_cost,
+    if p.on_demand is not None:  # the breakdown; the total stays the plan's own figure
+        cost |= {"compute_usd": p.on_demand.compute_cost,
                  "storage_usd": p.on_demand.storage_cost, "egress_usd": p.on_demand.egress_cost,
                  "billing": p.on_demand.billing}
     return {
@@ -67,12 +70,16 @@ def plan_entry(p: Plan, result: PlanResult) -> dict[str, Any]:
                        "tokens_per_second_per_gpu": t.tokens_per_second_per_gpu,
                        "step_seconds": t.step_seconds, "mfu": t.mfu, "training_hours": t.hours},
         "cost": cost, "pareto": p.id in result.pareto_ids,
+        "fixed": sorted(fixed_values(result.job)),
         "why": list(p.why), "warnings": list(p.warnings),
     }
 
 
 def plan_document(result: PlanResult, catalog: CatalogInfo, top: int) -> dict[str, Any]:
-    """The ``tuneplan plan --json`` document (docs/CLI.md's keys first)."""
+    """The ``tuneplan plan --json`` document (docs/CLI.md's keys first). ``feasible`` is
+    false when no plan exists; ``binding`` and ``relaxations`` then say why and what changes
+    (in the planner's order: memory, budget, deadline, fixed flags, filters)."""
+    why = result.infeasible
     return {
         "job": result.job.as_dict(),
         "catalog": {"fetched_at": catalog.fetched_at, "sources": list(catalog.sources)},
@@ -85,4 +92,8 @@ def plan_document(result: PlanResult, catalog: CatalogInfo, top: int) -> dict[st
         "model": result.model, "objective": result.job.objective.value,
         "considered_offers": result.considered, "feasible_plans": len(result.plans),
         "assumptions": result.assumptions.describe(),
+        "feasible": result.feasible,
+        "fixed": fixed_values(result.job),
+        "binding": [b.as_dict() for b in why.binding] if why else [],
+        "relaxations": [r.as_dict() for r in why.relaxations] if why else [],
     }

@@ -1,5 +1,6 @@
 """Planning use cases both faces share: plan a job over the catalog (and keep the result for
-``launch``/``cost``), explain an impossible job, and the fit solver on one GPU.
+``launch``/``cost``), the one line for an impossible job (the why and the changes are the
+planner's own, ``core.planner.infeasible``), and the fit solver on one GPU.
 """
 
 from __future__ import annotations
@@ -36,36 +37,30 @@ def plan_json(result: PlanResult, top: int, *, store_path: str | Path | None = N
 
 def plan_and_keep(job: Job, model: ModelSpec, top: int, *, now: datetime | None = None
                   ) -> tuple[PlanResult, dict[str, Any]]:
-    """The CLI's ``plan``: plans, their document, the document saved for ``launch``/``cost``;
-    InfeasibleJobError (with the fit solver's cheapest changes) when nothing fits."""
+    """The CLI's ``plan``: plans and their document, saved for ``launch``/``cost`` when there
+    is a plan. An impossible job gives its document too (``feasible: false``, the binding
+    constraints and relaxations); the face decides how to end (``infeasible_message``)."""
     from tuneplan.adapters.plans import save_last_plan
 
     now = now or datetime.now(UTC)
     result = plan_job(job, model, now=now)
-    if not result.plans:
-        raise InfeasibleJobError(infeasible_message(job, result, model))
     document = plan_json(result, top, now=now)
-    save_last_plan(document)
+    if result.plans:
+        save_last_plan(document)
     return result, document
 
 
-def infeasible_message(job: Job, result: PlanResult, model: ModelSpec) -> str:
-    """Why nothing fits, and the fit solver's cheapest changes on the largest card tried."""
-    from tuneplan.adapters.bundled import load_gpu_spec
-    from tuneplan.core.planner.fit import describe_suggestions, fit
-    from tuneplan.core.planner.search import StrategySearch
+def infeasible_message(result: PlanResult) -> str:
+    """One line for an impossible job: the binding constraints and the first relaxation."""
+    if result.infeasible is None:
+        return "no plan"
+    return f"no plan: {result.infeasible.summary()}"
 
-    if not result.rejected:
-        return (f"no offer passes the job's filters ({result.considered} considered); "
-                "loosen --provider/--region/--gpu/--max-gpus")
-    worst = max(result.rejected, key=lambda r: r.offer.gpu_memory_bytes)
-    gpu = load_gpu_spec(worst.offer.gpu)
-    search = StrategySearch(model=model, base=job.strategy,
-                            tokens=job.tokens_per_epoch, epochs=job.epochs)
-    report = fit(search, gpu)  # changes may break --max-gpus: that is a change too
-    hint = describe_suggestions(report) or "no single change makes it fit"
-    return (f"no plan: {len(result.rejected)} offers rejected, e.g. {worst.offer.gpu_count}x "
-            f"{gpu.name}: {worst.reason}. Changes on {gpu.name}: {hint}")
+
+def raise_if_infeasible(result: PlanResult) -> None:
+    """InfeasibleJobError (exit 2) with ``infeasible_message`` when ``result`` has no plan."""
+    if not result.plans:
+        raise InfeasibleJobError(infeasible_message(result))
 
 
 def fit_job(job: Job, model: ModelSpec) -> FitReport:

@@ -18,6 +18,7 @@ from tuneplan.core.compute.step import STATE_BYTES
 from tuneplan.core.cost.spot import (
     SpotModel,
     check_feasible,
+    expected_billed_s,
     expected_wall_s,
     percentile,
     simulate,
@@ -97,6 +98,14 @@ def charge(duration_s: float, price_per_hour: Decimal, billing: Billing) -> Deci
     return price_per_hour * Decimal(billed_seconds(duration_s, billing)) / HOUR_S
 
 
+def billed_total(price_per_hour: Decimal, billed_s: Decimal, extras: Decimal) -> Decimal:
+    """cents(price x billed seconds / 3600 + extras), ``extras`` (storage + egress) already in
+    whole cents: the one formula by which the cost model, the planner's unit costs scaled to
+    an offer's price, and ``tuneplan cost`` turn billed time into a total, so a plan's ranked
+    figure, its table, its words and its re-pricing are the same number."""
+    return cents(price_per_hour * billed_s / HOUR_S + extras)
+
+
 def startup_seconds(*, model_bytes: int, dataset_bytes: int, a: CostAssumptions) -> Breakdown:
     """Seconds before training starts: provisioning, image, model and dataset download."""
     rate = a.download_bytes_per_s
@@ -156,13 +165,19 @@ class CostInputs:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SpotEstimate:
+    """Spot with interruptions. ``expected_cost`` is the analytic expectation of the billed
+    sessions (``spot.expected_billed_s``): the figure a plan is ranked, shown and explained
+    by. P50/P90 come from the seeded Monte Carlo, whose mean is ``simulated_mean_cost``."""
+
     expected_cost: Decimal
+    expected_billed_s: float        # expected billed seconds (``spot.expected_billed_s``)
     p50_cost: Decimal
     p90_cost: Decimal
     expected_hours: float
     p50_hours: float
     p90_hours: float
     simulated_mean_hours: float
+    simulated_mean_cost: Decimal
     checkpoint_interval_minutes: float | None
     interruptions_expected: float
     interruptions_per_hour: float
@@ -216,24 +231,27 @@ def estimate_cost(job: CostInputs, a: CostAssumptions | None = None) -> CostEsti
     stored = (job.model_bytes + job.dataset_bytes
               + a.checkpoints_kept * job.checkpoint_bytes_with_optimizer)
     storage_price, egress_price = _side_prices(job, a, warnings)
-    storage = storage_cost(stored_bytes=stored, hours=wall_s / HOUR_S,
-                           price_usd_per_gb_month=storage_price, a=a)
-    egress = Decimal(job.artifact_bytes) / GB * egress_price
+    # Storage and egress in whole cents, so the parts shown add up to the total.
+    storage = cents(storage_cost(stored_bytes=stored, hours=wall_s / HOUR_S,
+                                 price_usd_per_gb_month=storage_price, a=a))
+    egress = cents(Decimal(job.artifact_bytes) / GB * egress_price)
     # A restart pays the whole start-up again plus reading the checkpoint back.
     restart_s = float(start.total) + write_s
     spot = (_spot(job, a, restart_s, write_s, storage + egress, warnings)
             if job.spot else None)
-    if compute is not None:
+    if hourly is not None and compute is not None:
         base = compute
+        total = billed_total(hourly, Decimal(billed_seconds(wall_s, job.billing)),
+                             storage + egress)
     else:
         base = spot.expected_cost - storage - egress if spot else Decimal(0)
-    total = base + storage + egress
+        total = base + storage + egress
     if spot and compute is not None and spot.expected_cost > total:
         warnings.append(f"spot's expected cost {cents(spot.expected_cost)} USD exceeds "
                         f"on-demand {cents(total)} USD: interruptions cost more than they save")
     return CostEstimate(
         hours=wall_s / HOUR_S, cost=cents(total), compute_cost=cents(base),
-        storage_cost=cents(storage), egress_cost=cents(egress),
+        storage_cost=storage, egress_cost=egress,
         billing={"granularity_s": job.billing.granularity_s, "minimum_s": job.billing.minimum_s,
                  "billed_seconds": billed_seconds(wall_s, job.billing),
                  "price_per_hour": hourly, "source": job.billing.source},
@@ -285,11 +303,13 @@ def _spot(job: CostInputs, a: CostAssumptions, restart_s: float, write_s: float,
     costs = [sum((charge(s, price, job.billing) for s in run.sessions_s), Decimal(0))
              for run in runs]
     hours = [run.wall_s / HOUR_S for run in runs]
-    # The mean of the billed runs, not price x expected hours: every session is rounded up to
-    # the billing step, so a 33-minute job billed per hour costs a whole hour (and P50 agrees).
-    expected = sum(costs, Decimal(0)) / len(costs) + extras
+    # Billed sessions, not price x expected hours: every session is rounded up to the billing
+    # step, so a 33-minute job billed per hour costs a whole hour (and P50 agrees).
+    billed_s = expected_billed_s(model, job.billing.granularity_s, job.billing.minimum_s)
     return SpotEstimate(
-        expected_cost=cents(expected),
+        expected_cost=billed_total(price, Decimal(str(billed_s)), extras),
+        expected_billed_s=billed_s,
+        simulated_mean_cost=cents(sum(costs, Decimal(0)) / len(costs) + extras),
         p50_cost=cents(percentile(costs, 0.5) + extras),
         p90_cost=cents(percentile(costs, 0.9) + extras),
         expected_hours=wall / HOUR_S, p50_hours=percentile(hours, 0.5),

@@ -77,6 +77,106 @@ def expected_wall_s(model: SpotModel) -> tuple[float, float]:
     return restart + failures * (1 / lam + restart), failures
 
 
+def expected_billed_s(model: SpotModel, granularity_s: int, minimum_s: int = 0) -> float:
+    """Expected billed seconds of a spot run whose every session is rounded up to
+    ``granularity_s`` and to at least ``minimum_s`` (``estimate.billed_seconds``), without
+    simulating: the ranking, the table and ``tuneplan cost`` all quote this one expectation.
+
+    Expected wall time (``expected_wall_s``) plus the expected rounding of each session:
+    - no interruption (probability e^(-λW), W the running time): one session of R + W;
+    - each interruption (expected count from ``expected_wall_s``) ends a session of a + X,
+      a = R (+ C when the job saves on notice), X exponential with rate λ cut at W; its billed
+      length is E[max(m, ceil((a + X)/g) g) | X < W] = g (n0 + Σ_{k≥n0} P(a + X > k g | X < W)),
+      a geometric sum in closed form;
+    - the last session after an interruption runs what the first interruption left: W minus
+      the whole segments done (no notice) or minus X (saved on notice), rounded likewise.
+    Later interruptions are taken to look like the first (exact when at most one happens).
+    Against the simulation (``simulate``, 4,000-20,000 runs) for jobs of 0.3-100 h, per-second
+    to per-hour billing with and without minimums, with and without notice: within 1.5 % at
+    0.1-0.5 interruptions per hour, within 3 % at 1 per hour (several interruptions per run,
+    where the later ones are shorter than the first).
+    """
+    wall, interruptions = expected_wall_s(model)
+    g, m = max(1, granularity_s), max(0, minimum_s)
+    run, lam = model.running_s, model.rate_per_s
+    first = model.restart_s + run
+    waste_first = _billed(first, g, m) - first
+    if lam <= 0 or run <= 0:
+        return wall + waste_first
+    p_none = math.exp(-lam * run)
+    cut = -math.expm1(-lam * run)                      # P(X < W)
+    mean_x = 1 / lam - run * p_none / cut              # E[X | X < W]
+    a = model.restart_s + (model.checkpoint_s if model.saves_on_notice else 0.0)
+    cut_billed = _billed_cut(a, 1.0, run, lam, g, m)  # E[billed(a + X) | X < W]
+    waste_cut = max(0.0, cut_billed - (a + mean_x))
+    waste = (p_none * waste_first + (1 - p_none) * _last_waste(model, g, m, mean_x)
+             + interruptions * waste_cut)
+    return wall + waste
+
+
+def _billed(duration_s: float, g: int, m: int) -> float:
+    """``estimate.billed_seconds`` for one session (kept here: the cost model imports spot)."""
+    return float(max(m, math.ceil(round(max(0.0, duration_s), 6) / g) * g))
+
+
+def _billed_cut(offset: float, sign: float, run: float, lam: float, g: int, m: int) -> float:
+    """E[max(m, ceil(Y/g) g)] for Y = offset + sign x X (sign 1 or -1), X exponential with
+    rate ``lam`` cut at ``run``: g x Σ_k P(Y > k g), the steps below max(m, min Y) always
+    counted, the others a geometric sum."""
+    cut = -math.expm1(-lam * run)
+    low = offset if sign > 0 else offset - run         # Y lies in (low, low + run]
+    n0 = math.ceil(max(m, low) / g)
+    last = math.ceil((low + run) / g) - 1              # the last step Y can pass
+    steps = max(0, last - n0 + 1)
+    if not steps:
+        return g * n0
+    # P(Y > kg | X < W): sign 1: (e^(-λ(kg-a)) - e^(-λW)) / cut; sign -1: (1 - e^(-λ(a-kg))) /
+    # cut, both with e^(±λ k g) summed as a geometric series.
+    if sign > 0:
+        ratio = -math.expm1(-lam * g * steps) / -math.expm1(-lam * g)
+        total = math.exp(-lam * (n0 * g - offset)) * ratio - steps * math.exp(-lam * run)
+    else:
+        ratio = math.expm1(lam * g * steps) / math.expm1(lam * g)
+        total = steps - math.exp(-lam * (offset - n0 * g)) * ratio
+    return g * (n0 + total / cut)
+
+
+def _last_waste(model: SpotModel, g: int, m: int, mean_x: float) -> float:
+    """Expected rounding of the last session of a run interrupted once: it runs R + W minus
+    the whole segments done before the interruption (X whole segments when saving on
+    notice)."""
+    lam, run, restart = model.rate_per_s, model.running_s, model.restart_s
+    if g <= 60:
+        return g / 2  # a minute or finer: the rounding is spread over the step
+    if model.saves_on_notice:
+        billed = _billed_cut(restart + run, -1.0, run, lam, g, m)
+        return max(0.0, billed - (restart + run - mean_x))
+    full, length, _last = model.segments()
+    if not full:  # one segment: nothing is kept, the last session runs it all again
+        return _billed(restart + run, g, m) - (restart + run)
+    # d whole segments done before the interruption: P(d <= j) = (1 - q^(j+1)) / cut for
+    # j < full (q = e^(-λL)), 1 at full; the last session runs R + W - dL. Its billed length is
+    # g Σ_k P(R + W - dL > k g) (and every step below the minimum): one term per billing step
+    # of the run, not per segment.
+    cut = -math.expm1(-lam * run)
+    steps = max(math.ceil((restart + run) / g), math.ceil(m / g))
+    if steps > 5_000:
+        return g / 2
+    q_log = -lam * length
+
+    def below(bound: float) -> float:  # P(d < bound)
+        j = math.ceil(bound) - 1
+        if j < 0:
+            return 0.0
+        return 1.0 if j >= full else -math.expm1(q_log * (j + 1)) / cut
+
+    billed = g * sum(1.0 if k * g < m else below((restart + run - k * g) / length)
+                     for k in range(steps))
+    geometric = math.expm1(q_log * full) / math.expm1(q_log)   # Σ_{j=0}^{full-1} q^j
+    mean_done = full - (full - math.exp(q_log) * geometric) / cut   # E[d] = Σ_j P(d >= j)
+    return max(0.0, billed - (restart + run - length * mean_done))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SpotRun:
     """One simulated run: session lengths (each billed on its own) and interruptions."""

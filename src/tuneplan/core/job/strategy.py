@@ -195,7 +195,8 @@ class Job:
     ``strategy`` holds the training settings; its ``method`` may be ``auto`` (the planner tries
     full, LoRA and QLoRA) and its batch, checkpointing, sharding and GPU counts are starting
     points the planner searches over. Training length is ``tokens`` per epoch, or
-    ``dataset_rows`` x ``avg_tokens``. Constraints left None/empty mean "any".
+    ``dataset_rows`` x ``avg_tokens``. Constraints left None/empty mean "any". ``fixed`` names
+    the strategy fields the person chose, which the planner does not search over.
     """
 
     model: str
@@ -215,9 +216,16 @@ class Job:
     multi_node: bool = False
     min_interconnect: Interconnect = Interconnect.ANY
     objective: Objective = Objective.COST
+    # Strategy fields the person set (flag or job file): the planner keeps them as given and
+    # searches only the others (batch, GPUs, nodes, sharding, offload, checkpointing,
+    # precision); empty: every searched field is free.
+    fixed: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         problems = []
+        unknown = [name for name in self.fixed if name not in Strategy.__dataclass_fields__]
+        if unknown:
+            problems.append(f"fixed names no strategy field: {', '.join(unknown)}")
         if self.epochs <= 0:
             problems.append("epochs must be > 0")
         if self.tokens is not None and self.tokens < 1:
@@ -235,6 +243,10 @@ class Job:
             problems.append("deadline must be > 0")
         if problems:
             raise InvalidValueError("; ".join(problems))
+
+    def is_fixed(self, name: str) -> bool:
+        """Whether the person set the strategy field ``name`` (the planner keeps it)."""
+        return name in self.fixed
 
     @property
     def tokens_per_epoch(self) -> int | None:

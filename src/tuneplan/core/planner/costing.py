@@ -21,7 +21,7 @@ from tuneplan.core.cost.estimate import (
     CostAssumptions,
     CostEstimate,
     CostInputs,
-    cents,
+    billed_total,
     checkpoint_bytes,
     estimate_cost,
 )
@@ -105,10 +105,16 @@ class UnitCost:
     """Cost of one candidate with one provider at 1 USD/h: money scales with the price, so
     every offer of that provider is priced from it without re-running the cost model."""
 
-    billed_hours: float
+    billed_seconds: int                      # on-demand, one session
     wall_hours: float
-    extras_usd: Decimal                      # storage + egress (independent of the price)
-    spot_expected_hours: float | None        # None: spot not priced or cannot finish
+    extras_usd: Decimal                      # storage + egress in cents (price-independent)
+    spot_expected_hours: float | None        # expected wall hours; None: spot not priced or
+                                             # cannot finish
+    spot_billed_seconds: float | None = None  # expected billed seconds on spot
+
+    @property
+    def billed_hours(self) -> float:
+        return self.billed_seconds / HOUR_S
 
 
 def unit_cost(c: Candidate, provider: Provider | None, job: Job,
@@ -118,14 +124,17 @@ def unit_cost(c: Candidate, provider: Provider | None, job: Job,
     probe = _unit_offer(provider.name if provider else "?")
     est = estimate_cost(cost_inputs(c, probe, provider, job, fast, spot=False), fast)
     spot_hours: float | None = None
+    spot_billed: float | None = None
     if job.spot is not False:
         try:
             spot = estimate_cost(cost_inputs(c, probe, provider, job, fast, spot=True), fast)
-            spot_hours = spot.spot.expected_hours if spot.spot else None
+            if spot.spot:
+                spot_hours, spot_billed = spot.spot.expected_hours, spot.spot.expected_billed_s
         except TuneplanError:
-            spot_hours = None
-    return UnitCost(billed_hours=est.billing["billed_seconds"] / HOUR_S, wall_hours=est.hours,
-                    extras_usd=est.storage_cost + est.egress_cost, spot_expected_hours=spot_hours)
+            pass
+    return UnitCost(billed_seconds=est.billing["billed_seconds"], wall_hours=est.hours,
+                    extras_usd=est.storage_cost + est.egress_cost, spot_expected_hours=spot_hours,
+                    spot_billed_seconds=spot_billed)
 
 
 _ONE_DOLLAR = Offer(provider="?", instance_type="unit", gpu="H100 SXM5", gpu_count=1,
@@ -147,14 +156,15 @@ def _analytic(a: CostAssumptions) -> CostAssumptions:
 
 
 def scaled_costs(unit: UnitCost, offer: Offer, nodes: int) -> tuple[Decimal | None, Decimal | None]:
-    """(on-demand USD, spot expected USD) of ``offer`` x ``nodes`` from the unit cost."""
+    """(on-demand USD, spot expected USD) of ``offer`` x ``nodes`` from the unit cost: the
+    cost model's own ``billed_total``, so each equals what ``estimate_cost`` gives the offer."""
     on_demand = spot = None
     if offer.price_per_hour is not None:
-        on_demand = cents(offer.price_per_hour * nodes * Decimal(str(unit.billed_hours))
-                          + unit.extras_usd)
-    if offer.spot_price_per_hour is not None and unit.spot_expected_hours is not None:
-        spot = cents(offer.spot_price_per_hour * nodes * Decimal(str(unit.spot_expected_hours))
-                     + unit.extras_usd)
+        on_demand = billed_total(offer.price_per_hour * nodes, Decimal(unit.billed_seconds),
+                                 unit.extras_usd)
+    if offer.spot_price_per_hour is not None and unit.spot_billed_seconds is not None:
+        spot = billed_total(offer.spot_price_per_hour * nodes,
+                            Decimal(str(unit.spot_billed_seconds)), unit.extras_usd)
     return on_demand, spot
 
 

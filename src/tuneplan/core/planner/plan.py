@@ -20,7 +20,7 @@ from tuneplan.core.catalog.hardware import GpuSpec, card_capacity_bytes
 from tuneplan.core.catalog.offers import Offer, gpu_matches, provider_matches
 from tuneplan.core.catalog.providers import Provider
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
-from tuneplan.core.cost.estimate import CostAssumptions, CostEstimate, cents
+from tuneplan.core.cost.estimate import CostAssumptions, CostEstimate, billed_total
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.strategy import Interconnect, Job, Objective, Offload, Precision, Strategy
 from tuneplan.core.memory import MemoryAssumptions
@@ -33,7 +33,17 @@ from tuneplan.core.planner.costing import (
     storage_note,
     unit_cost,
 )
+from tuneplan.core.planner.fit import fit
+from tuneplan.core.planner.infeasible import (
+    Binding,
+    Infeasibility,
+    PlanRef,
+    Relaxation,
+    budget_and_deadline,
+    ordered,
+)
 from tuneplan.core.planner.search import (
+    AUTO_METHODS,
     DEFAULT_MEMORY_MARGIN,
     Candidate,
     Node,
@@ -134,8 +144,12 @@ def ranking_cost(cost: Decimal | None, spot: Decimal | None, spot_may_win: bool)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Rejection:
+    """An offer with no plan and why; ``kind`` is ``Refused.kind``, or ``budget``,
+    ``deadline``, ``attachable`` (a GPU priced without its host)."""
+
     offer: Offer
     reason: str
+    kind: str = "other"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -150,6 +164,11 @@ class PlanResult:
     considered: int
     assumptions: PlanAssumptions
     memory_estimates: int = 0
+    infeasible: Infeasibility | None = None   # set when ``plans`` is empty: why, and changes
+
+    @property
+    def feasible(self) -> bool:
+        return bool(self.plans)
 
 
 def plan_id(offer: Offer, strategy: Strategy) -> str:
@@ -182,16 +201,46 @@ def plan_offers(model: ModelSpec, job: Job, offers: Sequence[Offer],
     a = assumptions or PlanAssumptions()
     # The plan carries the resolved model id (an alias becomes its hub id), as launch needs.
     job = replace(job, model=model.name) if job.model != model.name else job
+    context = _Context(model=model, offers=offers, gpus=gpus, providers=providers, now=now,
+                       rates=inter_node_bytes_per_s or {}, a=a)
     search = strategy_search(model, job, a)
+    result, overruns = _plan(context, job, search)
+    if result.plans:
+        return result
+    return replace(result, infeasible=_diagnose(context, job, search, result, overruns))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Context:
+    """What every planning pass of one request shares (the job may change between passes)."""
+
+    model: ModelSpec
+    offers: Sequence[Offer]
+    gpus: Mapping[str, GpuSpec]
+    providers: Mapping[str, Provider]
+    now: datetime
+    rates: Mapping[str, float]
+    a: PlanAssumptions
+
+
+def _plan(context: _Context, job: Job, search: StrategySearch
+          ) -> tuple[PlanResult, list[_Priced]]:
+    """One planning pass: the ranked result, and the priced options that fit but miss the
+    budget or the deadline (what ``_diagnose`` relaxes)."""
+    model, offers, gpus, providers = context.model, context.offers, context.gpus, \
+        context.providers
+    now, a = context.now, context.a
+    overruns: list[_Priced] = []
     rejected: list[Rejection] = []
     late: list[Rejection] = []      # over the deadline or budget: listed after the others
     considered = 0
     prices: dict[tuple[object, ...], UnitCost] = {}
     shapes: dict[tuple[object, ...], _Shape | Refused] = {}
     best: dict[tuple[object, ...], _Priced] = {}
-    rates = inter_node_bytes_per_s or {}
+    rates = context.rates
     spot_wins = job.spot is True
-    filtered = bool(job.providers or job.regions or job.gpu or job.max_gpus is not None)
+    filtered = bool(job.providers or job.regions or job.gpu or job.max_gpus is not None
+                    or job.is_fixed("gpus") or job.is_fixed("nodes"))
     for offer in offers:
         if filtered and not _wanted(job, offer):
             continue
@@ -199,7 +248,7 @@ def plan_offers(model: ModelSpec, job: Job, offers: Sequence[Offer],
             continue
         considered += 1
         if offer.attachable:
-            rejected.append(Rejection(offer=offer, reason=(
+            rejected.append(Rejection(offer=offer, kind="attachable", reason=(
                 "GPU priced without its host VM (GCP attachable GPU): not a rentable machine "
                 "on its own; add the host's price with `tuneplan catalog import`")))
             continue
@@ -211,38 +260,57 @@ def plan_offers(model: ModelSpec, job: Job, offers: Sequence[Offer],
                                  a, prices)
             shapes[key] = shape
         if isinstance(shape, Refused):
-            rejected.append(Rejection(offer=offer, reason=shape.reason))
+            rejected.append(Rejection(offer=offer, reason=shape.reason, kind=shape.kind))
             continue
         price, spot_price = offer.price_per_hour, offer.spot_price_per_hour
         for option in shape.options:
             # ``costing.scaled_costs``, with the unit cost's Decimals made once per shape.
             cost = spot = None
             if price is not None:
-                cost = cents(price * option.nodes * option.billed + option.extras)
-            if spot_price is not None and option.spot_hours is not None:
-                spot = cents(spot_price * option.nodes * option.spot_hours + option.extras)
-            ranked_cost = ranking_cost(cost, spot, spot_wins)
-            if job.deadline_s is not None and option.hours * HOUR_S > job.deadline_s:
-                late.append(Rejection(offer=offer, reason=(
-                    f"takes {option.hours:.1f} h, deadline {job.deadline_s / HOUR_S:.1f} h")))
+                cost = billed_total(price * option.nodes, option.billed_s, option.extras)
+            if spot_price is not None and option.spot_billed_s is not None:
+                spot = billed_total(spot_price * option.nodes, option.spot_billed_s,
+                                    option.extras)
+            # Spot may win only where its expected run (interruptions included) meets the
+            # deadline; elsewhere the plan runs on-demand, so the hours checked against the
+            # deadline are always those of the way the plan runs.
+            spot_h = option.unit.spot_expected_hours
+            spot_late = job.deadline_s is not None and spot_h is not None and (
+                spot_h * HOUR_S > job.deadline_s)
+            may_spot = spot_wins and not spot_late
+            ranked_cost = ranking_cost(cost, spot, may_spot)
+            priced = _Priced(offer, shape, option, cost, spot, ranked_cost, may_spot)
+            if job.deadline_s is not None and (priced.hours * HOUR_S > job.deadline_s
+                                               or (cost is None and spot_late)):
+                hours = spot_h if cost is None and spot_h is not None else priced.hours
+                late.append(Rejection(offer=offer, kind="deadline", reason=(
+                    f"takes {hours:.1f} h{' on spot' if cost is None else ''}, deadline "
+                    f"{job.deadline_s / HOUR_S:.1f} h")))
+                overruns.append(priced)
+                continue
+            if ranked_cost == INFINITY:
+                rejected.append(Rejection(offer=offer, kind="hardware", reason=(
+                    "no on-demand price, and on spot the job would almost never finish "
+                    "between interruptions")))
                 continue
             if job.budget_usd is not None and ranked_cost > job.budget_usd:
-                late.append(Rejection(offer=offer, reason=(
+                late.append(Rejection(offer=offer, kind="budget", reason=(
                     f"costs ${ranked_cost:,.2f}, budget ${job.budget_usd:,.2f}")))
+                overruns.append(priced)
                 continue
             # One plan per provider, instance shape and method: the cheapest region wins.
             dedupe = (offer.provider, offer.instance_type, offer.gpu, offer.gpu_count,
                       option.nodes, option.method)
             held = best.get(dedupe)
-            if held is None or (ranked_cost, option.hours) < (held.best_cost, held.option.hours):
-                best[dedupe] = _Priced(offer, shape, option, cost, spot, ranked_cost)
+            if held is None or (ranked_cost, priced.hours) < (held.best_cost, held.hours):
+                best[dedupe] = priced
     rejected += late
     plans = [_build_plan(p, job, now, a) for p in best.values()]
     ranked, front = rank_plans(plans, job.objective, a.min_pareto_saving_s)
     ranked = _explain(ranked, front, job, a, providers, search)
     return PlanResult(job=job, model=model.name, plans=tuple(ranked), pareto_ids=front,
                       rejected=tuple(rejected), considered=considered, assumptions=a,
-                      memory_estimates=search.memory_calls)
+                      memory_estimates=search.memory_calls), overruns
 
 
 def strategy_search(model: ModelSpec, job: Job, a: PlanAssumptions) -> StrategySearch:
@@ -253,7 +321,8 @@ def strategy_search(model: ModelSpec, job: Job, a: PlanAssumptions) -> StrategyS
         avg_tokens=None if job.strategy.packing else job.avg_tokens,
         margin=a.memory_margin, max_micro_batch_log2=max(
             0, (a.max_micro_batch_tokens // job.strategy.seq_len).bit_length() - 1),
-        memory_assumptions=a.memory, throughput_assumptions=a.throughput)
+        memory_assumptions=a.memory, throughput_assumptions=a.throughput,
+        fixed=frozenset(job.fixed))
 
 
 def offer_node(offer: Offer, gpu: GpuSpec, *, nodes: int = 1,
@@ -279,8 +348,8 @@ class _Option:
     nodes: int
     method: Method
     hours: float
-    billed: Decimal                  # Decimal(str(unit.billed_hours))
-    spot_hours: Decimal | None       # Decimal(str(unit.spot_expected_hours))
+    billed_s: Decimal                # Decimal(unit.billed_seconds)
+    spot_billed_s: Decimal | None    # Decimal(str(unit.spot_billed_seconds))
     extras: Decimal
 
 
@@ -305,6 +374,19 @@ class _Priced:
     cost: Decimal | None
     spot: Decimal | None
     best_cost: Decimal
+    may_spot: bool                   # spot may win this plan (``Plan.spot_may_win``)
+
+    @property
+    def on_spot(self) -> bool:
+        """``Plan.uses_spot``: spot may win and its expected cost is lower."""
+        return self.may_spot and self.spot is not None and (
+            self.cost is None or self.spot < self.cost)
+
+    @property
+    def hours(self) -> float:
+        """Wall hours of the way the plan runs (``Plan.best_hours``)."""
+        spot_h = self.option.unit.spot_expected_hours
+        return spot_h if self.on_spot and spot_h else self.option.hours
 
 
 def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[str, GpuSpec],
@@ -313,22 +395,32 @@ def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[s
     """The fitted candidates (with unit costs) of ``offer``'s shape, or why it has none."""
     gpu = gpus.get(offer.gpu)
     if gpu is None:
-        return Refused(f"no GPU specification for {offer.gpu}")
+        return Refused(f"no GPU specification for {offer.gpu}", kind="gpu-spec")
     link = node_link(offer, gpu)
     problem = _hardware_problem(job, gpu, link)
     if problem:
-        return Refused(problem)
+        return Refused(problem, kind="hardware")
     node = offer_node(offer, gpu)
     capacity = node.capacity_bytes
     provider = providers.get(offer.provider)
+    nodes = job.strategy.nodes if job.is_fixed("nodes") else 1
+    if nodes > 1:  # --nodes N given: exactly N nodes, on a provider that links them
+        if not _multi_node_ok(provider):
+            return Refused(f"--nodes {nodes} is fixed and {offer.provider} states no "
+                           "multi-node interconnect", kind="hardware")
+        node = replace(node, nodes=nodes, inter_node_bytes_per_s=inter)
     outcome = search.search(node)
     short = _host_ram_short(outcome.best.values(), offer)
-    if len(short) == len(outcome.best) and job.multi_node and _multi_node_ok(provider):
+    if len(short) == len(outcome.best) and job.multi_node and _multi_node_ok(provider) and (
+            not job.is_fixed("nodes")):
         bigger = _more_nodes(search, job, node, inter, a, offer)
         if bigger is not None:
             outcome, short = bigger, {}
     if not outcome.best:
-        return Refused(_why_not(outcome.smallest_need_bytes, outcome.refusals, capacity, a))
+        need = outcome.smallest_need_bytes
+        batch = job.strategy.batch_size if job.is_fixed("batch_size") else 1
+        return Refused(_why_not(need, outcome.refusals, capacity, a, batch=batch),
+                       kind="memory" if need is not None else "estimate")
     options: list[_Option] = []
     for candidate in outcome.best.values():
         if id(candidate) in short:
@@ -341,11 +433,11 @@ def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[s
         options.append(_Option(
             candidate=candidate, unit=unit, nodes=candidate.strategy.nodes,
             method=candidate.strategy.method, hours=unit.wall_hours,
-            billed=Decimal(str(unit.billed_hours)),
-            spot_hours=None if unit.spot_expected_hours is None
-            else Decimal(str(unit.spot_expected_hours)), extras=unit.extras_usd))
+            billed_s=Decimal(unit.billed_seconds),
+            spot_billed_s=None if unit.spot_billed_seconds is None
+            else Decimal(str(unit.spot_billed_seconds)), extras=unit.extras_usd))
     if not options:
-        return Refused(next(iter(short.values())))
+        return Refused(next(iter(short.values())), kind="host-ram")
     return _Shape(gpu=gpu, link=link, capacity=capacity, provider=provider,
                   options=tuple(options))
 
@@ -356,7 +448,7 @@ def _build_plan(p: _Priced, job: Job, now: datetime, a: PlanAssumptions) -> Plan
     return Plan(id=plan_id(offer, candidate.strategy), offer=offer, gpu=shape.gpu,
                 candidate=candidate, link=shape.link, capacity_bytes=shape.capacity,
                 hours=option.hours, cost_usd=p.cost, spot_usd=p.spot,
-                spot_hours=option.unit.spot_expected_hours, spot_may_win=job.spot is True,
+                spot_hours=option.unit.spot_expected_hours, spot_may_win=p.may_spot,
                 best_cost=p.best_cost, storage=storage_note(shape.provider),
                 warnings=tuple(plan_warnings(candidate, offer, shape.gpu, shape.provider,
                                              shape.link, now=now,
@@ -373,6 +465,12 @@ def _wanted(job: Job, offer: Offer) -> bool:
         return False
     if job.max_gpus is not None and offer.gpu_count > job.max_gpus:
         return False
+    s = job.strategy
+    if job.is_fixed("gpus") and offer.gpu_count != s.gpus:
+        return False  # --gpus N given: only N-GPU machines (never a bigger one half used)
+    if job.is_fixed("nodes") and job.max_gpus is not None and (
+            offer.gpu_count * s.nodes > job.max_gpus):
+        return False
     return job.spot is True or offer.price_per_hour is not None
 
 
@@ -387,6 +485,10 @@ def _hardware_problem(job: Job, gpu: GpuSpec, link: str) -> str | None:
     if gpu.supports_bf16 is False and job.strategy.precision is Precision.BF16:
         return (f"no BF16 on {gpu.name}: pure bf16 training needs it "
                 "(--precision fp16-mixed would run)")
+    if gpu.supports_bf16 is False and job.strategy.precision is Precision.BF16_MIXED and (
+            job.is_fixed("precision")):
+        return (f"no BF16 on {gpu.name}: --precision bf16-mixed is fixed "
+                "(fp16-mixed would run)")
     return None
 
 
@@ -423,9 +525,10 @@ def _more_nodes(search: StrategySearch, job: Job, node: Node, inter: float | Non
     return None
 
 
-def _why_not(need: int | None, refusals: list[str], capacity: int, a: PlanAssumptions) -> str:
+def _why_not(need: int | None, refusals: list[str], capacity: int, a: PlanAssumptions, *,
+             batch: int = 1) -> str:
     if need is not None:
-        return (f"needs {need / GiB:.1f} GiB per GPU at micro-batch 1, card has "
+        return (f"needs {need / GiB:.1f} GiB per GPU at micro-batch {batch}, card has "
                 f"{capacity / GiB:.1f} GiB usable, a plan may fill {a.memory_margin:.0%}")
     return refusals[0] if refusals else "no strategy fits"
 
@@ -434,8 +537,8 @@ def pareto_front(plans: Sequence[Plan], min_saving_s: float = 0.0) -> list[Plan]
     """Plans no other plan beats on both cost and hours, cheapest first; a dearer plan joins
     only when it saves at least ``min_saving_s`` of wall time over the previous member."""
     front: list[Plan] = []
-    for p in sorted(plans, key=lambda p: (p.best_cost, p.hours)):
-        if not front or p.hours < front[-1].hours - min_saving_s / HOUR_S:
+    for p in sorted(plans, key=lambda p: (p.best_cost, p.best_hours)):
+        if not front or p.best_hours < front[-1].best_hours - min_saving_s / HOUR_S:
             front.append(p)
     return front
 
@@ -446,8 +549,8 @@ def rank_plans(plans: list[Plan], objective: Objective,
     front = pareto_front(plans, min_saving_s)
     ids = tuple(p.id for p in front)
     if objective is Objective.TIME:
-        return sorted(plans, key=lambda p: (p.hours, p.best_cost, p.id)), ids
-    by_cost = sorted(plans, key=lambda p: (p.best_cost, p.hours, p.id))
+        return sorted(plans, key=lambda p: (p.best_hours, p.best_cost, p.id)), ids
+    by_cost = sorted(plans, key=lambda p: (p.best_cost, p.best_hours, p.id))
     if objective is Objective.PARETO:
         on = set(ids)
         return front + [p for p in by_cost if p.id not in on], ids
@@ -479,10 +582,16 @@ def _why(p: Plan, rank: int, total: int, on_front: bool, job: Job) -> list[str]:
             Objective.PARETO: "best cost/time trade-off"}[job.objective]
     lines = [f"#{rank} {word} of {total} feasible plans" + (
         " (on the cost/time Pareto front)" if on_front else "")]
-    where = f"{s.gpus}x {p.gpu.name}" + (f" x {s.nodes} nodes" if s.nodes > 1 else "")
+
+    def mark(name: str) -> str:  # a setting the person fixed: kept, not searched
+        return " [fixed]" if job.is_fixed(name) else ""
+
+    where = f"{s.gpus}x{mark('gpus')} {p.gpu.name}" + (
+        f" x {s.nodes} nodes{mark('nodes')}" if s.nodes > 1 else "")
     lines.append(
-        f"fits {where} at micro-batch {s.batch_size} ({s.sharding.value}, checkpointing "
-        f"{s.checkpointing.value}, offload {s.offload.value}): "
+        f"fits {where} at micro-batch {s.batch_size}{mark('batch_size')} ({s.sharding.value}"
+        f"{mark('sharding')}, checkpointing {s.checkpointing.value}{mark('checkpointing')}, "
+        f"offload {s.offload.value}{mark('offload')}): "
         f"{p.candidate.device_total_bytes / GiB:.1f}"
         f" of {p.capacity_bytes / GiB:.1f} GiB usable per GPU "
         f"({p.gpu.memory_bytes / GiB:g} GiB nominal)")
@@ -492,3 +601,147 @@ def _why(p: Plan, rank: int, total: int, on_front: bool, job: Job) -> list[str]:
         lines.append(f"spot expected ${p.spot_usd:,.2f} vs on-demand "
                      + (f"${p.cost_usd:,.2f}" if p.cost_usd is not None else "none offered"))
     return lines
+
+
+#: Strategy fields the search varies: fixing one (a flag given) narrows the search, so each is
+#: a constraint that can bind. Values are the flags that fix them.
+SEARCHED_FLAGS = {"batch_size": "--batch-size", "gpus": "--gpus", "nodes": "--nodes",
+                  "sharding": "--sharding", "offload": "--offload",
+                  "checkpointing": "--gradient-checkpointing/--offload-activations",
+                  "precision": "--precision"}
+
+
+def fixed_values(job: Job) -> dict[str, object]:
+    """The searched strategy fields the person fixed, with their values (what a plan keeps)."""
+    return {name: getattr(job.strategy, name) for name in SEARCHED_FLAGS if job.is_fixed(name)}
+
+
+def plan_ref(p: Plan) -> PlanRef:
+    """The few figures of ``p`` a relaxation quotes."""
+    s = p.strategy
+    return PlanRef(id=p.id, provider=p.offer.provider, instance_type=p.offer.instance_type,
+                   region=p.offer.region, gpu=p.gpu.name, gpus=s.gpus, nodes=s.nodes,
+                   method=s.method.value, batch_size=s.batch_size, hours=p.best_hours,
+                   cost_usd=p.best_cost)
+
+
+def _priced_ref(p: _Priced) -> PlanRef:
+    s = p.option.candidate.strategy
+    return PlanRef(id=plan_id(p.offer, s), provider=p.offer.provider,
+                   instance_type=p.offer.instance_type, region=p.offer.region,
+                   gpu=p.shape.gpu.name, gpus=s.gpus, nodes=s.nodes, method=s.method.value,
+                   batch_size=s.batch_size, hours=p.hours, cost_usd=p.best_cost)
+
+
+def _value(value: object) -> str:
+    return str(getattr(value, "value", value))
+
+
+def _alternatives(job: Job) -> Iterable[tuple[str, str, str, Job, bool]]:
+    """(constraint, binding detail, change, relaxed job, same strategy search) for every
+    single relaxation of a flag or filter: the job with only that one thing freed."""
+    s = job.strategy
+    if s.method is not Method.AUTO:
+        given = "given" if job.is_fixed("method") else "the default"
+        for method in AUTO_METHODS:
+            if method is not s.method and (s.method is Method.FULL or method is Method.QLORA):
+                yield ("flag:method", f"--method {s.method.value} ({given})",
+                       f"--method {method.value} instead of {s.method.value}",
+                       replace(job, strategy=replace(s, method=method)), False)
+    for name, flag in SEARCHED_FLAGS.items():
+        if job.is_fixed(name):
+            shown = f"{flag} {_value(getattr(s, name))}"
+            yield (f"flag:{name}", f"{shown} is fixed (the search kept it)",
+                   f"leave {flag} to the planner (instead of {_value(getattr(s, name))})",
+                   replace(job, fixed=tuple(f for f in job.fixed if f != name)),
+                   name in ("gpus", "nodes"))
+    if job.spot is not True:
+        yield ("flag:spot", "on-demand prices rank the plans" + (
+            " (--no-spot)" if job.spot is False else " (no --spot)"),
+            "--spot (spot's expected cost, interruptions included, may win)",
+            replace(job, spot=True), True)
+    if not job.multi_node and not job.is_fixed("nodes"):
+        yield ("flag:multi-node", "one node per plan (no --multi-node)",
+               "--multi-node (plans across several nodes)", replace(job, multi_node=True), True)
+    filters: list[tuple[str, object, Job]] = [
+        ("gpu", job.gpu, replace(job, gpu=None)),
+        ("provider", ",".join(job.providers), replace(job, providers=())),
+        ("region", ",".join(job.regions), replace(job, regions=())),
+        ("max-gpus", job.max_gpus, replace(job, max_gpus=None)),
+        ("min-interconnect", None if job.min_interconnect is Interconnect.ANY
+         else job.min_interconnect.value, replace(job, min_interconnect=Interconnect.ANY))]
+    for name, value, relaxed in filters:
+        if value:
+            yield (f"filter:{name}", f"--{name} {value} keeps only some offers",
+                   f"drop --{name} {value}", relaxed, True)
+
+
+def _diagnose(context: _Context, job: Job, search: StrategySearch, result: PlanResult,
+              overruns: Sequence[_Priced]) -> Infeasibility:
+    """Why ``result`` has no plan: the binding constraints and their cheapest relaxations."""
+    binding: list[Binding] = []
+    relax: list[Relaxation] = []
+    if result.considered == 0:
+        binding.append(Binding(constraint="filters", detail=(
+            f"no offer passes the job's filters ({len(context.offers)} offers in the "
+            "catalog)")))
+    elif overruns:
+        found, changes = budget_and_deadline([_priced_ref(p) for p in overruns],
+                                             job.budget_usd, job.deadline_s)
+        binding += found
+        relax += changes
+    else:
+        binding.append(_rejections_binding(job, result))
+        if binding[0].constraint == "memory":
+            relax += _memory_changes(context, search, result)
+    # One thing freed at a time, every other constraint kept: a full, quick planning pass.
+    quick = replace(context, a=replace(context.a, detailed_plans=0))
+    for constraint, detail, change, relaxed, same in _alternatives(job):
+        sub_search = search if same else strategy_search(context.model, relaxed, quick.a)
+        sub, _ = _plan(quick, relaxed, sub_search)
+        if sub.plans:
+            if not any(b.constraint == constraint for b in binding):
+                binding.append(Binding(constraint=constraint, detail=detail))
+            relax.append(Relaxation(constraint=constraint, change=change,
+                                    plan=plan_ref(sub.plans[0])))
+    return ordered(binding, relax)
+
+
+def _rejections_binding(job: Job, result: PlanResult) -> Binding:
+    """The constraint behind offers that all fail before pricing: memory (some strategy was
+    estimated and nothing fits), else the estimate itself, else the hardware."""
+    by_kind: dict[str, list[Rejection]] = {}
+    for r in result.rejected:
+        by_kind.setdefault(r.kind, []).append(r)
+    if "memory" in by_kind:
+        big = max(by_kind["memory"], key=lambda r: (r.offer.gpu_count * r.offer.gpu_memory_bytes,
+                                                    r.offer.id))
+        return Binding(constraint="memory", detail=(
+            f"nothing fits in GPU memory; on the largest node tried ({big.offer.gpu_count}x "
+            f"{big.offer.gpu}) it {big.reason}"))
+    if "estimate" in by_kind:
+        reasons = [r.reason for r in by_kind["estimate"]]
+        common = max(dict.fromkeys(reasons), key=reasons.count)
+        return Binding(constraint="estimate", detail=(
+            f"tuneplan cannot estimate {job.model} with --method {job.strategy.method.value}: "
+            f"{common}"))
+    reasons = [r.reason for r in result.rejected]
+    common = max(dict.fromkeys(reasons), key=reasons.count) if reasons else "no offer"
+    return Binding(constraint="hardware", detail=f"no offer can run it as asked: {common}")
+
+
+def _memory_changes(context: _Context, search: StrategySearch, result: PlanResult
+                    ) -> list[Relaxation]:
+    """The fit solver's single changes that make the job fit the largest card tried (when
+    none does, its nearest misses, marked as still too big)."""
+    specs = [context.gpus[r.offer.gpu] for r in result.rejected
+             if r.kind == "memory" and r.offer.gpu in context.gpus]
+    if not specs:
+        return []
+    gpu = max(specs, key=lambda g: (g.usable_memory_bytes, g.name))
+    report = fit(search, gpu, max_gpus=result.job.max_gpus or 64)
+    return [Relaxation(constraint="memory", amount=s.peak_bytes, unit="bytes",
+                       change=f"{s.change}: peak {s.peak_bytes / GiB:.1f} GiB per GPU on "
+                              f"{gpu.name} (limit {report.limit_bytes / GiB:.1f} GiB"
+                              + ("" if s.fits else ", still too big") + ")")
+            for s in report.suggestions][:4]

@@ -53,7 +53,6 @@ def saved_plan(plan: Plan, result: PlanResult) -> SavedPlan:
         offer=plan.offer, link=plan.link, step_s=c.throughput.step_seconds,
         total_params=c.memory.total_params, trainable_params=c.memory.trainable_params,
         hours=plan.hours,
-        on_demand_usd=plan.on_demand.cost if plan.on_demand is not None else plan.cost_usd,
-        spot_usd=spot.expected_cost if spot is not None else plan.spot_usd,
+        on_demand_usd=plan.cost_usd, spot_usd=plan.spot_usd,
         uses_spot=plan.uses_spot, spot_interval_s=None if minutes is None else minutes * 60,
         why=plan.why, warnings=plan.warnings)

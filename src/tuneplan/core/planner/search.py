@@ -2,8 +2,11 @@
 
 ``StrategySearch`` enumerates, for a GPU type, GPUs per node and node count, the methods,
 checkpointing, sharding and offload, finds the largest micro-batch that fits by bisection, and
-keeps the fastest strategy per method. Memory estimates are cached by (strategy, GPU
-generation) so offers that share a GPU share the work. Pure: no catalog, prices or I/O.
+keeps the fastest strategy per method. A field the person fixed (``fixed``: micro-batch,
+sharding, offload, checkpointing, precision) is not searched: every candidate keeps its
+value, so a plan never silently changes what was asked for. Memory estimates are cached by
+(strategy, GPU generation) so offers that share a GPU share the work. Pure: no catalog,
+prices or I/O.
 """
 
 from __future__ import annotations
@@ -68,6 +71,10 @@ class Refused:
     thousands of settings and most refusals are expected, so they are values, not raised)."""
 
     reason: str
+    # What refused it: ``estimate`` (the model or strategy cannot be estimated), ``memory``
+    # (nothing fits the card), ``hardware`` (the card or node cannot run the job as asked),
+    # ``host-ram`` (offloading needs more host RAM than the instance has), ``gpu-spec``.
+    kind: str = "estimate"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,6 +138,7 @@ class StrategySearch:
     max_micro_batch_log2: int = 6
     memory_assumptions: MemoryAssumptions = field(default_factory=MemoryAssumptions)
     throughput_assumptions: ThroughputAssumptions = field(default_factory=ThroughputAssumptions)
+    fixed: frozenset[str] = frozenset()   # Strategy fields kept as ``base`` has them
     _memory: dict[tuple[Strategy, str | None], MemoryEstimate | Refused] = field(
         default_factory=dict)
     _batches: dict[tuple[Strategy, int], MemoryEstimate | Refused] = field(default_factory=dict)
@@ -228,7 +236,7 @@ class StrategySearch:
             if method is Method.QLORA and Method.LORA in out.best:
                 continue  # where LoRA fits it is faster, hence cheaper: QLoRA cannot win
             fitted = self._fit_method(method, node, limit, generation, out, offload=False)
-            if not fitted and node.gpus_per_node * node.nodes > 1:
+            if not fitted and node.gpus_per_node * node.nodes > 1 and "offload" not in self.fixed:
                 fitted = self._fit_method(method, node, limit, generation, out, offload=True)
             if fitted:
                 out.best[method] = max(fitted, key=lambda c: c.throughput.tokens_per_second)
@@ -254,37 +262,59 @@ class StrategySearch:
         fitted: list[Candidate] = []
         top = 2**self.max_micro_batch_log2
         fsdp_refused = False
+        free_sharding = "sharding" not in self.fixed
         for family in self.families(method, node, offload=offload):
-            if family.sharding is Sharding.ZERO3 and not offload and not fsdp_refused:
+            if (free_sharding and family.sharding is Sharding.ZERO3 and not offload
+                    and not fsdp_refused):
                 continue  # ZeRO-3 needs more memory than FSDP for the same traffic
             if offload and fitted and family.offload is Offload.OPTIMIZER_PARAMS:
                 break
             got = self._fit_family(family, node, limit, generation, out)
             if family.sharding is Sharding.FSDP:
-                fsdp_refused = isinstance(self.at_batch(family, 1), str)
+                fsdp_refused = isinstance(self.at_batch(family, 1), Refused)
             if not got:
                 continue
             fitted += got
-            fitted += self._fit_family(replace(family, checkpointing=Checkpointing.NONE),
-                                       node, limit, generation, out)
-            if got[0].strategy.batch_size >= top:
+            if "checkpointing" not in self.fixed and family.checkpointing is not (
+                    Checkpointing.NONE):
+                fitted += self._fit_family(replace(family, checkpointing=Checkpointing.NONE),
+                                           node, limit, generation, out)
+            if got[0].strategy.batch_size >= top and "batch_size" not in self.fixed:
                 break
         return fitted
 
     def families(self, method: Method, node: Node, *, offload: bool) -> Iterable[Strategy]:
-        """Strategies at micro-batch 1 with checkpointing, for every sharding / offload."""
+        """Strategies at micro-batch 1 (the fixed one, when given) with checkpointing (the
+        fixed setting, when given), for every sharding / offload left free."""
         world = node.gpus_per_node * node.nodes
-        shardings = MULTI_GPU_SHARDING if world > 1 else (Sharding.DDP,)
-        choices = ([(Sharding.ZERO3, Offload.OPTIMIZER), (Sharding.ZERO3, Offload.OPTIMIZER_PARAMS)]
-                   if offload else [(s, Offload.NONE) for s in shardings])
+        base, fixed = self.base, self.fixed
+        if "offload" in fixed and base.offload is not Offload.NONE:
+            # Offloading needs a ZeRO or FSDP sharding, on one GPU too (core.memory.refusals).
+            shardings: tuple[Sharding, ...] = (Sharding.ZERO2, Sharding.FSDP, Sharding.ZERO3)
+        else:
+            shardings = MULTI_GPU_SHARDING if world > 1 else (Sharding.DDP,)
+        if "sharding" in fixed:
+            shardings = (base.sharding,)
+        if "offload" in fixed:
+            choices = [(s, base.offload) for s in shardings]
+        elif offload:
+            on = (base.sharding,) if "sharding" in fixed else (Sharding.ZERO3,)
+            choices = [(s, off) for off in (Offload.OPTIMIZER, Offload.OPTIMIZER_PARAMS)
+                       for s in on]
+        else:
+            choices = [(s, Offload.NONE) for s in shardings]
+        batch = base.batch_size if "batch_size" in fixed else 1
+        checkpointing = base.checkpointing if "checkpointing" in fixed else Checkpointing.FULL
         for sharding, off in choices:
-            yield replace(self.base, method=method, batch_size=1, gpus=node.gpus_per_node,
+            yield replace(base, method=method, batch_size=batch, gpus=node.gpus_per_node,
                           nodes=node.nodes, sharding=sharding, offload=off,
-                          checkpointing=Checkpointing.FULL)
+                          checkpointing=checkpointing)
 
     def _precision_for(self, strategy: Strategy, gpu: GpuSpec) -> Strategy:
         """No BF16 tensor cores: fp16 with loss scaling (same bytes, so the memory search
-        done in bf16 holds)."""
+        done in bf16 holds). A fixed precision is kept (the planner refuses such a card)."""
+        if "precision" in self.fixed:
+            return strategy
         if gpu.supports_bf16 is False and strategy.precision is Precision.BF16_MIXED:
             return replace(strategy, precision=Precision.FP16_MIXED)
         return strategy
@@ -295,7 +325,9 @@ class StrategySearch:
             est = self.at_batch(family, 2**log2)
             return not isinstance(est, Refused) and self.device_total(est, generation) <= limit
 
-        first = self.at_batch(family, 1)
+        # A fixed micro-batch is the only one tried; else 1, 2, 4 ... by bisection.
+        fixed_batch = "batch_size" in self.fixed
+        first = self.at_batch(family, family.batch_size if fixed_batch else 1)
         if isinstance(first, Refused):
             out.refusals.append(first.reason)
             return []
@@ -304,10 +336,11 @@ class StrategySearch:
             if out.smallest_need_bytes is None or need < out.smallest_need_bytes:
                 out.smallest_need_bytes = need
             return []
-        best = largest_fitting(fits, 0, self.max_micro_batch_log2)
-        est = self.at_batch(family, 2**best)
+        batch = family.batch_size if fixed_batch else 2**largest_fitting(
+            fits, 0, self.max_micro_batch_log2)
+        est = self.at_batch(family, batch)
         assert not isinstance(est, Refused)
-        strategy = self._precision_for(replace(family, batch_size=2**best), node.gpu)
+        strategy = self._precision_for(replace(family, batch_size=batch), node.gpu)
         found = evaluate_strategy(self, node, strategy, memory=est)
         if isinstance(found, Refused):
             out.refusals.append(found.reason)
