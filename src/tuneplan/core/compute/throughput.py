@@ -19,7 +19,13 @@ from tuneplan.core.catalog.hardware import GpuSpec
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
 from tuneplan.core.compute.communication import NodeLinks
 from tuneplan.core.compute.step import recomputes, step_time
-from tuneplan.core.job.methods import Method, fused_qkv_note, lora_rank_of, targeted_linears
+from tuneplan.core.job.methods import (
+    Method,
+    fused_qkv_note,
+    lora_rank_of,
+    outer_targets,
+    targeted_linears,
+)
 from tuneplan.core.job.strategy import Attention, Precision, Strategy, Task
 from tuneplan.core.models import LinearRole, ModelSpec
 from tuneplan.errors import UnsupportedError
@@ -127,10 +133,21 @@ def adapted_linears(model: ModelShape, strategy: Strategy) -> tuple[AdaptedLinea
     each at ``lora_rank_of`` (2r on fused gate_up experts). Empty for other methods."""
     if not strategy.method.is_low_rank:
         return ()
-    key = ("adapted", strategy.lora_targets, strategy.lora_rank)
+    key = ("adapted", strategy.lora_targets, strategy.lora_rank, strategy.method,
+           strategy.task, strategy.trainable_modules)
     found = model._cache.get(key)
     if found is None:
         spec, out = model.spec, []
+        # LoRA on the output head or the embedding (``outer_targets``): the head's is a
+        # matmul every token passes through; the embedding's A is a row lookup (no FLOPs)
+        # and its r x H product with B is left out of the FLOPs.
+        outer = outer_targets(spec, strategy) if strategy.method.is_lora else ()
+        for lin in outer:
+            head = lin.role is LinearRole.OUTPUT_HEAD
+            out.append(AdaptedLinear(
+                name=lin.name, in_features=lin.in_features, out_features=lin.out_features,
+                rank=strategy.lora_rank, active=1 if head else 0, stored=1, modules=1,
+                role=lin.role))
         for group in spec.layers:
             for lin in targeted_linears(spec, strategy, group):
                 expert = lin.role is LinearRole.EXPERT

@@ -20,6 +20,7 @@ from tuneplan.core.job.methods import (
     count_trainable,
     effective_quant,
     fused_qkv_note,
+    outer_targets,
 )
 from tuneplan.core.job.recipes import PrecisionPlan, precision_plan
 from tuneplan.core.job.strategy import Checkpointing, Strategy, Task
@@ -32,7 +33,7 @@ from tuneplan.core.memory.parts import Group, Item, Piece, breakdown, flatten, p
 from tuneplan.core.memory.refusals import check_strategy
 from tuneplan.core.memory.sharding import ShardPlan, shard_plan
 from tuneplan.core.memory.steady import Static, host_terms, static_terms
-from tuneplan.core.models import ModelSpec
+from tuneplan.core.models import LinearRole, ModelSpec
 from tuneplan.explain import Breakdown
 
 
@@ -290,6 +291,14 @@ def _inputs(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape) -> l
                            model.hidden_size * w.residual, "embedding output before the "
                            "virtual tokens are prepended B·S·H·bytes, held by the graph",
                            "transformers enable_input_require_grads; peft prompt tuning"))
+    embed = [lin for lin in outer_targets(model, s) if lin.role is LinearRole.EMBEDDING]
+    if embed:
+        # peft lora.Embedding: after_A = embedding(x, A.T) (T·r) is saved by the matmul with B
+        inner = w.compute if w.autocast else w.adapter
+        inputs.append(part("activations/embedding_lora", shape.tokens * s.lora_rank * inner,
+                           "LoRA on the embedding: A's lookup T·r·bytes, saved for B",
+                           "peft lora.Embedding.forward", tokens=shape.tokens,
+                           rank=s.lora_rank))
     return inputs
 
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tuneplan.core.job.methods import outer_targets
 from tuneplan.core.job.recipes import PrecisionPlan, Recipe
 from tuneplan.core.job.strategy import Loss, Strategy, Task
-from tuneplan.core.memory.activations import Shape, Widths, norm_saved
+from tuneplan.core.memory.activations import Shape, Widths, norm_saved, outer_lora_saved
 from tuneplan.core.memory.parts import Piece, part
-from tuneplan.core.models import ModelSpec
+from tuneplan.core.models import LinearRole, ModelSpec
 
 _SRC = "transformers loss_utils.ForCausalLMLoss; torch log_softmax saves its fp32 output"
 
@@ -36,7 +37,32 @@ def effective_loss(strategy: Strategy, plan: PrecisionPlan) -> Loss:
 
 def loss_moments(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan, w: Widths,
                  shape: Shape, head_trains: bool, chunks: int) -> LossMoments:
-    """Loss-side tensors at the end of forward and the start of backward (bytes)."""
+    """Loss-side tensors at the end of forward and the start of backward (bytes), with a
+    LoRA on the output head (``--lora-targets lm_head``) where there is one."""
+    out = _loss_moments(model, strategy, plan, w, shape, head_trains, chunks)
+    head = [lin for lin in outer_targets(model, strategy) if lin.role is LinearRole.OUTPUT_HEAD]
+    if not head:
+        return out
+    lin, t = head[0], shape.tokens
+    saved, shared = outer_lora_saved(lin, t, w.norm_out, w, strategy)
+    kept = [part("activations/head_lora", saved, "LoRA on the output head: its input cast "
+                 "(or dropout mask and output) T·H·bytes + A's output T·r·bytes",
+                 "peft lora.Linear.forward", tokens=t, rank=strategy.lora_rank)]
+    if shared and not head_trains:
+        kept.append(part("activations/head_input", t * model.hidden_size * w.norm_out,
+                         "output head input T·H·bytes (saved by its LoRA A)", tokens=t))
+    inner = w.compute if w.autocast else w.adapter
+    cast = t * lin.in_features * w.adapter if (w.autocast and w.norm_out != w.adapter) else 0
+    update = part("logits/head_lora_update", t * lin.out_features * inner + cast,
+                  "LoRA update of the logits T·V·bytes (+ the input cast T·H·bytes), alive "
+                  "while added to the base logits", "peft lora.Linear.forward",
+                  tokens=t, vocab=lin.out_features)
+    return LossMoments(kept=(*out.kept, *kept), forward_only=(*out.forward_only, update),
+                       backward_only=out.backward_only)
+
+
+def _loss_moments(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan, w: Widths,
+                  shape: Shape, head_trains: bool, chunks: int) -> LossMoments:
     t, v = shape.tokens, model.vocab_size
     kept = [part("activations/final_norm", norm_saved(model, t, w),
                  "final norm: fp32 input T·H·4 + rsqrt T·4 (+ normalized if it trains)",
