@@ -66,9 +66,31 @@ COMMAND_GROUPS: dict[str, frozenset[Group]] = {
     "explain": frozenset({Group.STRATEGY, Group.GPU}),
     "throughput": frozenset({Group.STRATEGY, Group.GPU, Group.LENGTH}),
     "cost": frozenset({Group.STRATEGY, Group.LENGTH}),
-    "fit": frozenset({Group.STRATEGY, Group.GPU, Group.LENGTH, Group.LIMITS}),
+    # fit answers in bytes only (largest batch and sequence, changes that fit): no length
+    "fit": frozenset({Group.STRATEGY, Group.GPU, Group.LIMITS}),
     "plan": frozenset(Group),
     "probe": frozenset({Group.STRATEGY}),
+}
+#: Flags ``tuneplan plan`` chooses itself for every offer (core.planner.search: the largest
+#: micro-batch that fits, checkpointing on and off, the sharding and offload that fit, the
+#: offer's GPU count and, with --multi-node, the node count): given as flags they would be
+#: overridden, so they are refused with what to use instead. A job file's values for them are
+#: the planner's starting points (``Job``'s docstring).
+PLANNER_CHOOSES: dict[str, str] = {
+    "batch-size": "the planner picks the largest micro-batch that fits each offer; raise "
+                  "--grad-accum for a bigger batch, or price a fixed one with `tuneplan cost "
+                  "MODEL --offer ID --batch-size N`",
+    "gpus": "the planner uses each offer's GPU count; cap it with --max-gpus, or price a fixed "
+            "count with `tuneplan cost MODEL --offer ID --gpus N`",
+    "nodes": "the planner tries more nodes itself with --multi-node (capped by --max-gpus)",
+    "sharding": "the planner tries ddp, zero2, fsdp and zero3 on each offer; price a fixed "
+                "sharding with `tuneplan cost MODEL --offer ID --sharding S`",
+    "offload": "the planner offloads only where nothing fits without; price a fixed offload "
+               "with `tuneplan cost MODEL --offer ID --offload O`",
+    "gradient-checkpointing": "the planner tries checkpointing on and off on each offer; price "
+                              "a fixed choice with `tuneplan cost MODEL --offer ID`",
+    "offload-activations": "the planner does not offload checkpoints; `tuneplan fit` and "
+                           "`tuneplan cost MODEL --offer ID` take it",
 }
 # What --help calls each group's panel.
 PANELS = {Group.STRATEGY: "Job: training strategy", Group.GPU: "Job: hardware",
@@ -407,6 +429,9 @@ def job_from_values(model: str, values: Mapping[str, Any], *, command: str,
                     f"`tuneplan {command}` takes no flag --{name}"
                     + suggest(name, allowed) if name in BY_NAME else
                     f"unknown job flag --{name}" + suggest(name, allowed))
+            if origin == "flag" and command == "plan" and name in PLANNER_CHOOSES:
+                raise JobFlagError(name, f"--{name}: `tuneplan plan` chooses it itself: "
+                                   + PLANNER_CHOOSES[name])
             given[name] = value
     fields: dict[type, dict[str, Any]] = {Strategy: {}, Job: {}}
     for flag in FLAGS:  # declaration order: the checkpointing switches combine predictably

@@ -22,7 +22,7 @@ from tuneplan.core.job.methods import (
     fused_qkv_note,
     outer_targets,
 )
-from tuneplan.core.job.recipes import PrecisionPlan, precision_plan
+from tuneplan.core.job.recipes import PrecisionPlan, Recipe, precision_plan
 from tuneplan.core.job.strategy import Checkpointing, Strategy, Task
 from tuneplan.core.memory import activations as act
 from tuneplan.core.memory import experts
@@ -189,7 +189,8 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
     w = act.widths(strategy, plan, a.dropout_mask_bytes)
     layer_inputs = tuple(act.layer_inputs(model, layer, strategy, w) for layer in model.layers)
     found = _Fixed(
-        notes=tuple(n for n in (fused_qkv_note(model, strategy),) if n),
+        notes=tuple(n for n in (fused_qkv_note(model, strategy), _recipe_note(strategy, plan))
+                    if n),
         source=source, assumptions=a, model=model, trainable=trainable, plan=plan, shards=sp,
         static=static, widths=w,
         layer_inputs=layer_inputs, saved_line=_saved_line(model, strategy, w, layer_inputs),
@@ -210,6 +211,18 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
         _FIXED.clear()
     _FIXED[key] = found
     return found
+
+
+def _recipe_note(strategy: Strategy, plan: PrecisionPlan) -> str | None:
+    """Recipes change only dtypes and the loss default (``core.job.recipes``): say so where
+    ``--recipe`` gives this job the hf recipe's layout, so the same estimate is no surprise."""
+    if strategy.recipe is Recipe.HF:
+        return None
+    hf = precision_plan(replace(strategy, recipe=Recipe.HF))
+    if replace(plan, why="") != replace(hf, why=""):
+        return None
+    return (f"--recipe {strategy.recipe.value} keeps the hf recipe's dtypes and loss for this "
+            "job (recipes change only tensor dtypes and the loss default): same estimate as hf")
 
 
 def _shape(s: Strategy, batch: int) -> act.Shape:
