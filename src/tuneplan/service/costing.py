@@ -136,7 +136,8 @@ def _price(model: ModelSpec, job: Job, strategy: Strategy, offer: Offer, a: Plan
     document["offer"] = {"id": offer.id, "provider": offer.provider, "gpu": offer.gpu,
                          "gpu_count": offer.gpu_count, "region": offer.region}
     document["throughput"] = {"tokens_per_second": c.throughput.tokens_per_second,
-                              "training_hours": c.throughput.hours}
+                              "training_hours": c.throughput.hours,
+                              "notes": list(c.throughput.notes)}
     return document
 
 

@@ -21,12 +21,13 @@ from tuneplan.core.compute.communication import NodeLinks
 from tuneplan.core.compute.step import recomputes, step_time
 from tuneplan.core.job.methods import (
     Method,
+    context_problem,
     fused_qkv_note,
     lora_rank_of,
     outer_targets,
     targeted_linears,
 )
-from tuneplan.core.job.strategy import Attention, Precision, Strategy, Task
+from tuneplan.core.job.strategy import Attention, Checkpointing, Precision, Strategy, Task
 from tuneplan.core.models import LinearRole, ModelSpec
 from tuneplan.errors import UnsupportedError
 from tuneplan.explain import Breakdown, Term
@@ -182,6 +183,19 @@ def tokens_per_sequence(strategy: Strategy, avg_tokens: int | None,
     return real, min(strategy.seq_len, round(real * a.padding_factor)) + extra
 
 
+def _unmodelled(s: Strategy) -> list[str]:
+    """What the speed model takes as it is and does not time, said where it applies, so a
+    flag that leaves tokens/s unchanged is seen to be read."""
+    out = []
+    if s.recipe.value != "hf":
+        out.append(f"--recipe {s.recipe.value}: timed with the same kernels as hf (no "
+                   "per-framework speed-ups modelled); the recipe changes memory only")
+    if s.checkpointing is Checkpointing.OFFLOAD:
+        out.append("--offload-activations: the host copies of the checkpoints are assumed to "
+                   "overlap with compute (no PCIe time added)")
+    return out
+
+
 def check_speed_strategy(strategy: Strategy) -> None:
     """Refuse what the speed model cannot speak to (UnsupportedError)."""
     if strategy.method is Method.AUTO:
@@ -327,6 +341,9 @@ def estimate_throughput(model: ModelShape | ModelSpec, strategy: Strategy, gpu: 
     """
     check_speed_strategy(strategy)
     shape = as_shape(model)
+    context_limit = context_problem(shape.spec, strategy)
+    if context_limit:
+        raise UnsupportedError(context_limit)
     s = strategy
     a = assumptions or ThroughputAssumptions()
     real, computed = tokens_per_sequence(s, avg_tokens, a)
@@ -337,6 +354,7 @@ def estimate_throughput(model: ModelShape | ModelSpec, strategy: Strategy, gpu: 
     peak, notes = peak_flops_per_s(gpu, s.precision)
     fused = fused_qkv_note(shape.spec, s)
     notes += [fused] if fused else []
+    notes += _unmodelled(s)
     step, comm, comm_s, more = step_time(
         model=shape, strategy=s, links=links or NodeLinks(), gpu=gpu, assumptions=a, peak=peak,
         flops_per_token=flops.total, computed_tokens=computed * s.batch_size)

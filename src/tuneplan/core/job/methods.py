@@ -97,6 +97,16 @@ def effective_quant(strategy: Strategy) -> Quant | None:
     return strategy.quant if strategy.method is Method.QLORA else None
 
 
+def context_problem(model: ModelSpec, strategy: Strategy) -> str | None:
+    """Why ``--seq-len`` cannot be estimated on ``model`` (beyond its trained context and no
+    ``--allow-long-context``), for the memory and the speed model alike; None when it can."""
+    limit = model.max_position_embeddings
+    if limit and strategy.seq_len > limit and not strategy.allow_long_context:
+        return (f"--seq-len {strategy.seq_len} exceeds {model.name}'s limit of {limit}; "
+                "pass --allow-long-context if the model is extended (RoPE scaling)")
+    return None
+
+
 def _short(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
