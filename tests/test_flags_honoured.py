@@ -25,6 +25,7 @@ import pytest
 from tuneplan.core.catalog.offers import Offer
 from tuneplan.errors import TuneplanError
 from tuneplan.service.jobflags import (
+    APPLIES_TO,
     BY_NAME,
     COMMAND_GROUPS,
     FLAGS,
@@ -327,6 +328,31 @@ def test_the_flag_is_honoured_or_refused(command: str, name: str) -> None:
             k: v for k, v in base.items() if k != "top_strategy"}, (command, name, case.why)
     else:
         assert flagged[key] != base[key], (command, name, key, base[key])
+
+
+@pytest.mark.parametrize("name", sorted(APPLIES_TO))
+def test_a_flag_outside_its_methods_is_refused_there(name: str) -> None:
+    """Flags that mean something for some methods or tasks only are refused elsewhere (where
+    every estimate would be equal with or without them), naming the flag."""
+    from tuneplan.service.jobflags import JobFlagError, job_from_values
+
+    case, applies = CASES[name], APPLIES_TO[name][0]
+    tried = 0
+    for method in ("full", "freeze", "lora", "qlora", "ia3", "prompt", "auto"):
+        for task in ("causal-lm", "seq-cls"):
+            values = {"method": method, "task": task}
+            if method == "freeze" and name != "trainable-layers":
+                values["trainable-layers"] = "1"
+            job = job_from_values(MODEL, values, command="memory")
+            flagged = {**values, name: case.value}
+            if applies(job.strategy):
+                job_from_values(MODEL, flagged, command="memory")
+                continue
+            tried += 1
+            with pytest.raises(JobFlagError, match=f"--{name} applies only to") as caught:
+                job_from_values(MODEL, flagged, command="memory")
+            assert caught.value.flag == name and "\n" not in str(caught.value)
+    assert tried, f"--{name}: no method or task where it does not apply"
 
 
 def _list_pairs() -> list[tuple[str, str]]:

@@ -447,8 +447,44 @@ def job_from_values(model: str, values: Mapping[str, Any], *, command: str,
             fields[flag.owner][flag.field] = value
     _derive(fields[Strategy], given)
     strategy = _build(Strategy, fields[Strategy])
+    for name in values:
+        if values[name] is not None and name in APPLIES_TO:
+            applies, where = APPLIES_TO[name]
+            if not applies(strategy):
+                raise JobFlagError(name, f"--{name} applies only to {where}; this job has "
+                                   f"--method {strategy.method.value} --task "
+                                   f"{strategy.task.value}: drop it")
     job: Job = _build(Job, {"model": model, "strategy": strategy, **fields[Job]})
     return job
+
+
+def _adapters(s: Strategy) -> bool:
+    return s.method.is_low_rank or s.method is Method.AUTO
+
+
+#: Strategy flags that mean something only for some methods or tasks: given as a flag (or
+#: form field) where they do not apply they are refused, not silently ignored. A job file may
+#: carry them (it describes the whole job, and `--method auto` tries several methods).
+APPLIES_TO: dict[str, tuple[Callable[[Strategy], bool], str]] = {
+    "lora-rank": (_adapters, "LoRA-family methods (lora, dora, qlora, lora8bit, ...)"),
+    "lora-alpha": (_adapters, "LoRA-family methods (lora, dora, qlora, lora8bit, ...)"),
+    "lora-dropout": (_adapters, "LoRA-family methods (lora, dora, qlora, lora8bit, ...)"),
+    "lora-targets": (lambda s: _adapters(s) or s.method is Method.IA3,
+                     "adapter methods (the LoRA family and ia3)"),
+    "trainable-modules": (lambda s: not s.method.trains_base,
+                          "PEFT methods (full and freeze train the base themselves)"),
+    "trainable-layers": (lambda s: s.method is Method.FREEZE, "--method freeze"),
+    "num-virtual-tokens": (lambda s: s.method in (Method.PREFIX, Method.PROMPT,
+                                                  Method.P_TUNING),
+                           "prefix, prompt and p-tuning"),
+    "quant": (lambda s: s.method in (Method.QLORA, Method.LORA8BIT, Method.AUTO),
+              "qlora (and lora8bit, as int8)"),
+    "double-quant": (lambda s: s.method is Method.AUTO or (
+        s.method is Method.QLORA and s.quant in (Quant.NF4, Quant.FP4)),
+                     "qlora with --quant nf4 or fp4 (bitsandbytes' nested constants)"),
+    "num-labels": (lambda s: s.task is Task.SEQ_CLS, "--task seq-cls"),
+    "loss": (lambda s: s.task is Task.CAUSAL_LM, "--task causal-lm (the vocabulary loss)"),
+}
 
 
 def _derive(strategy: dict[str, Any], given: Mapping[str, Any]) -> None:
