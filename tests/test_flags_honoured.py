@@ -101,7 +101,8 @@ def _cost(values: dict[str, Any]) -> dict[str, Any]:
     doc = cost_on_offer(job, COST_OFFER)
     return {"cost": doc["cost"], "hours": doc["hours"],
             "tok_s": doc["throughput"]["tokens_per_second"],
-            "notes": doc["throughput"]["notes"]}
+            "notes": doc["throughput"]["notes"], "peak": doc["memory"]["device_total_bytes"],
+            "host": doc["memory"]["host_ram_bytes"]}
 
 
 def _fit(values: dict[str, Any]) -> dict[str, Any]:
@@ -308,6 +309,12 @@ def test_the_flag_is_honoured_or_refused(command: str, name: str) -> None:
         key = {"memory": case.memory, "explain": case.memory, "throughput": case.speed,
                "cost": case.speed and ("notes" if case.speed == "notes" else "cost")
                }.get(command, key)
+        if command == "cost" and not key and case.memory:
+            key = "peak" if _peak_moves(name, case, value, "cost") else None
+        if command == "cost" and case.memory and _peak_moves(name, case, value, "cost"):
+            # it prices the strategy and says whether it fits: its peak follows memory's
+            assert run(command, {**context, name: value})["peak"] != run(command, context)[
+                "peak"], (command, name)
         if command == "fit":  # fit reads the memory estimate, at many batches and lengths
             key = "methods" if case.memory else None
         if command == "plan":
@@ -377,12 +384,16 @@ def test_every_name_in_a_list_flag_counts(command: str, name: str) -> None:
             k: v for k, v in whole.items() if k != "top_strategy"}, (command, name, left_out)
 
 
-def _peak_moves(name: str, case: Case, value: Any) -> bool:
-    """Whether the flag moves `memory`'s peak in the fit/plan context (where it may move only
-    a moment that is not the peak, as --num-labels does)."""
-    context = _context(case, "fit")
+def _peak_moves(name: str, case: Case, value: Any, command: str = "fit") -> bool:
+    """Whether the flag moves `memory`'s peak in ``command``'s context (where it may move
+    only a moment that is not the peak, as --num-labels does)."""
+    context = _context(case, command)
     if "__model" in context:
         return True
+    memory = {f.name for f in flags_for("memory")}
+    context = {k: v for k, v in context.items() if k in memory}
+    if command == "cost":  # priced on COST_OFFER's GPUs, as `tuneplan cost --offer` does
+        context = {"gpus": str(COST_OFFER.gpu_count), **context}
     before, after = run("memory", context), run("memory", {**context, name: value})
     return "refused" in after or before["peak"] != after["peak"]
 
