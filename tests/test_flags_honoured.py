@@ -426,3 +426,53 @@ def test_launch_only_flags_reach_the_train_config(name: str) -> None:
     expected = getattr(strategy, key)
     assert config[key] == (list(expected) if isinstance(expected, tuple) else expected)
     assert config[key] != (list(d) if isinstance(d := BY_NAME[name].default, tuple) else d)
+
+
+#: Choices of one flag that give the same memory or speed answer, and why that is right.
+SAME_CHOICES: dict[tuple[str, str], dict[frozenset[str], str]] = {
+    ("memory", "precision"): {frozenset({"bf16-mixed", "fp16-mixed"}):
+                              "the same byte widths (fp16 adds a scalar loss scale)"},
+    ("throughput", "precision"): {frozenset({"bf16-mixed", "fp16-mixed"}):
+                                  "the same tensor-core rate on a card with both"},
+    ("memory", "optimizer"): {frozenset({"sgd", "lion"}): "one state per parameter each"},
+    ("throughput", "optimizer"): {
+        frozenset({"sgd", "lion"}): "one state each: the same bytes through the step",
+        frozenset({"adamw", "paged-adamw32bit"}): "paging moves state only under pressure",
+        frozenset({"adamw8bit", "paged-adamw8bit"}): "paging moves state only under pressure"},
+    ("memory", "quant"): {frozenset({"nf4", "fp4"}):
+                          "the same 4-bit blocks of 64 with fp32 absmax (bitsandbytes)"},
+    ("throughput", "quant"): {frozenset({"nf4", "fp4"}): "the same bytes dequantized"},
+    ("memory", "attention"): {frozenset({"sdpa", "flash"}):
+                              "SDPA runs the flash kernel here: q, k, v, out, logsumexp"},
+    ("throughput", "attention"): {frozenset({"sdpa", "flash"}): "the same flash kernel"},
+    ("throughput", "loss"): {frozenset({"standard", "chunked"}):
+                             "the same FLOPs: chunking changes what is alive"},
+    ("memory", "sharding"): {frozenset({"fsdp", "hybrid"}):
+                             "hybrid shards inside a node: on one node it is fsdp"},
+    ("throughput", "sharding"): {
+        frozenset({"zero1", "zero2", "fsdp-grad-op"}):
+            "states (and gradients) sharded: one reduce-scatter + all-gather of gradients",
+        frozenset({"zero3", "fsdp", "hybrid"}):
+            "parameters sharded too (hybrid on one node is fsdp): the same traffic"},
+}
+
+
+def _choice_flags() -> list[tuple[str, str]]:
+    return [(command, f.name) for command in ("memory", "throughput") for f in FLAGS
+            if f.kind.choices and f.group is Group.STRATEGY]
+
+
+@pytest.mark.parametrize(("command", "name"), _choice_flags())
+def test_every_choice_of_a_flag_is_told_apart(command: str, name: str) -> None:
+    """Each value of an enum flag answers differently from the others (or, in
+    SAME_CHOICES, equally for the reason given), or is refused naming it."""
+    flag, context = BY_NAME[name], _context(CASES[name], command)
+    groups: dict[str, set[str]] = {}
+    for choice in flag.kind.choices:
+        result = run(command, {**context, name: choice})
+        if "refused" in result:
+            assert choice in result["refused"] or f"--{name}" in result["refused"], result
+            continue
+        groups.setdefault(repr(result), set()).add(choice)
+    same = {frozenset(g) for g in groups.values() if len(g) > 1}
+    assert same == set(SAME_CHOICES.get((command, name), {})), (command, name, same)

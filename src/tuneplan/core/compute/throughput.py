@@ -20,8 +20,12 @@ from tuneplan.core.compute.assumptions import ThroughputAssumptions
 from tuneplan.core.compute.communication import NodeLinks
 from tuneplan.core.compute.step import recomputes, step_time
 from tuneplan.core.job.methods import (
+    ESTIMATED_METHODS,
+    ESTIMATED_QUANTS,
     Method,
+    Quant,
     context_problem,
+    effective_quant,
     fused_qkv_note,
     lora_rank_of,
     outer_targets,
@@ -187,6 +191,15 @@ def _unmodelled(s: Strategy) -> list[str]:
     """What the speed model takes as it is and does not time, said where it applies, so a
     flag that leaves tokens/s unchanged is seen to be read."""
     out = []
+    if s.method not in ESTIMATED_METHODS and s.method.is_low_rank:
+        out.append(f"--method {s.method.value}: timed as LoRA over the same targets and rank "
+                   "(its own kernels are not modelled; memory does not estimate it)")
+    elif s.method not in ESTIMATED_METHODS:
+        out.append(f"--method {s.method.value}: timed as the frozen model with one hidden-size "
+                   "vector per block training (memory does not estimate it)")
+    if effective_quant(s) is Quant.GPTQ_INT4:
+        out.append("--quant gptq-int4: dequantization timed as bitsandbytes 4-bit (the same "
+                   "bytes read per weight)")
     if s.recipe.value != "hf":
         out.append(f"--recipe {s.recipe.value}: timed with the same kernels as hf (no "
                    "per-framework speed-ups modelled); the recipe changes memory only")
@@ -204,6 +217,10 @@ def check_speed_strategy(strategy: Strategy) -> None:
                                                           if m is not Method.AUTO))
     if strategy.lora_rank < 1:
         raise UnsupportedError(f"--lora-rank must be at least 1, got {strategy.lora_rank}")
+    quant = effective_quant(strategy)
+    if quant is not None and quant not in ESTIMATED_QUANTS:
+        raise UnsupportedError(f"--quant {quant.value} is not modelled (no speed or memory "
+                               "estimate); use nf4, fp4, int8 or gptq-int4")
 
 
 def flops_per_token(model: ModelShape | ModelSpec, strategy: Strategy, a: ThroughputAssumptions,
