@@ -21,7 +21,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from tuneplan.service.jobflags import PANELS, Flag, flags_for
+from tuneplan.service.jobflags import PANELS, PLANNER_CHOOSES, Flag, flags_for
 from tuneplan.service.jobs import JobRequest
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
@@ -70,9 +70,11 @@ def _default_text(flag: Flag) -> str | None:
     return default.value if isinstance(default, StrEnum) else str(default)
 
 
-def _option(flag: Flag) -> inspect.Parameter:
+def _option(flag: Flag, command: str) -> inspect.Parameter:
     default = _default_text(flag)
     text = flag.help
+    if command == "plan" and flag.name in PLANNER_CHOOSES:
+        text += " Refused by plan: " + PLANNER_CHOOSES[flag.name] + "."
     if flag.kind.choices:
         text += f" One of: {', '.join(flag.kind.choices)}."
     shown: bool | str = default if default else False
@@ -107,7 +109,7 @@ def job_flags(command: str) -> Callable[[F], F]:
                                  "(flag: value); flags given here override it.",
                                  metavar="FILE", rich_help_panel=PANELS[flags[0].group]),
             annotation=Path | None)
-        params = [*kept, *(_option(f) for f in flags), job_file]
+        params = [*kept, *(_option(f, command) for f in flags), job_file]
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
