@@ -66,6 +66,9 @@ def test_head_adapter_changes_memory_and_flops() -> None:
     (Strategy(method=Method.DORA, lora_targets=("q_proj", "embed_tokens")), "DoRA"),
     (Strategy(lora_targets=("q_proj", "lm_head"), task=Task.SEQ_CLS), "no vocabulary head"),
     (Strategy(lora_targets=("q_proj", "lm_head"), trainable_modules=("lm_head",)), "both"),
+    # peft 0.21 skips a name that matches nothing when another matches: a typo is refused
+    (Strategy(lora_targets=("q_proj", "v_prj")), "matches --lora-targets v_prj"),
+    (Strategy(task=Task.SEQ_CLS, trainable_modules=("lm_head",)), "no vocabulary head"),
 ])
 def test_combinations_not_modelled_are_refused(strategy: Strategy, words: str) -> None:
     with pytest.raises(UnsupportedError, match=words):

@@ -343,6 +343,7 @@ def _adapter_matrices(model: ModelSpec, strategy: Strategy) -> list[tuple[int, i
         return [(strategy.num_virtual_tokens, layers * 2 * kv_dim, 1)]
     if method is Method.PROMPT:
         return [(strategy.num_virtual_tokens, model.hidden_size, 1)]
+    _check_targets(model, strategy)
     for layer in model.layers:
         for lin in targeted_linears(model, strategy, layer):
             n = lin.copies * layer.count
@@ -374,12 +375,34 @@ def _adapter_matrices(model: ModelSpec, strategy: Strategy) -> list[tuple[int, i
     return mats
 
 
+def _check_targets(model: ModelSpec, strategy: Strategy) -> None:
+    """Every name in ``--lora-targets`` must name a module of ``model``: PEFT 0.21 ignores a
+    name that matches nothing as long as another one matches (checked on a tiny Llama), so a
+    typo would train fewer adapters than asked for, silently. Names with ``*`` are left to
+    PEFT's own matching."""
+    if strategy.all_linear:
+        return
+    names = _linear_names(model)
+    unknown = [t for t in peft_lora_targets(model, strategy) if t not in names
+               and t not in HEAD_NAMES and t not in EMBED_NAMES and "*" not in t]
+    if unknown:
+        known = sorted({_short(n) for n in names})
+        raise UnsupportedError(f"no module of {model.name} matches --lora-targets "
+                               f"{','.join(unknown)} (PEFT skips such a name silently when "
+                               f"another matches); its linears: {', '.join(known[:12])}, "
+                               "or lm_head / embed_tokens")
+
+
 def _modules_to_save(model: ModelSpec, strategy: Strategy) -> int:
     """Parameters of PEFT ``modules_to_save`` copies (embedding and/or head trained in full)."""
     params = 0
     for name in strategy.trainable_modules:
         if name in EMBED_NAMES:
             params += model.vocab_size * model.hidden_size
+        elif name in HEAD_NAMES and strategy.task.value != "causal-lm":
+            raise UnsupportedError(f"--trainable-modules {name}: a {strategy.task.value} "
+                                   "model has no vocabulary head (its head is a new score "
+                                   "layer)")
         elif name in HEAD_NAMES:
             bias = model.vocab_size if model.head_bias else 0
             params += model.vocab_size * model.hidden_size + bias
