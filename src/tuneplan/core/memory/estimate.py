@@ -286,6 +286,9 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
                                   *cast["bottom"], *dq],
         "forward-last-block": [base, *grads_fb, *blocks.forward_last, *cast["forward"], *dq],
     }
+    if loss.head:  # a LoRA on the output head adds its update before the loss runs
+        moments["forward-head"] = [base, *grads_fb, *blocks.kept, *cast["forward"], *loss.head,
+                                   *dq]
     if blocks.recompute:
         moments["backward-recompute"] = [base, *(grads_fb or st.grads_top), *blocks.recompute,
                                          *cast["bottom"], *dq]

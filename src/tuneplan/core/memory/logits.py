@@ -26,6 +26,9 @@ class LossMoments:
     kept: tuple[Piece, ...]          # saved from the end of forward until backward starts
     forward_only: tuple[Piece, ...]  # alive only while the loss is computed
     backward_only: tuple[Piece, ...]  # gradients alive at the start of backward
+    #: with a LoRA on the output head: all that is alive while the head adds its update to
+    #: the base logits, before the loss runs (the head's own moment; empty otherwise)
+    head: tuple[Piece, ...] = ()
 
 
 def effective_loss(strategy: Strategy, plan: PrecisionPlan) -> Loss:
@@ -53,12 +56,30 @@ def loss_moments(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan, w: W
                          "output head input T·H·bytes (saved by its LoRA A)", tokens=t))
     inner = w.compute if w.autocast else w.adapter
     cast = t * lin.in_features * w.adapter if (w.autocast and w.norm_out != w.adapter) else 0
-    update = part("logits/head_lora_update", t * lin.out_features * inner + cast,
-                  "LoRA update of the logits T·V·bytes (+ the input cast T·H·bytes), alive "
-                  "while added to the base logits", "peft lora.Linear.forward",
-                  tokens=t, vocab=lin.out_features)
-    return LossMoments(kept=(*out.kept, *kept), forward_only=(*out.forward_only, update),
-                       backward_only=out.backward_only)
+    # result = base_layer(x) + lora_B(lora_A(x)) * scaling: the base logits, the scaled
+    # update and their sum are alive together; then the two addends are freed (the sum is the
+    # logits the loss reads), so this moment comes before the loss, not on top of it.
+    cl = _logit_bytes(plan, w, head_trains)
+    before_loss = [p for p in out.kept if p.path in ("activations/final_norm",
+                                                     "activations/head_input")]
+    head_moment = (*before_loss, *kept,
+                   part("logits/head_base", t * lin.out_features * cl,
+                        "base head output T·V·logit_bytes", "peft lora.Linear.forward",
+                        tokens=t, vocab=lin.out_features),
+                   part("logits/head_lora_update", t * lin.out_features * inner + cast,
+                        "scaled LoRA update T·V·bytes (+ the input cast T·H·bytes)",
+                        "peft lora.Linear.forward", tokens=t, vocab=lin.out_features),
+                   part("logits/head_sum", t * lin.out_features * cl,
+                        "their sum, the logits T·V·logit_bytes", "peft lora.Linear.forward",
+                        tokens=t, vocab=lin.out_features))
+    return LossMoments(kept=(*out.kept, *kept), forward_only=out.forward_only,
+                       backward_only=out.backward_only, head=head_moment)
+
+
+def _logit_bytes(plan: PrecisionPlan, w: Widths, head_trains: bool) -> int:
+    """Width of the logits: the compute dtype under autocast, else the head weight's."""
+    return w.compute if w.autocast else (4 if plan.kbit_upcast else (
+        plan.trainable_weight_bytes if head_trains else plan.frozen_weight_bytes))
 
 
 def _loss_moments(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan, w: Widths,
@@ -75,9 +96,7 @@ def _loss_moments(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan, w: 
         logits = t * strategy.num_labels * 4
         return LossMoments(kept=tuple(kept), forward_only=(part(
             "logits/scores", logits, "T·labels·4", tokens=t),), backward_only=())
-    cl = w.compute if w.autocast else (4 if plan.kbit_upcast else
-                                       (plan.trainable_weight_bytes if head_trains else
-                                        plan.frozen_weight_bytes))
+    cl = _logit_bytes(plan, w, head_trains)
     ins: dict[str, Any] = {"tokens": t, "vocab": v, "logit_bytes": cl}
     loss = effective_loss(strategy, plan)
     if loss is Loss.CHUNKED and strategy.recipe is Recipe.UNSLOTH:
