@@ -107,3 +107,44 @@ def test_counts_agree_with_peft(tied: bool, targets: tuple[str, ...], method: Me
     built = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
     strategy = Strategy(method=method, lora_rank=8, lora_targets=targets)
     assert count_trainable(_spec(tied), strategy).total == built
+
+
+_SIM = {**TINY, "vocab_size": 1024, "intermediate_size": 176, "max_position_embeddings": 2048}
+#: tiny configs as tests/core/memory/test_simulation.py's (a 1024-token vocabulary)
+CONFIGS = {"llama-gqa": {**_SIM, "tie_word_embeddings": False},
+           "qwen2-tied-bias": {**_SIM, "model_type": "qwen2",
+                               "architectures": ["Qwen2ForCausalLM"], "tie_word_embeddings": True}}
+#: (config, targets, precision, checkpointing): measured by the CPU harness (real tensors,
+#: peft 0.21 adapters) against the estimate, as tests/core/memory/test_simulation.py does.
+SIMULATED = [
+    ("llama-gqa", ("q_proj", "v_proj", "lm_head"), "bf16-mixed", False),
+    ("qwen2-tied-bias", ("q_proj", "v_proj", "lm_head"), "fp32", False),
+    ("llama-gqa", ("q_proj", "v_proj", "embed_tokens"), "bf16-mixed", True),
+    ("qwen2-tied-bias", ("q_proj", "v_proj", "embed_tokens"), "bf16", False),
+]
+
+
+@pytest.mark.probe
+@pytest.mark.parametrize(("arch", "targets", "precision", "checkpointing"), SIMULATED)
+def test_head_and_embedding_adapters_match_the_simulation(
+        arch: str, targets: tuple[str, ...], precision: str, checkpointing: bool) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    from tuneplan.adapters.probe.harness import StepSetup, measure_step
+    from tuneplan.core.job.recipes import Recipe
+    from tuneplan.core.job.strategy import Checkpointing, Precision
+    from tuneplan.core.memory import MemoryAssumptions
+
+    p = Precision(precision)
+    strategy = Strategy(method=Method.LORA, lora_rank=8, lora_alpha=16, lora_targets=targets,
+                        precision=p, recipe=Recipe.HF if p.is_mixed else Recipe.PLAIN,
+                        batch_size=2, seq_len=128, checkpointing=Checkpointing.FULL
+                        if checkpointing else Checkpointing.NONE)
+    measured = measure_step(StepSetup(config=CONFIGS[arch], strategy=strategy,
+                                      optimizer_impl="fused"))
+    estimate = estimate_memory(parse_model_config(CONFIGS[arch], name=arch), strategy,
+                               MemoryAssumptions(adamw_impl="fused"))
+    tensors = estimate.allocated_peak_bytes - int(
+        estimate.breakdown.value("overheads/cublas_workspace"))
+    assert estimate.trainable_params == measured.trainable_params
+    assert abs(tensors - measured.peak_bytes) / measured.peak_bytes <= 0.03
