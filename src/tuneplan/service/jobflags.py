@@ -414,8 +414,10 @@ def job_from_values(model: str, values: Mapping[str, Any], *, command: str,
     own, such as an offer's GPU count) over the dataclasses' defaults. ``values`` may hold only
     the flags ``command`` takes; a job file may hold any job flag.
 
-    Raises JobFlagError (naming the flag) for a bad value, InvalidValueError for an unknown flag
-    and UnsupportedError for a combination no estimate can honour.
+    Raises JobFlagError (naming the flag) for a bad value, for a flag given where it cannot
+    apply (``APPLIES_TO``) and for one `plan` would override (``PLANNER_CHOOSES``),
+    InvalidValueError for an unknown flag and UnsupportedError for a combination no estimate
+    can honour.
     """
     allowed = {f.name for f in flags_for(command)}
     given: dict[str, Any] = {}
@@ -471,8 +473,8 @@ APPLIES_TO: dict[str, tuple[Callable[[Strategy], bool], str]] = {
     "lora-dropout": (_adapters, "LoRA-family methods (lora, dora, qlora, lora8bit, ...)"),
     "lora-targets": (lambda s: _adapters(s) or s.method is Method.IA3,
                      "adapter methods (the LoRA family and ia3)"),
-    "trainable-modules": (lambda s: not s.method.trains_base,
-                          "PEFT methods (full and freeze train the base themselves)"),
+    "trainable-modules": (lambda s: s.method is not Method.FULL,
+                          "methods that freeze something (full trains every module)"),
     "trainable-layers": (lambda s: s.method is Method.FREEZE, "--method freeze"),
     "num-virtual-tokens": (lambda s: s.method in (Method.PREFIX, Method.PROMPT,
                                                   Method.P_TUNING),
