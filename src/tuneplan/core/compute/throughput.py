@@ -146,8 +146,7 @@ def adapted_linears(model: ModelShape, strategy: Strategy) -> tuple[AdaptedLinea
         # LoRA on the output head or the embedding (``outer_targets``): the head's is a
         # matmul every token passes through; the embedding's A is a row lookup (no FLOPs)
         # and its r x H product with B is left out of the FLOPs.
-        outer = outer_targets(spec, strategy) if strategy.method.is_lora else ()
-        for lin in outer:
+        for lin in outer_targets(spec, strategy):
             head = lin.role is LinearRole.OUTPUT_HEAD
             out.append(AdaptedLinear(
                 name=lin.name, in_features=lin.in_features, out_features=lin.out_features,

@@ -205,7 +205,7 @@ def outer_targets(model: ModelSpec, strategy: Strategy) -> tuple[Linear, ...]:
     warns that the tied twin is not adapted; checked on a tiny tied Llama, peft 0.21.2).
     ``all-linear`` never includes them (PEFT leaves the output layer out). Raises
     UnsupportedError where the estimate does not model the combination."""
-    if strategy.all_linear or (not strategy.method.is_lora and strategy.method is not Method.IA3):
+    if strategy.all_linear or not (strategy.method.is_low_rank or strategy.method is Method.IA3):
         return ()
     head = [t for t in strategy.lora_targets if t in HEAD_NAMES]
     embed = [t for t in strategy.lora_targets if t in EMBED_NAMES]

@@ -15,6 +15,7 @@ from tuneplan.core.job.methods import (
     expert_adapter_params,
     lora_rank_of,
     outer_adapter_params,
+    outer_targets,
     targeted_linears,
 )
 from tuneplan.core.job.recipes import PrecisionPlan
@@ -103,14 +104,14 @@ def _autocast_copies(model: ModelSpec, s: Strategy, plan: PrecisionPlan,
     elif plan.autocast and s.method.is_lora and plan.adapter_bytes != plan.compute_bytes:
         # not DoRA's m, nor the experts' factors (ParamWrapper casts them itself, counted with
         # the merged expert weights in activations/*/adapters_mlp)
-        # nor the adapters on the output head / embedding (``outer_targets``): the head's
-        # are cast with it (freed by its backward), the embedding's B with the first block's
-        outer = outer_adapter_params(model, s, LinearRole.OUTPUT_HEAD)
+        # nor the A/B on the output head / embedding (``outer_targets``): the head's are cast
+        # with the head (freed by its backward); the embedding's B (H·r) is left out
+        outer = {lin.role: s.lora_rank * (lin.in_features + lin.out_features)
+                 for lin in outer_targets(model, s)}
         lora = sum(r * c * n for r, c, n in trainable.matrices if r > 1) - \
-            expert_adapter_params(model, s) - outer - \
-            outer_adapter_params(model, s, LinearRole.EMBEDDING)
+            expert_adapter_params(model, s) - sum(outer.values())
         block, what = lora // layers * plan.compute_bytes, "LoRA A/B"
-        head = outer * plan.compute_bytes
+        head = outer.get(LinearRole.OUTPUT_HEAD, 0) * plan.compute_bytes
     if plan.autocast and plan.kbit_upcast and s.task is Task.CAUSAL_LM:
         head += model.vocab_size * model.hidden_size * plan.compute_bytes
     ckpt = s.checkpointing is not Checkpointing.NONE
