@@ -269,10 +269,12 @@ class StrategySearch:
         shardings = MULTI_GPU_SHARDING if world > 1 else (Sharding.DDP,)
         choices = ([(Sharding.ZERO3, Offload.OPTIMIZER), (Sharding.ZERO3, Offload.OPTIMIZER_PARAMS)]
                    if offload else [(s, Offload.NONE) for s in shardings])
+        # offloaded checkpoints (the unsloth recipe's own, or a job file's) stay offloaded
+        kept = Checkpointing.OFFLOAD if self.base.checkpointing is Checkpointing.OFFLOAD else (
+            Checkpointing.FULL)
         for sharding, off in choices:
             yield replace(self.base, method=method, batch_size=1, gpus=node.gpus_per_node,
-                          nodes=node.nodes, sharding=sharding, offload=off,
-                          checkpointing=Checkpointing.FULL)
+                          nodes=node.nodes, sharding=sharding, offload=off, checkpointing=kept)
 
     def _precision_for(self, strategy: Strategy, gpu: GpuSpec) -> Strategy:
         """No BF16 tensor cores: fp16 with loss scaling (same bytes, so the memory search
