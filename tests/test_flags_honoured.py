@@ -7,7 +7,9 @@ model and the command's result must change in the field the flag drives, stay eq
 flag legitimately has no effect on that command (with the reason written here), or be refused
 with a one-line error naming the flag. A flag added to the registry without a case here fails
 ``test_every_flag_has_a_case``. Runs through the service layer (the CLI's and the web's path),
-with hand-made offers instead of the catalog, so it is fast and needs no network.
+with hand-made offers instead of the catalog, so it is fast and needs no network. `probe`
+runs torch steps: there each flag must be refused by its harness naming the flag, or be read
+by the probe's code (its measurements are tests/core/memory/test_simulation.py's).
 """
 
 from __future__ import annotations
@@ -178,8 +180,45 @@ class Case:
     contexts: dict[str, dict[str, Any]] = field(default_factory=dict)  # per command
 
 
-RUNS_TORCH = "probe runs real or fake-tensor steps with torch; it refuses what it cannot run " \
-             "(tests/adapters/probe/test_harness.py REFUSED)"
+#: Flags the probe neither refuses nor reads, and why that is right.
+PROBE_NEED_NOT_READ = {
+    "allow-long-context": "a permission for the estimates: the probe runs any --seq-len",
+}
+PROBE_SOURCES = ROOT / "src" / "tuneplan" / "adapters" / "probe"
+
+
+def _probe_honours_or_refuses(name: str) -> None:
+    """`tuneplan probe` runs the step itself (torch; tests/core/memory/test_simulation.py and
+    tests/adapters/probe/ measure it): here, each of its flags is refused by the harness with
+    the flag named (``refuse_unrunnable``) or its field is read by the probe's code."""
+    import re
+
+    pytest.importorskip("torch")
+    from tuneplan.adapters.probe.harness import refuse_unrunnable
+    from tuneplan.service.jobflags import job_from_values
+
+    def runnable(values: dict[str, Any]) -> bool:
+        try:
+            refuse_unrunnable(job_from_values(MODEL, values, command="probe").strategy)
+        except TuneplanError:
+            return False
+        return True
+
+    case = CASES[name]  # its context, less what the probe refuses on its own
+    context = {k: v for k, v in _context(case, "probe").items() if runnable({k: v})}
+    try:
+        strategy = job_from_values(MODEL, {**context, name: case.value},
+                                   command="probe").strategy
+        refuse_unrunnable(strategy)
+    except TuneplanError as exc:
+        if f"--{name}" in str(exc) or (name in ("gpus", "nodes") and "--gpus/--nodes" in str(
+                exc)) or (name == "trainable-layers" and "--method freeze" in str(exc)):
+            return
+        raise
+    field_name = BY_NAME[name].field
+    code = " ".join(p.read_text() for p in PROBE_SOURCES.glob("*.py"))
+    read = re.search(rf"\.{field_name}\b", code) is not None
+    assert read or name in PROBE_NEED_NOT_READ, f"--{name}: the probe neither refuses nor reads it"
 ESTIMATE_ONLY = {"memory", "explain", "fit", "cost", "plan"}
 CASES: dict[str, Case] = {
     "method": Case("full", memory="trainable", speed="tok_s"),
@@ -285,7 +324,8 @@ def _assert_refused(result: dict[str, Any], name: str) -> None:
 @pytest.mark.parametrize(("command", "name"), _pairs())
 def test_the_flag_is_honoured_or_refused(command: str, name: str) -> None:
     if command == "probe":
-        pytest.skip(RUNS_TORCH)
+        _probe_honours_or_refuses(name)
+        return
     flag, case = BY_NAME[name], CASES[name]
     context = _context(case, command)
     value = case.values.get(command, case.value)
