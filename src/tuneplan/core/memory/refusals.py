@@ -45,12 +45,13 @@ def _problems(model: ModelSpec, s: Strategy) -> list[str]:
                    "use --optimizer adamw with --offload")
     if s.offload is Offload.OPTIMIZER_PARAMS and s.sharding not in (Sharding.ZERO3, Sharding.FSDP):
         out.append("--offload optimizer+params needs --sharding zero3 or fsdp")
-    if s.world_size == 1 and s.offload is Offload.NONE and s.sharding in (
+    shards = s.gpus if s.sharding is Sharding.HYBRID else s.world_size  # hybrid: in a node
+    if shards == 1 and s.offload is Offload.NONE and s.sharding in (
             Sharding.FSDP, Sharding.FSDP_GRAD_OP, Sharding.HYBRID):
-        # Unlike DeepSpeed (fp32 master copies even on one GPU), FSDP on one GPU without CPU
+        # Unlike DeepSpeed (fp32 master copies even on one GPU), FSDP over one GPU without CPU
         # offload holds what DDP holds: the estimate would be ddp's under another name.
-        out.append(f"--sharding {s.sharding.value} on one GPU shards nothing: use --gpus 2 or "
-                   "more, add --offload optimizer, or --sharding ddp")
+        out.append(f"--sharding {s.sharding.value} over one GPU shards nothing: use --gpus 2 "
+                   "or more, add --offload optimizer, or --sharding ddp")
     if s.offload is not Offload.NONE and s.sharding is Sharding.DDP:
         out.append("--offload needs a ZeRO or FSDP sharding")
     if s.recipe is Recipe.UNSLOTH and s.world_size > 1:
