@@ -194,7 +194,8 @@ class Job:
 
     ``strategy`` holds the training settings; its ``method`` may be ``auto`` (the planner tries
     full, LoRA and QLoRA) and its batch, checkpointing, sharding and GPU counts are starting
-    points the planner searches over. Training length is ``tokens`` per epoch, or
+    points the planner searches over (given as flags to `plan` they are refused, since it
+    would override them: ``service.jobflags.PLANNER_CHOOSES``). Training length is ``tokens`` per epoch, or
     ``dataset_rows`` x ``avg_tokens``. Constraints left None/empty mean "any".
     """
 
