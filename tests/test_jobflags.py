@@ -74,8 +74,12 @@ def test_cli_file_and_form_values_give_the_same_job(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     path.write_text("method: qlora\nlora_rank: 8\nseq-len: 4096\npacking: true\ngpus: 2\n"
                     "gradient_checkpointing: false\ntokens: 50M\nbudget: 100\n")
-    a = job_from_values("m", cli, command="plan")
-    b = job_from_values("m", form, command="plan")
+    # `plan` chooses --gpus and checkpointing itself (refused as flags there), so the flags
+    # and the form go to `cost`, which takes them (its --budget, a planner flag, from a file)
+    budget = {"budget": cli.pop("budget")}
+    form.pop("budget")
+    a = job_from_values("m", cli, command="cost", file_values=budget)
+    b = job_from_values("m", form, command="cost", file_values=budget)
     c = job_from_values("m", {}, command="plan", file_values=load_job_file(path))
     assert a == b == c
     assert a.strategy.lora_rank == 8 and a.strategy.checkpointing is Checkpointing.NONE
@@ -84,7 +88,7 @@ def test_cli_file_and_form_values_give_the_same_job(tmp_path: Path) -> None:
     # What was given is fixed for the planner; the derived sharding and the defaults are not.
     assert a.fixed == ("checkpointing", "gpus", "lora_rank", "method", "packing", "seq_len")
     # A job's own values rebuild it (what a job file written from it would hold).
-    assert job_from_values("m", job_values(a), command="plan") == a
+    assert job_from_values("m", {}, command="plan", file_values=job_values(a)) == a
 
 
 def test_flags_override_the_file_and_defaults(tmp_path: Path) -> None:
@@ -130,6 +134,13 @@ def test_a_misspelt_enum_value_gets_the_closest_choice() -> None:
 def test_a_flag_the_command_cannot_honour_is_refused_not_ignored() -> None:
     with pytest.raises(InvalidValueError, match="takes no flag --budget"):
         job_from_values("m", {"budget": "100"}, command="memory")
+    with pytest.raises(InvalidValueError, match="takes no flag --tokens"):
+        job_from_values("m", {"tokens": "50M"}, command="fit")  # fit answers in bytes
+    for name in jobflags.PLANNER_SEARCHES:  # plan keeps them fixed when given (Job.fixed)
+        value = ("2" if name in ("batch-size", "gpus", "nodes") else "zero2" if name == "sharding"
+                 else "optimizer" if name == "offload" else True)
+        job = job_from_values("m", {name: value}, command="plan")
+        assert job.fixed == (jobflags.BY_NAME[name].field,), name
     with pytest.raises(InvalidValueError, match="unknown job flag"):
         job_from_values("m", {"lora-rnk": "8"}, command="memory")
 

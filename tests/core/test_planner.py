@@ -203,7 +203,8 @@ def test_job_validates_every_problem_at_once() -> None:
         Job(model="x", epochs=0, budget_usd=Decimal(-1))
     job = Job(model="x", dataset_rows=1000, avg_tokens=500)
     assert job.tokens_per_epoch == 500_000
-    assert replace(job, tokens=7).tokens_per_epoch == 7
+    with pytest.raises(InvalidValueError, match="not both"):  # rows would go unused
+        replace(job, tokens=7)
 
 
 def test_multi_node_when_one_node_cannot_hold_the_job() -> None:

@@ -24,7 +24,13 @@ import typer
 from rich.console import Console
 
 from tuneplan.errors import InvalidValueError
-from tuneplan.service.jobflags import PANELS, Flag, flags_for
+from tuneplan.service.jobflags import (
+    PANELS,
+    PLANNER_SEARCHES,
+    PLANNER_SEARCHES_HELP,
+    Flag,
+    flags_for,
+)
 from tuneplan.service.jobs import JobRequest
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
@@ -115,9 +121,11 @@ def _default_text(flag: Flag) -> str | None:
     return default.value if isinstance(default, StrEnum) else str(default)
 
 
-def _option(flag: Flag) -> inspect.Parameter:
+def _option(flag: Flag, command: str) -> inspect.Parameter:
     default = _default_text(flag)
     text = flag.help
+    if command == "plan" and flag.name in PLANNER_SEARCHES:
+        text += " " + PLANNER_SEARCHES_HELP
     if flag.kind.choices:
         text += f" One of: {', '.join(flag.kind.choices)}."
     shown: bool | str = default if default else False
@@ -152,7 +160,7 @@ def job_flags(command: str) -> Callable[[F], F]:
                                  "(flag: value); flags given here override it.",
                                  metavar="FILE", rich_help_panel=PANELS[flags[0].group]),
             annotation=Path | None)
-        params = [*kept, *(_option(f) for f in flags), job_file]
+        params = [*kept, *(_option(f, command) for f in flags), job_file]
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -23,6 +23,7 @@ from tuneplan.core.planner.costing import CostOptions, cost_inputs, price_plan
 from tuneplan.core.planner.plan import PlanAssumptions, offer_node, strategy_search
 from tuneplan.core.planner.search import Candidate, Refused, evaluate_strategy
 from tuneplan.errors import InvalidValueError
+from tuneplan.units import GiB
 
 FABRICS = ("auto", "nvlink", "pcie")
 
@@ -130,13 +131,22 @@ def _price(model: ModelSpec, job: Job, strategy: Strategy, offer: Offer, a: Plan
         raise InvalidValueError("this offer has no on-demand price: add --spot")
     document = main.as_dict()
     document["spot"] = None if spot is None or spot.spot is None else spot.spot.as_dict()
-    document["warnings"] = _warnings(on_demand, spot)
+    # The planner keeps a strategy only where it fits; a priced one is told whether it does.
+    usable = int(offer_node(offer, gpu).capacity_bytes * a.memory_margin)
+    fits = c.device_total_bytes <= usable
+    document["warnings"] = _warnings(on_demand, spot) + ([] if fits else [
+        f"does not fit: needs {c.device_total_bytes / GiB:.1f} GiB per GPU, "
+        f"{usable / GiB:.1f} GiB usable on {gpu.name} ({a.memory_margin:.0%})"])
+    document["memory"] = {"device_total_bytes": c.device_total_bytes,
+                          "usable_bytes": usable, "fits": fits,
+                          "host_ram_bytes": c.host_ram_bytes}
     document["nodes"] = strategy.nodes
     document["strategy"] = strategy.as_dict()
     document["offer"] = {"id": offer.id, "provider": offer.provider, "gpu": offer.gpu,
                          "gpu_count": offer.gpu_count, "region": offer.region}
     document["throughput"] = {"tokens_per_second": c.throughput.tokens_per_second,
-                              "training_hours": c.throughput.hours}
+                              "training_hours": c.throughput.hours,
+                              "notes": list(c.throughput.notes)}
     return document
 
 

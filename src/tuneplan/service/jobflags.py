@@ -66,10 +66,20 @@ COMMAND_GROUPS: dict[str, frozenset[Group]] = {
     "explain": frozenset({Group.STRATEGY, Group.GPU}),
     "throughput": frozenset({Group.STRATEGY, Group.GPU, Group.LENGTH}),
     "cost": frozenset({Group.STRATEGY, Group.LENGTH}),
-    "fit": frozenset({Group.STRATEGY, Group.GPU, Group.LENGTH, Group.LIMITS}),
+    # fit answers in bytes only (largest batch and sequence, changes that fit): no length
+    "fit": frozenset({Group.STRATEGY, Group.GPU, Group.LIMITS}),
     "plan": frozenset(Group),
     "probe": frozenset({Group.STRATEGY}),
 }
+#: Flags ``tuneplan plan`` searches over for every offer when they are not given
+#: (core.planner.search: the largest micro-batch that fits, checkpointing, the sharding and
+#: offload that fit, the offer's GPU count and, with --multi-node, the node count). Given as
+#: flags or in a job file they are fixed (``Job.fixed``): every plan keeps them.
+PLANNER_SEARCHES: frozenset[str] = frozenset({
+    "batch-size", "gpus", "nodes", "sharding", "offload", "gradient-checkpointing",
+    "offload-activations"})
+#: The sentence --help and the plan form add to each of them.
+PLANNER_SEARCHES_HELP = "On plan: searched when not given; given, every plan keeps it."
 # What --help calls each group's panel.
 PANELS = {Group.STRATEGY: "Job: training strategy", Group.GPU: "Job: hardware",
           Group.LENGTH: "Job: training length", Group.LIMITS: "Job: hardware",
@@ -392,8 +402,10 @@ def job_from_values(model: str, values: Mapping[str, Any], *, command: str,
     own, such as an offer's GPU count) over the dataclasses' defaults. ``values`` may hold only
     the flags ``command`` takes; a job file may hold any job flag.
 
-    Raises JobFlagError (naming the flag) for a bad value, InvalidValueError for an unknown flag
-    and UnsupportedError for a combination no estimate can honour.
+    Raises JobFlagError (naming the flag) for a bad value, for a flag given where it cannot
+    apply (``APPLIES_TO``),
+    InvalidValueError for an unknown flag and UnsupportedError for a combination no estimate
+    can honour.
     """
     allowed = {f.name for f in flags_for(command)}
     given: dict[str, Any] = {}
@@ -425,10 +437,46 @@ def job_from_values(model: str, values: Mapping[str, Any], *, command: str,
             fields[flag.owner][flag.field] = value
     _derive(fields[Strategy], given)
     strategy = _build(Strategy, fields[Strategy])
+    for name in values:
+        if values[name] is not None and name in APPLIES_TO:
+            applies, where = APPLIES_TO[name]
+            if not applies(strategy):
+                raise JobFlagError(name, f"--{name} applies only to {where}; this job has "
+                                   f"--method {strategy.method.value} --task "
+                                   f"{strategy.task.value}: drop it")
     fixed = tuple(sorted({f.field for f in FLAGS if f.owner is Strategy and f.name in chosen}))
     job: Job = _build(Job, {"model": model, "strategy": strategy, **fields[Job],
                             "fixed": fixed})
     return job
+
+
+def _adapters(s: Strategy) -> bool:
+    return s.method.is_low_rank or s.method is Method.AUTO
+
+
+#: Strategy flags that mean something only for some methods or tasks: given as a flag (or
+#: form field) where they do not apply they are refused, not silently ignored. A job file may
+#: carry them (it describes the whole job, and `--method auto` tries several methods).
+APPLIES_TO: dict[str, tuple[Callable[[Strategy], bool], str]] = {
+    "lora-rank": (_adapters, "LoRA-family methods (lora, dora, qlora, lora8bit, ...)"),
+    "lora-alpha": (_adapters, "LoRA-family methods (lora, dora, qlora, lora8bit, ...)"),
+    "lora-dropout": (_adapters, "LoRA-family methods (lora, dora, qlora, lora8bit, ...)"),
+    "lora-targets": (lambda s: _adapters(s) or s.method is Method.IA3,
+                     "adapter methods (the LoRA family and ia3)"),
+    "trainable-modules": (lambda s: s.method is not Method.FULL,
+                          "methods that freeze something (full trains every module)"),
+    "trainable-layers": (lambda s: s.method is Method.FREEZE, "--method freeze"),
+    "num-virtual-tokens": (lambda s: s.method in (Method.PREFIX, Method.PROMPT,
+                                                  Method.P_TUNING),
+                           "prefix, prompt and p-tuning"),
+    "quant": (lambda s: s.method in (Method.QLORA, Method.LORA8BIT, Method.AUTO),
+              "qlora (and lora8bit, as int8)"),
+    "double-quant": (lambda s: s.method is Method.AUTO or (
+        s.method is Method.QLORA and s.quant in (Quant.NF4, Quant.FP4)),
+                     "qlora with --quant nf4 or fp4 (bitsandbytes' nested constants)"),
+    "num-labels": (lambda s: s.task is Task.SEQ_CLS, "--task seq-cls"),
+    "loss": (lambda s: s.task is Task.CAUSAL_LM, "--task causal-lm (the vocabulary loss)"),
+}
 
 
 def _derive(strategy: dict[str, Any], given: Mapping[str, Any]) -> None:

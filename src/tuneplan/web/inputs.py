@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_mod
 
 from tuneplan.core.models import ModelSpec
 from tuneplan.errors import BadInputError, CatalogError
-from tuneplan.service.jobflags import Flag, flags_for
+from tuneplan.service.jobflags import PLANNER_SEARCHES, PLANNER_SEARCHES_HELP, Flag, flags_for
 from tuneplan.service.jobs import JobRequest
 
 MAX_UPLOAD_BYTES = 1_000_000  # a real config.json is a few KB
@@ -67,20 +67,23 @@ def _form_default(flag: Flag) -> Any:
     return value.value if isinstance(value, StrEnum) else value
 
 
-def _form_field(flag: Flag) -> tuple[Any, Any]:
-    """(type, pydantic Field) of one job flag, from the registry: its help, choices, bounds."""
+def _form_field(flag: Flag, command: str) -> tuple[Any, Any]:
+    """(type, pydantic Field) of one job flag, from the registry: its help, choices, bounds
+    (and, on the plan form, that a value the planner searches is kept when given)."""
     kind, default = flag.kind, _form_default(flag)
+    text = flag.help + (f" {PLANNER_SEARCHES_HELP}"
+                        if command == "plan" and flag.name in PLANNER_SEARCHES else "")
     if kind.switch:
         kind_type: Any = bool
     elif kind.choices:
         kind_type = Literal[kind.choices]
     elif kind.number is int:
-        return int | None, Field(default, ge=kind.low, le=kind.high, description=flag.help)
+        return int | None, Field(default, ge=kind.low, le=kind.high, description=text)
     elif kind.number is float:
         kind_type = float
     else:
         kind_type = Annotated[str, StringConstraints(strip_whitespace=True, max_length=300)]
-    return kind_type | None, Field(default, description=flag.help)
+    return kind_type | None, Field(default, description=text)
 
 
 class JobForm(BaseModel):
@@ -101,7 +104,7 @@ class PlanForm(JobForm):
 def _job_model(name: str, base: type[JobForm], command: str, doc: str) -> type[JobForm]:
     """``base`` plus a field for each of ``command``'s job flags (``service.jobflags.FLAGS``:
     names, help, choices, bounds and defaults all come from there)."""
-    fields = {flag.key: _form_field(flag) for flag in flags_for(command)}
+    fields = {flag.key: _form_field(flag, command) for flag in flags_for(command)}
     model: type[JobForm] = create_model(  # type: ignore[call-overload]
         name, __base__=base, __doc__=doc, **fields)
     return model

@@ -22,7 +22,13 @@ from tuneplan.core.compute.communication import (
     communication_per_step,
     node_fabric,
 )
-from tuneplan.core.job.methods import ESTIMATED_METHODS, Method, count_trainable
+from tuneplan.core.job.methods import (
+    ESTIMATED_METHODS,
+    Method,
+    Quant,
+    count_trainable,
+    effective_quant,
+)
 from tuneplan.core.job.strategy import (
     Checkpointing,
     Offload,
@@ -125,12 +131,16 @@ def _memory_bound_terms(model: ModelShape, s: Strategy, gpu: GpuSpec,
     if s.method in (Method.QLORA, Method.LORA8BIT):
         dq_passes = 3 if recomputes(s) else 2
         base = model.stored_block_params
+        # the assumption reads 0.5 B per 4-bit weight; an int8 weight is 1 B (bnb int8 rows)
+        per_param = a.dequant_bytes_per_param + (0.5 if effective_quant(s) is Quant.INT8
+                                                 else 0.0)
         terms.append(Term(
             path="micro-batch/dequantize",
-            value=dq_passes * base * a.dequant_bytes_per_param
+            value=dq_passes * base * per_param
             / (bandwidth * a.dequant_bandwidth_efficiency), unit="s",
             formula="passes x base params x bytes/param / (HBM bandwidth x efficiency)",
-            inputs={"passes": dq_passes, "base_params": base, "bandwidth": bandwidth},
+            inputs={"passes": dq_passes, "base_params": base, "bandwidth": bandwidth,
+                    "bytes_per_param": per_param},
             source="4-bit/8-bit weights are dequantized to the compute dtype each pass"))
     if s.method is Method.DORA:
         adapted = _adapted_weight_params(model, s)

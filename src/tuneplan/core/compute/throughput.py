@@ -19,8 +19,19 @@ from tuneplan.core.catalog.hardware import GpuSpec
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
 from tuneplan.core.compute.communication import NodeLinks
 from tuneplan.core.compute.step import recomputes, step_time
-from tuneplan.core.job.methods import Method, fused_qkv_note, lora_rank_of, targeted_linears
-from tuneplan.core.job.strategy import Attention, Precision, Strategy, Task
+from tuneplan.core.job.methods import (
+    ESTIMATED_METHODS,
+    ESTIMATED_QUANTS,
+    Method,
+    Quant,
+    context_problem,
+    effective_quant,
+    fused_qkv_note,
+    lora_rank_of,
+    outer_targets,
+    targeted_linears,
+)
+from tuneplan.core.job.strategy import Attention, Checkpointing, Precision, Strategy, Task
 from tuneplan.core.models import LinearRole, ModelSpec
 from tuneplan.errors import UnsupportedError
 from tuneplan.explain import Breakdown, Term
@@ -127,10 +138,20 @@ def adapted_linears(model: ModelShape, strategy: Strategy) -> tuple[AdaptedLinea
     each at ``lora_rank_of`` (2r on fused gate_up experts). Empty for other methods."""
     if not strategy.method.is_low_rank:
         return ()
-    key = ("adapted", strategy.lora_targets, strategy.lora_rank)
+    key = ("adapted", strategy.lora_targets, strategy.lora_rank, strategy.method,
+           strategy.task, strategy.trainable_modules)
     found = model._cache.get(key)
     if found is None:
         spec, out = model.spec, []
+        # LoRA on the output head or the embedding (``outer_targets``): the head's is a
+        # matmul every token passes through; the embedding's A is a row lookup (no FLOPs)
+        # and its r x H product with B is left out of the FLOPs.
+        for lin in outer_targets(spec, strategy):
+            head = lin.role is LinearRole.OUTPUT_HEAD
+            out.append(AdaptedLinear(
+                name=lin.name, in_features=lin.in_features, out_features=lin.out_features,
+                rank=strategy.lora_rank, active=1 if head else 0, stored=1, modules=1,
+                role=lin.role))
         for group in spec.layers:
             for lin in targeted_linears(spec, strategy, group):
                 expert = lin.role is LinearRole.EXPERT
@@ -165,6 +186,28 @@ def tokens_per_sequence(strategy: Strategy, avg_tokens: int | None,
     return real, min(strategy.seq_len, round(real * a.padding_factor)) + extra
 
 
+def _unmodelled(s: Strategy) -> list[str]:
+    """What the speed model takes as it is and does not time, said where it applies, so a
+    flag that leaves tokens/s unchanged is seen to be read."""
+    out = []
+    if s.method not in ESTIMATED_METHODS and s.method.is_low_rank:
+        out.append(f"--method {s.method.value}: timed as LoRA over the same targets and rank "
+                   "(its own kernels are not modelled; memory does not estimate it)")
+    elif s.method not in ESTIMATED_METHODS:
+        out.append(f"--method {s.method.value}: timed as the frozen model with one hidden-size "
+                   "vector per block training (memory does not estimate it)")
+    if effective_quant(s) is Quant.GPTQ_INT4:
+        out.append("--quant gptq-int4: dequantization timed as bitsandbytes 4-bit (the same "
+                   "bytes read per weight)")
+    if s.recipe.value != "hf":
+        out.append(f"--recipe {s.recipe.value}: timed with the same kernels as hf (no "
+                   "per-framework speed-ups modelled); the recipe changes memory only")
+    if s.checkpointing is Checkpointing.OFFLOAD:
+        out.append("--offload-activations: the host copies of the checkpoints are assumed to "
+                   "overlap with compute (no PCIe time added)")
+    return out
+
+
 def check_speed_strategy(strategy: Strategy) -> None:
     """Refuse what the speed model cannot speak to (UnsupportedError)."""
     if strategy.method is Method.AUTO:
@@ -173,6 +216,10 @@ def check_speed_strategy(strategy: Strategy) -> None:
                                                           if m is not Method.AUTO))
     if strategy.lora_rank < 1:
         raise UnsupportedError(f"--lora-rank must be at least 1, got {strategy.lora_rank}")
+    quant = effective_quant(strategy)
+    if quant is not None and quant not in ESTIMATED_QUANTS:
+        raise UnsupportedError(f"--quant {quant.value} is not modelled (no speed or memory "
+                               "estimate); use nf4, fp4, int8 or gptq-int4")
 
 
 def flops_per_token(model: ModelShape | ModelSpec, strategy: Strategy, a: ThroughputAssumptions,
@@ -310,6 +357,9 @@ def estimate_throughput(model: ModelShape | ModelSpec, strategy: Strategy, gpu: 
     """
     check_speed_strategy(strategy)
     shape = as_shape(model)
+    context_limit = context_problem(shape.spec, strategy)
+    if context_limit:
+        raise UnsupportedError(context_limit)
     s = strategy
     a = assumptions or ThroughputAssumptions()
     real, computed = tokens_per_sequence(s, avg_tokens, a)
@@ -320,6 +370,7 @@ def estimate_throughput(model: ModelShape | ModelSpec, strategy: Strategy, gpu: 
     peak, notes = peak_flops_per_s(gpu, s.precision)
     fused = fused_qkv_note(shape.spec, s)
     notes += [fused] if fused else []
+    notes += _unmodelled(s)
     step, comm, comm_s, more = step_time(
         model=shape, strategy=s, links=links or NodeLinks(), gpu=gpu, assumptions=a, peak=peak,
         flops_per_token=flops.total, computed_tokens=computed * s.batch_size)

@@ -97,6 +97,16 @@ def effective_quant(strategy: Strategy) -> Quant | None:
     return strategy.quant if strategy.method is Method.QLORA else None
 
 
+def context_problem(model: ModelSpec, strategy: Strategy) -> str | None:
+    """Why ``--seq-len`` cannot be estimated on ``model`` (beyond its trained context and no
+    ``--allow-long-context``), for the memory and the speed model alike; None when it can."""
+    limit = model.max_position_embeddings
+    if limit and strategy.seq_len > limit and not strategy.allow_long_context:
+        return (f"--seq-len {strategy.seq_len} exceeds {model.name}'s limit of {limit}; "
+                "pass --allow-long-context if the model is extended (RoPE scaling)")
+    return None
+
+
 def _short(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
@@ -184,6 +194,58 @@ def targeted_linears(model: ModelSpec, strategy: Strategy, layer: LayerSpec) -> 
         return tuple(lin for lin in layer.linears if lin.role is not LinearRole.EXPERT and not (
             lin.role is LinearRole.ROUTER and _short(lin.name) in _ROUTER_MODULES))
     return tuple(lin for lin in layer.linears if _matches(lin, peft_lora_targets(model, strategy)))
+
+
+def outer_targets(model: ModelSpec, strategy: Strategy) -> tuple[Linear, ...]:
+    """The output head and/or input embedding named in ``--lora-targets`` (``lm_head``,
+    ``embed_tokens`` and their other families' names), as the maps PEFT 0.21 wraps there:
+    ``lm_head`` is an ``nn.Linear`` (hidden -> vocab; lora.Linear: A r x H, B V x r) and the
+    embedding a ``lora.Embedding`` (lora_embedding_A r x V, lora_embedding_B H x r), so both
+    train r·(H + V). Tied embeddings change nothing: PEFT wraps the named module only (it
+    warns that the tied twin is not adapted; checked on a tiny tied Llama, peft 0.21.2).
+    ``all-linear`` never includes them (PEFT leaves the output layer out). Raises
+    UnsupportedError where the estimate does not model the combination."""
+    if strategy.all_linear or not (strategy.method.is_low_rank or strategy.method is Method.IA3):
+        return ()
+    head = [t for t in strategy.lora_targets if t in HEAD_NAMES]
+    embed = [t for t in strategy.lora_targets if t in EMBED_NAMES]
+    if not head and not embed:
+        return ()
+    named = ",".join(head + embed)
+    if strategy.method is Method.IA3:
+        raise UnsupportedError(f"--lora-targets {named}: IA3 on the head or embedding is not "
+                               "estimated; name block linears only")
+    if head and strategy.task.value != "causal-lm":  # Task (strategy.py imports this module)
+        raise UnsupportedError(f"--lora-targets {','.join(head)}: a {strategy.task.value} "
+                               "model has no vocabulary head (its head is a new `score` layer)")
+    if embed and strategy.method is Method.DORA:
+        raise UnsupportedError(f"--lora-targets {','.join(embed)}: DoRA on the embedding is "
+                               "not estimated; use --method lora or drop it")
+    both = [t for t in head + embed if t in strategy.trainable_modules or (
+        t in HEAD_NAMES and any(m in HEAD_NAMES for m in strategy.trainable_modules)) or (
+        t in EMBED_NAMES and any(m in EMBED_NAMES for m in strategy.trainable_modules))]
+    if both:
+        raise UnsupportedError(f"{','.join(both)} is in both --lora-targets and "
+                               "--trainable-modules: a module is either adapted or trained in "
+                               "full (PEFT modules_to_save), not both")
+    out = []
+    if head:
+        out.append(Linear(name=head[0], in_features=model.hidden_size,
+                          out_features=model.vocab_size, bias=False,
+                          role=LinearRole.OUTPUT_HEAD))
+    if embed:
+        out.append(Linear(name=embed[0], in_features=model.vocab_size,
+                          out_features=model.hidden_size, bias=False,
+                          role=LinearRole.EMBEDDING))
+    return tuple(out)
+
+
+def outer_adapter_params(model: ModelSpec, strategy: Strategy, role: LinearRole) -> int:
+    """Adapter parameters on the output head or the embedding (``outer_targets``)."""
+    dora = strategy.method is Method.DORA
+    return sum(strategy.lora_rank * (lin.in_features + lin.out_features)
+               + (lin.out_features if dora else 0)
+               for lin in outer_targets(model, strategy) if lin.role is role)
 
 
 def expert_adapter_params(model: ModelSpec, strategy: Strategy) -> int:
@@ -281,6 +343,7 @@ def _adapter_matrices(model: ModelSpec, strategy: Strategy) -> list[tuple[int, i
         return [(strategy.num_virtual_tokens, layers * 2 * kv_dim, 1)]
     if method is Method.PROMPT:
         return [(strategy.num_virtual_tokens, model.hidden_size, 1)]
+    _check_targets(model, strategy)
     for layer in model.layers:
         for lin in targeted_linears(model, strategy, layer):
             n = lin.copies * layer.count
@@ -302,10 +365,32 @@ def _adapter_matrices(model: ModelSpec, strategy: Strategy) -> list[tuple[int, i
             mats += [(r, lin.in_features, n), (lin.out_features, r, n)]
             if method is Method.DORA:
                 mats.append((1, lin.out_features, n))
+    for lin in outer_targets(model, strategy):
+        mats += [(r, lin.in_features, 1), (lin.out_features, r, 1)]
+        if method is Method.DORA:
+            mats.append((1, lin.out_features, 1))
     if not mats:
         raise UnsupportedError(f"no linear of {model.name} matches --lora-targets "
                                f"{','.join(strategy.lora_targets)}")
     return mats
+
+
+def _check_targets(model: ModelSpec, strategy: Strategy) -> None:
+    """Every name in ``--lora-targets`` must name a module of ``model``: PEFT 0.21 ignores a
+    name that matches nothing as long as another one matches (checked on a tiny Llama), so a
+    typo would train fewer adapters than asked for, silently. Names with ``*`` are left to
+    PEFT's own matching."""
+    if strategy.all_linear:
+        return
+    names = _linear_names(model)
+    unknown = [t for t in peft_lora_targets(model, strategy) if t not in names
+               and t not in HEAD_NAMES and t not in EMBED_NAMES and "*" not in t]
+    if unknown:
+        known = sorted({_short(n) for n in names})
+        raise UnsupportedError(f"no module of {model.name} matches --lora-targets "
+                               f"{','.join(unknown)} (PEFT skips such a name silently when "
+                               f"another matches); its linears: {', '.join(known[:12])}, "
+                               "or lm_head / embed_tokens")
 
 
 def _modules_to_save(model: ModelSpec, strategy: Strategy) -> int:
@@ -314,6 +399,10 @@ def _modules_to_save(model: ModelSpec, strategy: Strategy) -> int:
     for name in strategy.trainable_modules:
         if name in EMBED_NAMES:
             params += model.vocab_size * model.hidden_size
+        elif name in HEAD_NAMES and strategy.task.value != "causal-lm":
+            raise UnsupportedError(f"--trainable-modules {name}: a {strategy.task.value} "
+                                   "model has no vocabulary head (its head is a new score "
+                                   "layer)")
         elif name in HEAD_NAMES:
             bias = model.vocab_size if model.head_bias else 0
             params += model.vocab_size * model.hidden_size + bias

@@ -233,6 +233,9 @@ class Job:
         # --avg-tokens alone is meaningful (padding of unpacked batches); rows need it.
         if self.dataset_rows is not None and self.avg_tokens is None and self.tokens is None:
             problems.append("give --avg-tokens together with --dataset-rows")
+        if self.dataset_rows is not None and self.tokens is not None:
+            problems.append("give --tokens or --dataset-rows (with --avg-tokens), not both: "
+                            "the length would be --tokens and --dataset-rows unused")
         for name in ("dataset_rows", "avg_tokens", "max_gpus"):
             value = getattr(self, name)
             if value is not None and value < 1:

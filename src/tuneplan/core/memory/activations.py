@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuneplan.core.job.methods import IA3_FEEDFORWARD, Method, effective_quant, targeted_linears
+from tuneplan.core.job.methods import (
+    IA3_FEEDFORWARD,
+    Method,
+    effective_quant,
+    outer_targets,
+    targeted_linears,
+)
 from tuneplan.core.job.recipes import PrecisionPlan
 from tuneplan.core.job.strategy import Attention, Checkpointing, Strategy
 from tuneplan.core.memory.experts import experts_adapted, param_wrapped, param_wrapper_saved
@@ -190,6 +196,15 @@ def _lora_saved(lin: Linear, t: int, d_in: int, w: Widths, strategy: Strategy,
     return saved
 
 
+def outer_lora_saved(lin: Linear, tokens: int, d_in: int, w: Widths,
+                     strategy: Strategy) -> tuple[int, bool]:
+    """(bytes, input shared) PEFT saves for a LoRA on the output head (``outer_targets``):
+    as for a block linear (``_lora_saved``); "shared" means lora_A saved the head's input
+    tensor itself (no cast), which then stays alive until the head's backward."""
+    shared: set[str] = set()
+    return _lora_saved(lin, tokens, d_in, w, strategy, shared, "head_in"), bool(shared)
+
+
 def _ia3_saved(lin: Linear, t: int, d_in: int, w: Widths, shared: set[str], group: str) -> int:
     """PEFT ia3.Linear: feed-forward targets scale (and save) the input, others the output."""
     if lin.name.rsplit(".", 1)[-1] in IA3_FEEDFORWARD:
@@ -284,6 +299,8 @@ def first_norm_without_grad(model: ModelSpec, strategy: Strategy, w: Widths,
     m = strategy.method
     if m.trains_base or m is Method.PROMPT or strategy.checkpointing is not Checkpointing.NONE:
         return 0
+    if any(lin.role is LinearRole.EMBEDDING for lin in outer_targets(model, strategy)):
+        return 0  # a LoRA on the embedding: its output requires grad
     return norm_saved(model, shape.tokens, w)
 
 

@@ -20,8 +20,9 @@ from tuneplan.core.job.methods import (
     count_trainable,
     effective_quant,
     fused_qkv_note,
+    outer_targets,
 )
-from tuneplan.core.job.recipes import PrecisionPlan, precision_plan
+from tuneplan.core.job.recipes import PrecisionPlan, Recipe, precision_plan
 from tuneplan.core.job.strategy import Checkpointing, Strategy, Task
 from tuneplan.core.memory import activations as act
 from tuneplan.core.memory import experts
@@ -32,7 +33,7 @@ from tuneplan.core.memory.parts import Group, Item, Piece, breakdown, flatten, p
 from tuneplan.core.memory.refusals import check_strategy
 from tuneplan.core.memory.sharding import ShardPlan, shard_plan
 from tuneplan.core.memory.steady import Static, host_terms, static_terms
-from tuneplan.core.models import ModelSpec
+from tuneplan.core.models import LinearRole, ModelSpec
 from tuneplan.explain import Breakdown
 
 
@@ -188,7 +189,8 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
     w = act.widths(strategy, plan, a.dropout_mask_bytes)
     layer_inputs = tuple(act.layer_inputs(model, layer, strategy, w) for layer in model.layers)
     found = _Fixed(
-        notes=tuple(n for n in (fused_qkv_note(model, strategy),) if n),
+        notes=tuple(n for n in (fused_qkv_note(model, strategy), _recipe_note(strategy, plan))
+                    if n),
         source=source, assumptions=a, model=model, trainable=trainable, plan=plan, shards=sp,
         static=static, widths=w,
         layer_inputs=layer_inputs, saved_line=_saved_line(model, strategy, w, layer_inputs),
@@ -209,6 +211,18 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
         _FIXED.clear()
     _FIXED[key] = found
     return found
+
+
+def _recipe_note(strategy: Strategy, plan: PrecisionPlan) -> str | None:
+    """Recipes change only dtypes and the loss default (``core.job.recipes``): say so where
+    ``--recipe`` gives this job the hf recipe's layout, so the same estimate is no surprise."""
+    if strategy.recipe is Recipe.HF:
+        return None
+    hf = precision_plan(replace(strategy, recipe=Recipe.HF))
+    if replace(plan, why="") != replace(hf, why=""):
+        return None
+    return (f"--recipe {strategy.recipe.value} keeps the hf recipe's dtypes and loss for this "
+            "job (recipes change only tensor dtypes and the loss default): same estimate as hf")
 
 
 def _shape(s: Strategy, batch: int) -> act.Shape:
@@ -272,6 +286,9 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
                                   *cast["bottom"], *dq],
         "forward-last-block": [base, *grads_fb, *blocks.forward_last, *cast["forward"], *dq],
     }
+    if loss.head:  # a LoRA on the output head adds its update before the loss runs
+        moments["forward-head"] = [base, *grads_fb, *blocks.kept, *cast["forward"], *loss.head,
+                                   *dq]
     if blocks.recompute:
         moments["backward-recompute"] = [base, *(grads_fb or st.grads_top), *blocks.recompute,
                                          *cast["bottom"], *dq]
@@ -290,6 +307,14 @@ def _inputs(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape) -> l
                            model.hidden_size * w.residual, "embedding output before the "
                            "virtual tokens are prepended B·S·H·bytes, held by the graph",
                            "transformers enable_input_require_grads; peft prompt tuning"))
+    embed = [lin for lin in outer_targets(model, s) if lin.role is LinearRole.EMBEDDING]
+    if embed:
+        # peft lora.Embedding: after_A = embedding(x, A.T) (T·r) is saved by the matmul with B
+        inner = w.compute if w.autocast else w.adapter
+        inputs.append(part("activations/embedding_lora", shape.tokens * s.lora_rank * inner,
+                           "LoRA on the embedding: A's lookup T·r·bytes, saved for B",
+                           "peft lora.Embedding.forward", tokens=shape.tokens,
+                           rank=s.lora_rank))
     return inputs
 
 

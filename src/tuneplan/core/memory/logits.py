@@ -11,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tuneplan.core.job.methods import outer_targets
 from tuneplan.core.job.recipes import PrecisionPlan, Recipe
 from tuneplan.core.job.strategy import Loss, Strategy, Task
-from tuneplan.core.memory.activations import Shape, Widths, norm_saved
+from tuneplan.core.memory.activations import Shape, Widths, norm_saved, outer_lora_saved
 from tuneplan.core.memory.parts import Piece, part
-from tuneplan.core.models import ModelSpec
+from tuneplan.core.models import LinearRole, ModelSpec
 
 _SRC = "transformers loss_utils.ForCausalLMLoss; torch log_softmax saves its fp32 output"
 
@@ -25,6 +26,9 @@ class LossMoments:
     kept: tuple[Piece, ...]          # saved from the end of forward until backward starts
     forward_only: tuple[Piece, ...]  # alive only while the loss is computed
     backward_only: tuple[Piece, ...]  # gradients alive at the start of backward
+    #: with a LoRA on the output head: all that is alive while the head adds its update to
+    #: the base logits, before the loss runs (the head's own moment; empty otherwise)
+    head: tuple[Piece, ...] = ()
 
 
 def effective_loss(strategy: Strategy, plan: PrecisionPlan) -> Loss:
@@ -36,7 +40,50 @@ def effective_loss(strategy: Strategy, plan: PrecisionPlan) -> Loss:
 
 def loss_moments(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan, w: Widths,
                  shape: Shape, head_trains: bool, chunks: int) -> LossMoments:
-    """Loss-side tensors at the end of forward and the start of backward (bytes)."""
+    """Loss-side tensors at the end of forward and the start of backward (bytes), with a
+    LoRA on the output head (``--lora-targets lm_head``) where there is one."""
+    out = _loss_moments(model, strategy, plan, w, shape, head_trains, chunks)
+    head = [lin for lin in outer_targets(model, strategy) if lin.role is LinearRole.OUTPUT_HEAD]
+    if not head:
+        return out
+    lin, t = head[0], shape.tokens
+    saved, shared = outer_lora_saved(lin, t, w.norm_out, w, strategy)
+    kept = [part("activations/head_lora", saved, "LoRA on the output head: its input cast "
+                 "(or dropout mask and output) T·H·bytes + A's output T·r·bytes",
+                 "peft lora.Linear.forward", tokens=t, rank=strategy.lora_rank)]
+    if shared and not head_trains:
+        kept.append(part("activations/head_input", t * model.hidden_size * w.norm_out,
+                         "output head input T·H·bytes (saved by its LoRA A)", tokens=t))
+    inner = w.compute if w.autocast else w.adapter
+    cast = t * lin.in_features * w.adapter if (w.autocast and w.norm_out != w.adapter) else 0
+    # result = base_layer(x) + lora_B(lora_A(x)) * scaling: the base logits, the scaled
+    # update and their sum are alive together; then the two addends are freed (the sum is the
+    # logits the loss reads), so this moment comes before the loss, not on top of it.
+    cl = _logit_bytes(plan, w, head_trains)
+    before_loss = [p for p in out.kept if p.path in ("activations/final_norm",
+                                                     "activations/head_input")]
+    head_moment = (*before_loss, *kept,
+                   part("logits/head_base", t * lin.out_features * cl,
+                        "base head output T·V·logit_bytes", "peft lora.Linear.forward",
+                        tokens=t, vocab=lin.out_features),
+                   part("logits/head_lora_update", t * lin.out_features * inner + cast,
+                        "scaled LoRA update T·V·bytes (+ the input cast T·H·bytes)",
+                        "peft lora.Linear.forward", tokens=t, vocab=lin.out_features),
+                   part("logits/head_sum", t * lin.out_features * cl,
+                        "their sum, the logits T·V·logit_bytes", "peft lora.Linear.forward",
+                        tokens=t, vocab=lin.out_features))
+    return LossMoments(kept=(*out.kept, *kept), forward_only=out.forward_only,
+                       backward_only=out.backward_only, head=head_moment)
+
+
+def _logit_bytes(plan: PrecisionPlan, w: Widths, head_trains: bool) -> int:
+    """Width of the logits: the compute dtype under autocast, else the head weight's."""
+    return w.compute if w.autocast else (4 if plan.kbit_upcast else (
+        plan.trainable_weight_bytes if head_trains else plan.frozen_weight_bytes))
+
+
+def _loss_moments(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan, w: Widths,
+                  shape: Shape, head_trains: bool, chunks: int) -> LossMoments:
     t, v = shape.tokens, model.vocab_size
     kept = [part("activations/final_norm", norm_saved(model, t, w),
                  "final norm: fp32 input T·H·4 + rsqrt T·4 (+ normalized if it trains)",
@@ -49,9 +96,7 @@ def loss_moments(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan, w: W
         logits = t * strategy.num_labels * 4
         return LossMoments(kept=tuple(kept), forward_only=(part(
             "logits/scores", logits, "T·labels·4", tokens=t),), backward_only=())
-    cl = w.compute if w.autocast else (4 if plan.kbit_upcast else
-                                       (plan.trainable_weight_bytes if head_trains else
-                                        plan.frozen_weight_bytes))
+    cl = _logit_bytes(plan, w, head_trains)
     ins: dict[str, Any] = {"tokens": t, "vocab": v, "logit_bytes": cl}
     loss = effective_loss(strategy, plan)
     if loss is Loss.CHUNKED and strategy.recipe is Recipe.UNSLOTH:

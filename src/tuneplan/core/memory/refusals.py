@@ -7,7 +7,7 @@ estimate does not model yet. Validation only: nothing here computes sizes.
 
 from __future__ import annotations
 
-from tuneplan.core.job.methods import ESTIMATED_QUANTS, Method, effective_quant
+from tuneplan.core.job.methods import ESTIMATED_QUANTS, Method, context_problem, effective_quant
 from tuneplan.core.job.recipes import Recipe
 from tuneplan.core.job.strategy import Offload, Sharding, Strategy
 from tuneplan.core.models import LinearRole, ModelSpec
@@ -31,10 +31,9 @@ def _problems(model: ModelSpec, s: Strategy) -> list[str]:
     quant = effective_quant(s)
     if quant is not None and quant not in ESTIMATED_QUANTS:
         out.append(f"--quant {quant.value} is not estimated yet; use nf4, fp4, int8 or gptq-int4")
-    limit = model.max_position_embeddings
-    if limit and s.seq_len > limit and not s.allow_long_context:
-        out.append(f"--seq-len {s.seq_len} exceeds {model.name}'s limit of {limit}; "
-                   "pass --allow-long-context if the model is extended (RoPE scaling)")
+    context = context_problem(model, s)
+    if context:
+        out.append(context)
     if s.compile:
         out.append("--compile changes activation memory in ways not modelled yet; drop it")
     if quant is not None and s.sharding in _SHARDED and s.world_size > 1 and s.recipe in (
@@ -46,6 +45,13 @@ def _problems(model: ModelSpec, s: Strategy) -> list[str]:
                    "use --optimizer adamw with --offload")
     if s.offload is Offload.OPTIMIZER_PARAMS and s.sharding not in (Sharding.ZERO3, Sharding.FSDP):
         out.append("--offload optimizer+params needs --sharding zero3 or fsdp")
+    shards = s.gpus if s.sharding is Sharding.HYBRID else s.world_size  # hybrid: in a node
+    if shards == 1 and s.offload is Offload.NONE and s.sharding in (
+            Sharding.FSDP, Sharding.FSDP_GRAD_OP, Sharding.HYBRID):
+        # Unlike DeepSpeed (fp32 master copies even on one GPU), FSDP over one GPU without CPU
+        # offload holds what DDP holds: the estimate would be ddp's under another name.
+        out.append(f"--sharding {s.sharding.value} over one GPU shards nothing: use --gpus 2 "
+                   "or more, add --offload optimizer, or --sharding ddp")
     if s.offload is not Offload.NONE and s.sharding is Sharding.DDP:
         out.append("--offload needs a ZeRO or FSDP sharding")
     if s.recipe is Recipe.UNSLOTH and s.world_size > 1:

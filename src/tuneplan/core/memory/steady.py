@@ -14,6 +14,8 @@ from tuneplan.core.job.methods import (
     Trainable,
     expert_adapter_params,
     lora_rank_of,
+    outer_adapter_params,
+    outer_targets,
     targeted_linears,
 )
 from tuneplan.core.job.recipes import PrecisionPlan
@@ -24,7 +26,7 @@ from tuneplan.core.memory.optimizer import optimizer_bytes
 from tuneplan.core.memory.parts import Piece, part, total
 from tuneplan.core.memory.sharding import ShardPlan, shard
 from tuneplan.core.memory.weights import split_params, weight_terms
-from tuneplan.core.models import Linear, ModelSpec
+from tuneplan.core.models import Linear, LinearRole, ModelSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,11 +104,16 @@ def _autocast_copies(model: ModelSpec, s: Strategy, plan: PrecisionPlan,
     elif plan.autocast and s.method.is_lora and plan.adapter_bytes != plan.compute_bytes:
         # not DoRA's m, nor the experts' factors (ParamWrapper casts them itself, counted with
         # the merged expert weights in activations/*/adapters_mlp)
+        # nor the A/B on the output head / embedding (``outer_targets``): the head's are cast
+        # with the head (freed by its backward); the embedding's B (H·r) is left out
+        outer = {lin.role: s.lora_rank * (lin.in_features + lin.out_features)
+                 for lin in outer_targets(model, s)}
         lora = sum(r * c * n for r, c, n in trainable.matrices if r > 1) - \
-            expert_adapter_params(model, s)
+            expert_adapter_params(model, s) - sum(outer.values())
         block, what = lora // layers * plan.compute_bytes, "LoRA A/B"
+        head = outer.get(LinearRole.OUTPUT_HEAD, 0) * plan.compute_bytes
     if plan.autocast and plan.kbit_upcast and s.task is Task.CAUSAL_LM:
-        head = model.vocab_size * model.hidden_size * plan.compute_bytes
+        head += model.vocab_size * model.hidden_size * plan.compute_bytes
     ckpt = s.checkpointing is not Checkpointing.NONE
     src = "torch.autocast weight casts (cached for leaf weights until autocast exits)"
 
@@ -186,7 +193,11 @@ def _grad_terms(model: ModelSpec, s: Strategy, trainable: Trainable, grads: int,
         pending = 0 if model.tie_word_embeddings else embed
         block = (grads - embed * (1 if model.tie_word_embeddings else 2)) // layers
     else:
-        head, pending, block = 0, 0, grads // layers
+        # LoRA on the output head (``outer_targets``): its gradients exist once the head ran
+        # backward; on the embedding, they come last.
+        head = outer_adapter_params(model, s, LinearRole.OUTPUT_HEAD) * width
+        pending = outer_adapter_params(model, s, LinearRole.EMBEDDING) * width
+        block = (grads - head - pending) // layers
     top = [part("gradients/trainable", shard(head, sp.grads_div),
                 "head gradients (blocks not reached yet)")]
     bottom = [part("gradients/trainable", shard(max(grads - pending - block, 0), sp.grads_div),

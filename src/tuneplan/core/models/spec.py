@@ -32,6 +32,9 @@ class LinearRole(StrEnum):
     SHARED_EXPERT = "shared_expert"
     ROUTER = "router"
     CROSS_ATTENTION = "cross_attention"
+    # Outside the blocks, only as adapter targets (``core.job.methods.outer_targets``):
+    OUTPUT_HEAD = "output_head"    # lm_head (hidden -> vocab)
+    EMBEDDING = "embedding"        # embed_tokens, seen as a vocab -> hidden map
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

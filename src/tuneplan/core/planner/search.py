@@ -304,7 +304,9 @@ class StrategySearch:
         else:
             choices = [(s, Offload.NONE) for s in shardings]
         batch = base.batch_size if "batch_size" in fixed else 1
-        checkpointing = base.checkpointing if "checkpointing" in fixed else Checkpointing.FULL
+        # offloaded checkpoints (the unsloth recipe's own, or a job file's) stay offloaded
+        checkpointing = base.checkpointing if "checkpointing" in fixed or (
+            base.checkpointing is Checkpointing.OFFLOAD) else Checkpointing.FULL
         for sharding, off in choices:
             yield replace(base, method=method, batch_size=batch, gpus=node.gpus_per_node,
                           nodes=node.nodes, sharding=sharding, offload=off,
