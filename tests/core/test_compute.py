@@ -220,13 +220,9 @@ CASES = Path(__file__).parents[2] / "benchmarks" / "calibration" / "cases.jsonl"
 
 
 def test_calibration_median_error_within_15_percent() -> None:
-    import importlib.util
+    from tests.test_accuracy_benchmarks import _load  # registers it (its dataclasses need it)
 
-    path = Path(__file__).parents[2] / "benchmarks" / "throughput_accuracy.py"
-    spec = importlib.util.spec_from_file_location("throughput_accuracy", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _load("throughput_accuracy")
     rows = module.evaluate(CASES)
     errors = [abs(r["error_pct"]) for r in rows if r["error_pct"] is not None]
     assert len(errors) >= 80

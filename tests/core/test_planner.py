@@ -281,3 +281,33 @@ def test_an_offer_record_reads_back_and_an_edited_one_is_refused() -> None:
         offer_from_record(plain | {"region": "eu-west-1"})  # the id no longer matches
     with pytest.raises(InvalidValueError, match=r"unknown key offer\.discount"):
         offer_from_record(plain | {"discount": "0.5"})
+
+
+@pytest.mark.parametrize(("gpu", "count", "stated", "link"), [
+    ("RTX 3090", 2, None, "pcie"),               # a bridge is optional: not assumed
+    ("RTX 3090", 2, "NVLink bridge", "nvlink"),  # the offer says so
+    ("RTX A6000", 4, "NVLink bridge", "pcie"),   # a bridge joins pairs only
+    ("H100 PCIe", 2, None, "pcie"),
+    ("H100 SXM5", 8, None, "nvswitch"),          # SXM baseboards carry NVLink/NVSwitch
+    ("H100 SXM5", 8, "PCIe", "pcie"),            # unless the offer says otherwise
+    ("H100 SXM5", 1, None, "single"),
+])
+def test_a_node_is_nvlinked_only_when_the_offer_or_the_board_says_so(
+        gpu: str, count: int, stated: str | None, link: str) -> None:
+    from tuneplan.core.planner.costing import node_link
+    assert node_link(offer(gpu, count, "1", interconnect=stated), SPECS[gpu]) == link
+
+
+def test_two_rtx_3090_without_a_bridge_pay_pcie_all_reduce_time() -> None:
+    # Short steps (128 tokens a step per GPU): the gradient all-reduce cannot hide behind them.
+    job = Strategy(method=Method.FULL, seq_len=128, batch_size=1, gpus=2)
+    fixed = ("batch_size", "gpus")  # as --batch-size 1 --gpus 2 give them
+    bare = run("Qwen/Qwen2.5-0.5B", "full", [offer("RTX 3090", 2, "0.50")],
+               strategy=job, fixed=fixed).plans[0]
+    bridged = run("Qwen/Qwen2.5-0.5B", "full",
+                  [offer("RTX 3090", 2, "0.50", interconnect="NVLink bridge")],
+                  strategy=job, fixed=fixed).plans[0]
+    assert bare.strategy.gpus == bridged.strategy.gpus == 2
+    bare_comm = bare.candidate.throughput.comm_seconds_per_step
+    assert bare_comm > bridged.candidate.throughput.comm_seconds_per_step > 0
+    assert bare.hours > bridged.hours

@@ -38,14 +38,23 @@ AMBIGUOUS_GPUS = frozenset({"V100 SXM2 16GB", "V100 SXM2 32GB", "V100 PCIe 16GB"
 
 def node_link(offer: Offer, gpu: GpuSpec) -> str:
     """``single``, ``pcie``, ``nvlink`` (bridged pairs) or ``nvswitch`` (all-to-all NVLink /
-    Infinity Fabric on SXM/OAM boards), from the offer's interconnect, else the GPU's."""
+    Infinity Fabric on SXM/OAM boards).
+
+    A PCIe card talks over PCIe unless the offer itself says it is bridged: an NVLink bridge
+    is an optional part (RTX 3090, A6000, A40, A100/H100 PCIe), and no offer in the bundled
+    catalog states one, so a card that *can* take a bridge is not assumed to have it. SXM/OAM
+    boards carry their fabric on the baseboard, so the GPU's own link stands unless the offer
+    says PCIe."""
     if offer.gpu_count == 1:
         return "single"
-    text = (offer.interconnect or gpu.interconnect or "").lower()
-    if not text or not gpu.interconnect_bytes_per_s:
+    stated = (offer.interconnect or "").lower()
+    if not gpu.interconnect_bytes_per_s or "pcie" in stated:
         return "pcie"
-    if "bridge" in text or "pcie" in gpu.form_factor.lower():
-        return "nvlink" if offer.gpu_count <= 2 else "pcie"
+    if "pcie" in gpu.form_factor.lower() or "bridge" in (gpu.interconnect or "").lower():
+        bridged = "nvlink" in stated or "bridge" in stated
+        return "nvlink" if bridged and offer.gpu_count <= 2 else "pcie"
+    if not (stated or gpu.interconnect):
+        return "pcie"
     return "nvswitch" if offer.gpu_count >= 4 else "nvlink"
 
 
