@@ -62,15 +62,19 @@ def infeasible_message(job: Job, result: PlanResult, model: ModelSpec) -> str:
     gpu = load_gpu_spec(worst.offer.gpu)
     search = StrategySearch(model=model, base=job.strategy,
                             tokens=job.tokens_per_epoch, epochs=job.epochs)
-    report = fit(search, gpu)  # changes may break --max-gpus: that is a change too
+    # changes may break --max-gpus: that is a change too
+    report = fit(search, gpu, node_gpus=max(
+        (r.offer.gpu_count for r in result.rejected if r.offer.gpu == worst.offer.gpu),
+        default=DEFAULT_NODE_GPUS))
     hint = describe_suggestions(report) or "no single change makes it fit"
     return (f"no plan: {len(result.rejected)} offers rejected, e.g. {worst.offer.gpu_count}x "
             f"{gpu.name}: {worst.reason}. Changes on {gpu.name}: {hint}")
 
 
-def fit_job(job: Job, model: ModelSpec) -> FitReport:
+def fit_job(job: Job, model: ModelSpec, *, store_path: str | Path | None = None) -> FitReport:
     """The fit solver on ``job.gpu``: largest micro-batch and sequence per method, and the
-    cheapest changes that make the job fit."""
+    changes that make the job fit (one-GPU ones first; more GPUs labelled with the nodes one
+    offer of that GPU in the catalog holds)."""
     from tuneplan.adapters.bundled import resolve_gpu_spec
     from tuneplan.core.planner.fit import fit
     from tuneplan.core.planner.search import StrategySearch
@@ -80,7 +84,28 @@ def fit_job(job: Job, model: ModelSpec) -> FitReport:
     gpu = resolve_gpu_spec(job.gpu)
     search = StrategySearch(model=model, base=job.strategy,
                             tokens=job.tokens_per_epoch, epochs=job.epochs)
-    return fit(search, gpu, max_gpus=job.max_gpus or 64)
+    per_node, basis = node_gpus(gpu.name, store_path=store_path)
+    return fit(search, gpu, max_gpus=job.max_gpus or 64, node_gpus=per_node,
+               node_gpus_basis=basis)
+
+
+#: GPUs per node assumed when the catalog lists no offer of a GPU type (an 8-GPU board).
+DEFAULT_NODE_GPUS = 8
+
+
+def node_gpus(gpu: str, *, store_path: str | Path | None = None) -> tuple[int, str]:
+    """The most GPUs of type ``gpu`` one offer in the catalog holds (one node) and where that
+    comes from; ``DEFAULT_NODE_GPUS`` when the catalog lists none or cannot be read."""
+    from tuneplan.adapters.store import load_catalog
+    from tuneplan.errors import TuneplanError
+
+    try:
+        counts = [o.gpu_count for o in load_catalog(path=store_path) if o.gpu == gpu]
+    except TuneplanError as exc:
+        return DEFAULT_NODE_GPUS, f"assumed (catalog unreadable: {exc})"
+    if not counts:
+        return DEFAULT_NODE_GPUS, f"assumed (no {gpu} offer in the catalog)"
+    return max(counts), f"catalog: largest {gpu} offer of {len(counts)}"
 
 
 def fit_document(model: ModelSpec, report: FitReport) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from tuneplan.core.job.methods import Method
 from tuneplan.core.job.strategy import Interconnect, Job, Objective, Offload, Precision, Strategy
 from tuneplan.core.memory import MemoryAssumptions
 from tuneplan.core.models import ModelSpec
+from tuneplan.core.planner.caveats import card_problem
 from tuneplan.core.planner.costing import (
     UnitCost,
     node_link,
@@ -387,7 +388,7 @@ def _hardware_problem(job: Job, gpu: GpuSpec, link: str) -> str | None:
     if gpu.supports_bf16 is False and job.strategy.precision is Precision.BF16:
         return (f"no BF16 on {gpu.name}: pure bf16 training needs it "
                 "(--precision fp16-mixed would run)")
-    return None
+    return card_problem(job.strategy, gpu)
 
 
 def _host_ram_short(candidates: Iterable[Candidate], offer: Offer) -> dict[int, str]:

@@ -21,10 +21,11 @@ from tuneplan.core.compute.throughput import (
     model_shape_from_spec,
 )
 from tuneplan.core.job.methods import Method
-from tuneplan.core.job.strategy import Checkpointing, Offload, Precision, Sharding, Strategy
+from tuneplan.core.job.strategy import Checkpointing, Offload, Sharding, Strategy
 from tuneplan.core.memory import MemoryAssumptions, MemoryEstimate, estimate_memory
 from tuneplan.core.memory.overheads import reserve_term, workspace_term
 from tuneplan.core.models import ModelSpec
+from tuneplan.core.planner.caveats import precision_on
 from tuneplan.errors import TuneplanError
 
 AUTO_METHODS = (Method.FULL, Method.LORA, Method.QLORA)
@@ -283,11 +284,10 @@ class StrategySearch:
                           checkpointing=Checkpointing.FULL)
 
     def _precision_for(self, strategy: Strategy, gpu: GpuSpec) -> Strategy:
-        """No BF16 tensor cores: fp16 with loss scaling (same bytes, so the memory search
-        done in bf16 holds)."""
-        if gpu.supports_bf16 is False and strategy.precision is Precision.BF16_MIXED:
-            return replace(strategy, precision=Precision.FP16_MIXED)
-        return strategy
+        """The precision ``gpu`` trains in (``caveats.precision_on``: no BF16 -> fp16 with loss
+        scaling; same bytes, so the memory search done in bf16 holds)."""
+        chosen = precision_on(gpu, strategy.precision).chosen
+        return strategy if chosen is strategy.precision else replace(strategy, precision=chosen)
 
     def _fit_family(self, family: Strategy, node: Node, limit: int, generation: str,
                     out: SearchOutcome) -> list[Candidate]:
