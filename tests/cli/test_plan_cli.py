@@ -153,3 +153,28 @@ def test_fit_states_usable_of_nominal_and_the_limit(
     monkeypatch.setenv("COLUMNS", "250")
     text = run_cli("fit", "meta-llama/Llama-3.1-8B", "--gpu", "L40S", "--method", "qlora").stdout
     assert "L40S: 44.4 GiB usable of 48 GiB (reported); a peak fits at <= 42.2 GiB" in text
+
+
+def test_fit_on_a_t4_says_fp16_mixed_and_answers_with_one_card_first(run_cli: Run) -> None:
+    args = ("fit", "meta-llama/Llama-3.1-8B", "--gpu", "T4", "--method", "full")
+    doc = run_cli(*args, "--json").ok_json()
+    assert doc["strategy"]["precision"] == "fp16-mixed"
+    assert doc["precision"]["requested"] == "bf16-mixed"
+    assert doc["precision"]["chosen"] == "fp16-mixed"
+    assert doc["precision"]["why"].startswith(
+        "T4 has no BF16 (Turing TU104): plans FP16 mixed precision with dynamic loss scaling")
+    assert doc["precision"]["layout"].startswith("fp32 trainable weights (the optimizer's "
+                                                 "masters) with fp16 autocast copies")
+    assert doc["node_gpus"] == 8 and doc["node_gpus_basis"].startswith("catalog: largest T4")
+    scopes = [(s["scope"], s["gpus"], s["nodes"]) for s in doc["suggestions"]]
+    assert scopes == [("one GPU", 1, 1), ("multi-GPU: one node of 2 T4", 2, 1),
+                      ("multi-node: 2 nodes x 8 T4", 16, 2)]
+    assert all(s["strategy"]["gpus"] <= 8 for s in doc["suggestions"])
+    text = " ".join(run_cli(*args).stdout.split())
+    assert ("precision: fp16-mixed (asked bf16-mixed): T4 has no BF16 (Turing TU104): plans "
+            "FP16 mixed precision with dynamic loss scaling") in text
+    assert ("fits (one GPU): together: QLoRA (--method qlora) + chunked cross-entropy "
+            "(--loss chunked) -> peak 12.2 GiB") in text
+    assert ("fits (multi-node: 2 nodes x 8 T4): ZeRO-3 over 16 GPUs (--gpus 8 --nodes 2 "
+            "--sharding zero3)") in text
+    assert text.index("fits (one GPU)") < text.index("fits (multi-")
