@@ -193,3 +193,22 @@ def test_fp8_is_never_offered_since_no_recipe_here_trains_in_it() -> None:
     assert not any("fp8" in w.lower() for p in result.plans for w in p.warnings)
     report = fit(_search(LLAMA8B, method=Method.LORA), SPECS["H100 SXM5"])
     assert "fp8" not in json.dumps(report.as_dict()).lower()
+
+
+def test_auto_method_on_a_card_without_bitsandbytes_kernels_drops_qlora() -> None:
+    # 8B on a 16 GB MI25: only QLoRA would fit, and bitsandbytes has no gfx900 kernel.
+    result = run(LLAMA8B, "auto", [offer("Radeon Instinct MI25", 1, "0.10")])
+    assert not result.plans
+    assert result.rejected[0].reason.startswith("nf4 4-bit base weights need bitsandbytes")
+
+
+def test_fit_refuses_qlora_on_a_card_bitsandbytes_has_no_kernel_for() -> None:
+    report = fit(_search(LLAMA8B, method=Method.FULL), SPECS["Radeon Instinct MI25"])
+    qlora = next(m for m in report.methods if m.method is Method.QLORA)
+    assert (qlora.fits, qlora.largest_batch) == (False, 0)
+    assert qlora.refusal is not None and qlora.refusal.startswith(
+        "nf4 4-bit base weights need bitsandbytes, which has no ROCm kernel")
+    assert all(card_problem(s.strategy, SPECS["Radeon Instinct MI25"]) is None
+               for s in report.suggestions)
+    assert not any(s.strategy.optimizer.is_8bit or s.strategy.method is Method.QLORA
+                   for s in report.suggestions)

@@ -25,7 +25,13 @@ from tuneplan.core.job.strategy import (
 )
 from tuneplan.core.memory import MemoryEstimate
 from tuneplan.core.memory.refusals import SOFTCAP_MODEL_TYPES
-from tuneplan.core.planner.caveats import PrecisionChoice, card_notes, precision_on, with_layout
+from tuneplan.core.planner.caveats import (
+    PrecisionChoice,
+    card_notes,
+    card_problem,
+    precision_on,
+    with_layout,
+)
 from tuneplan.core.planner.search import (
     AUTO_METHODS,
     Node,
@@ -132,8 +138,8 @@ def fit(search: StrategySearch, gpu: GpuSpec, *, max_gpus: int = 64,
     base = replace(search.base, precision=choice.chosen)
     methods: list[Method] = [base.method] if base.method is not Method.AUTO else []
     methods += [m for m in AUTO_METHODS if m not in methods]
-    fits = [replace(_method_fit(search, replace(base, method=m), limit, gen),
-                    layout=with_layout(choice, replace(base, method=m)).layout)
+    fits = [_card_fit(_method_fit(search, replace(base, method=m), limit, gen),
+                      replace(base, method=m), gpu, choice)
             for m in methods]
     start = replace(base, method=methods[0])
     first = fits[0]
@@ -145,6 +151,15 @@ def fit(search: StrategySearch, gpu: GpuSpec, *, max_gpus: int = 64,
                      usable=gpu.usable_memory, precision=with_layout(choice, start),
                      notes=tuple(card_notes(start, gpu)), node_gpus=max(1, node_gpus),
                      node_gpus_basis=node_gpus_basis)
+
+
+def _card_fit(found: MethodFit, s: Strategy, gpu: GpuSpec, choice: PrecisionChoice
+              ) -> MethodFit:
+    """``found`` with its tensor layout, refused where the card cannot run it at all."""
+    problem = card_problem(s, gpu)
+    out = replace(found, layout=with_layout(choice, s).layout)
+    return out if problem is None else replace(out, fits=False, largest_batch=0,
+                                               largest_seq_len=0, refusal=problem)
 
 
 def _peak(search: StrategySearch, s: Strategy, gen: str) -> MemoryEstimate | Refused:
@@ -337,11 +352,12 @@ class _Context:
 
     def fits(self, s: Strategy) -> bool:
         est = _peak(self.search, s, self.gpu.generation)
-        return not isinstance(est, Refused) and est.device_total_bytes <= self.limit
+        return (not isinstance(est, Refused) and est.device_total_bytes <= self.limit
+                and card_problem(s, self.gpu) is None)
 
     def suggest(self, change: str, s: Strategy, scope: str = "one GPU") -> Suggestion | None:
         est = _peak(self.search, s, self.gpu.generation)
-        if isinstance(est, Refused):
+        if isinstance(est, Refused) or card_problem(s, self.gpu) is not None:
             return None
         speed = self.speed(s)
         ratio = (speed / self._base_speed if speed is not None and self._base_speed

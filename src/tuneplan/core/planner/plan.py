@@ -330,6 +330,8 @@ def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[s
             outcome, short = bigger, {}
     if not outcome.best:
         return Refused(_why_not(outcome.smallest_need_bytes, outcome.refusals, capacity, a))
+    # A candidate the card cannot run (bitsandbytes without a kernel for it) is skipped too.
+    short |= {id(c): why for c in outcome.best.values() if (why := card_problem(c.strategy, gpu))}
     options: list[_Option] = []
     for candidate in outcome.best.values():
         if id(candidate) in short:
