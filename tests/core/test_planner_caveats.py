@@ -212,3 +212,12 @@ def test_fit_refuses_qlora_on_a_card_bitsandbytes_has_no_kernel_for() -> None:
                for s in report.suggestions)
     assert not any(s.strategy.optimizer.is_8bit or s.strategy.method is Method.QLORA
                    for s in report.suggestions)
+
+
+def test_pure_bf16_is_refused_by_fit_and_plan_alike_on_a_t4() -> None:
+    report = fit(_search("Qwen/Qwen2.5-0.5B", method=Method.LORA, precision=Precision.BF16),
+                 SPECS["T4"])
+    reasons = {m.refusal for m in report.methods}
+    assert reasons == {"no BF16 on T4: pure bf16 training needs it "
+                       "(--precision fp16-mixed would run)"}
+    assert report.precision is not None and report.precision.chosen is Precision.BF16

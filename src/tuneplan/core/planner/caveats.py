@@ -135,8 +135,11 @@ def _capability(gpu: GpuSpec) -> float | None:
 
 
 def card_problem(strategy: Strategy, gpu: GpuSpec) -> str | None:
-    """Why ``gpu`` cannot run ``strategy`` at all for a card fact (bitsandbytes has no kernel
-    for it), or None."""
+    """Why ``gpu`` cannot run ``strategy`` at all for a card fact (pure bf16 without BF16;
+    bitsandbytes has no kernel for it), or None."""
+    if gpu.supports_bf16 is False and strategy.precision is Precision.BF16:
+        return (f"no BF16 on {gpu.name}: pure bf16 training needs it "
+                "(--precision fp16-mixed would run)")
     use = bitsandbytes_use(strategy)
     if use is None:
         return None
@@ -163,10 +166,10 @@ def card_notes(strategy: Strategy, gpu: GpuSpec) -> list[str]:
     """Things to know about running ``strategy`` on ``gpu`` (each one line): the precision it
     trains in where that differs from the one asked, and bitsandbytes on AMD."""
     out: list[str] = []
-    choice = precision_on(gpu, Precision.BF16_MIXED if strategy.precision is
-                          Precision.FP16_MIXED else strategy.precision)
-    if gpu.supports_bf16 is False and strategy.precision is not Precision.FP32:
-        out.append(f"no BF16 on {gpu.name}: " + choice.why.split(": ", 1)[-1])
+    if gpu.supports_bf16 is False and strategy.precision.is_mixed:
+        # fp16-mixed here is what a bf16-mixed job becomes (or was asked): the same sentence.
+        why = precision_on(gpu, Precision.BF16_MIXED).why
+        out.append(f"no BF16 on {gpu.name}: " + why.split(": ", 1)[1])
     use = bitsandbytes_use(strategy)
     if use is not None and _is_amd(gpu) and card_problem(strategy, gpu) is None:
         target = (gpu.compute_capability or "").lower()

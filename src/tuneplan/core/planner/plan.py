@@ -22,7 +22,7 @@ from tuneplan.core.catalog.providers import Provider
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
 from tuneplan.core.cost.estimate import CostAssumptions, CostEstimate, cents
 from tuneplan.core.job.methods import Method
-from tuneplan.core.job.strategy import Interconnect, Job, Objective, Offload, Precision, Strategy
+from tuneplan.core.job.strategy import Interconnect, Job, Objective, Offload, Strategy
 from tuneplan.core.memory import MemoryAssumptions
 from tuneplan.core.models import ModelSpec
 from tuneplan.core.planner.caveats import card_problem
@@ -387,9 +387,6 @@ def _hardware_problem(job: Job, gpu: GpuSpec, link: str) -> str | None:
     if _LINK_RANK[link] < job.min_interconnect.rank and job.min_interconnect is not (
             Interconnect.ANY):
         return f"{link} between GPUs, the job asks for at least {job.min_interconnect.value}"
-    if gpu.supports_bf16 is False and job.strategy.precision is Precision.BF16:
-        return (f"no BF16 on {gpu.name}: pure bf16 training needs it "
-                "(--precision fp16-mixed would run)")
     return card_problem(job.strategy, gpu)
 
 
