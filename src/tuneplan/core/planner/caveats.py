@@ -1,8 +1,10 @@
-"""Card and model facts that change what a plan or a fit report says: the precision a card
-trains in (and why), bitsandbytes on AMD and older NVIDIA cards, and model caveats.
+"""Card facts that change what a plan or a fit report says: the precision a card trains in
+(and why), pure bf16 without BF16, bitsandbytes on AMD and older NVIDIA cards. (Model caveats
+that make a strategy impossible, such as Gemma-2's soft-capping under SDPA, are the
+estimator's refusals: ``core/memory/refusals.py``.)
 
 One place for these facts: ``search`` picks the precision through ``precision_on``, ``costing``
-turns ``card_notes`` into plan warnings, ``fit`` shows both, ``plan`` rejects an offer with
+turns ``card_notes`` into plan warnings, ``fit`` shows both, ``plan`` and ``fit`` refuse with
 ``card_problem``. Pure: a GPU spec and a strategy in, sentences out.
 
 Sources (library files at the versions named):
@@ -60,8 +62,8 @@ class PrecisionChoice:
 
 def precision_on(gpu: GpuSpec, precision: Precision) -> PrecisionChoice:
     """The precision ``gpu`` trains in when ``precision`` is asked for: bf16-mixed becomes
-    fp16-mixed with dynamic loss scaling on a card without BF16; pure bf16 stays (and is
-    refused by the planner there: nothing would emulate it)."""
+    fp16-mixed with dynamic loss scaling on a card without BF16; pure bf16 stays (and
+    ``card_problem`` refuses it there)."""
     if gpu.supports_bf16 is False and precision is Precision.BF16_MIXED:
         return PrecisionChoice(
             requested=precision, chosen=Precision.FP16_MIXED,
