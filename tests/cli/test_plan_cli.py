@@ -277,3 +277,42 @@ def test_spot_table_order_column_and_words_quote_the_ranked_figure(
     # The table lists the plans in the JSON's ranked order.
     rows = [line for line in text.stdout.splitlines() if re.match(r"│\s+\d+ │ [0-9a-f]{12}", line)]
     assert [re.search(r"[0-9a-f]{12}", r).group(0) for r in rows] == [p["id"] for p in plans]
+
+
+def test_fit_on_a_t4_says_fp16_mixed_and_answers_with_one_card_first(run_cli: Run) -> None:
+    args = ("fit", "meta-llama/Llama-3.1-8B", "--gpu", "T4", "--method", "full")
+    doc = run_cli(*args, "--json").ok_json()
+    assert doc["strategy"]["precision"] == "fp16-mixed"
+    assert doc["precision"]["requested"] == "bf16-mixed"
+    assert doc["precision"]["chosen"] == "fp16-mixed"
+    assert doc["precision"]["why"].startswith(
+        "T4 has no BF16 (Turing TU104): plans FP16 mixed precision with dynamic loss scaling")
+    assert doc["precision"]["layout"].startswith("fp32 trainable weights (the optimizer's "
+                                                 "masters) with fp16 autocast copies")
+    assert doc["node_gpus"] == 8 and doc["node_gpus_basis"].startswith("catalog: largest T4")
+    scopes = [(s["scope"], s["gpus"], s["nodes"]) for s in doc["suggestions"]]
+    assert scopes == [("one GPU", 1, 1), ("multi-GPU: one node of 2 T4", 2, 1),
+                      ("multi-node: 2 nodes x 8 T4", 16, 2)]
+    assert all(s["strategy"]["gpus"] <= 8 for s in doc["suggestions"])
+    text = " ".join(run_cli(*args).stdout.split())
+    assert ("precision: fp16-mixed (asked bf16-mixed): T4 has no BF16 (Turing TU104): plans "
+            "FP16 mixed precision with dynamic loss scaling") in text
+    assert ("fits (one GPU): together: QLoRA (--method qlora) + chunked cross-entropy "
+            "(--loss chunked) -> peak 12.2 GiB") in text
+    assert ("fits (multi-node: 2 nodes x 8 T4): ZeRO-3 over 16 GPUs (--gpus 8 --nodes 2 "
+            "--sharding zero3)") in text
+    assert text.index("fits (one GPU)") < text.index("fits (multi-")
+
+
+def test_gemma2_is_planned_with_eager_attention_unless_sdpa_is_asked_for(run_cli: Run) -> None:
+    args = ("plan", "google/gemma-2-2b", "--method", "lora", "--tokens", "10M", "--top", "3")
+    doc = run_cli(*args, "--json").ok_json()
+    assert {p["strategy"]["attention"] for p in doc["plans"]} == {"eager"}
+    assert doc["notes"] == ["gemma2 caps its attention logits (soft-capping), which SDPA cannot "
+                            "do: planned with eager attention (--attention flash also works "
+                            "with flash-attn 2.6+)"]
+    asked = run_cli(*args, "--attention", "sdpa", "--json")
+    assert asked.code == 2 and asked.json()["binding"][0]["constraint"] == "estimate"
+    plain = run_cli("plan", "Qwen/Qwen2.5-0.5B", "--method", "lora", "--tokens", "10M",
+                    "--top", "1", "--json").ok_json()
+    assert plain["notes"] == [] and plain["plans"][0]["strategy"]["attention"] == "sdpa"

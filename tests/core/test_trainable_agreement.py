@@ -34,9 +34,10 @@ from tuneplan.core.job.methods import (
     Method,
     count_trainable,
 )
-from tuneplan.core.job.strategy import Precision, Strategy
+from tuneplan.core.job.strategy import Attention, Precision, Strategy
 from tuneplan.core.launch.bundle import launch_spec, train_config
 from tuneplan.core.memory import estimate_memory
+from tuneplan.core.memory.refusals import SOFTCAP_MODEL_TYPES
 from tuneplan.core.models import LinearRole, ModelSpec, parse_model_config
 from tuneplan.errors import UnsupportedError
 
@@ -98,20 +99,23 @@ def variants(spec: ModelSpec) -> dict[str, Strategy]:
     """Every method the memory model estimates, LoRA with its default (all-linear) and with
     explicit targets, and with the head trained in full (modules_to_save)."""
     explicit = explicit_targets(spec)
+    # Soft-capping models (Gemma-2) are refused on SDPA: they train with eager attention.
+    base = (replace(BASE, attention=Attention.EAGER) if spec.model_type in SOFTCAP_MODEL_TYPES
+            else BASE)
     out = {
-        "full": replace(BASE, method=Method.FULL),
-        "freeze-2": replace(BASE, method=Method.FREEZE, trainable_layers=2),
-        "lora": replace(BASE, method=Method.LORA),
-        "lora-" + ",".join(explicit): replace(BASE, method=Method.LORA, lora_targets=explicit,
+        "full": replace(base, method=Method.FULL),
+        "freeze-2": replace(base, method=Method.FREEZE, trainable_layers=2),
+        "lora": replace(base, method=Method.LORA),
+        "lora-" + ",".join(explicit): replace(base, method=Method.LORA, lora_targets=explicit,
                                               lora_rank=8),
-        "lora+lm_head": replace(BASE, method=Method.LORA, trainable_modules=("lm_head",)),
-        "dora": replace(BASE, method=Method.DORA),
-        "qlora": replace(BASE, method=Method.QLORA, lora_rank=64),
-        "lora8bit": replace(BASE, method=Method.LORA8BIT),
-        "prefix": replace(BASE, method=Method.PREFIX),
-        "prompt": replace(BASE, method=Method.PROMPT, num_virtual_tokens=32),
-        "ia3": replace(BASE, method=Method.IA3),
-        "ia3-" + ",".join(explicit): replace(BASE, method=Method.IA3, lora_targets=explicit),
+        "lora+lm_head": replace(base, method=Method.LORA, trainable_modules=("lm_head",)),
+        "dora": replace(base, method=Method.DORA),
+        "qlora": replace(base, method=Method.QLORA, lora_rank=64),
+        "lora8bit": replace(base, method=Method.LORA8BIT),
+        "prefix": replace(base, method=Method.PREFIX),
+        "prompt": replace(base, method=Method.PROMPT, num_virtual_tokens=32),
+        "ia3": replace(base, method=Method.IA3),
+        "ia3-" + ",".join(explicit): replace(base, method=Method.IA3, lora_targets=explicit),
     }
     assert {s.method for s in out.values()} == ESTIMATED_METHODS
     return out

@@ -115,6 +115,8 @@ def render_plans(result: PlanResult, catalog: CatalogInfo, top: int, now: dateti
         console.print("fixed by you (every plan keeps it; the search varied the rest): "
                       + ", ".join(f"{name.replace('_', '-')} {getattr(v, 'value', v)}"
                                   for name, v in fixed.items()))
+    for note in result.notes:
+        console.print("note: " + safe(note))
     _print_front(result, console)
     _print_catalog(catalog, now, console)
     for rank, p in rows:
@@ -182,8 +184,22 @@ def render_fit(report: FitReport, console: Console, fmt: OutputFormat = OutputFo
                       f"{report.limit_bytes / GiB:.1f} GiB (usable x {report.margin:.0%})")
     if fmt is not OutputFormat.TABLE:
         return
+    if report.precision is not None:
+        console.print(f"precision: {report.precision.chosen.value}"
+                      + ("" if report.precision.chosen is report.precision.requested
+                         else f" (asked {report.precision.requested.value})")
+                      + f": {safe(report.precision.why)}")
+        for m in report.methods:
+            if m.layout:
+                console.print(f"   {m.method.value}: {safe(m.layout)}")
+    for note in report.notes:
+        if report.precision is None or not note.startswith("no BF16"):
+            console.print(f"note: {safe(note)}")
     for s in report.suggestions:
         host = (f", host RAM {s.host_ram_bytes / GiB:,.0f} GiB"
                 if s.strategy.offload.value != "none" else "")
-        console.print(f"{'fits' if s.fits else 'too big'}: {s.change} -> peak "
-                      f"{s.peak_bytes / GiB:.1f} GiB{host}")
+        speed = "" if s.tokens_per_second is None else f", {s.tokens_per_second:,.0f} tok/s"
+        if s.speed_vs_job is not None:
+            speed += f" ({s.speed_vs_job:.0%} of the job's estimate)"
+        console.print(f"{'fits' if s.fits else 'too big'} ({safe(s.scope)}): {safe(s.change)} "
+                      f"-> peak {s.peak_bytes / GiB:.1f} GiB{host}{speed}")

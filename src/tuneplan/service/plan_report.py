@@ -92,6 +92,7 @@ def plan_document(result: PlanResult, catalog: CatalogInfo, top: int) -> dict[st
         "model": result.model, "objective": result.job.objective.value,
         "considered_offers": result.considered, "feasible_plans": len(result.plans),
         "assumptions": result.assumptions.describe(),
+        "notes": list(result.notes),
         "feasible": result.feasible,
         "fixed": fixed_values(result.job),
         "binding": [b.as_dict() for b in why.binding] if why else [],

@@ -63,9 +63,10 @@ def raise_if_infeasible(result: PlanResult) -> None:
         raise InfeasibleJobError(infeasible_message(result))
 
 
-def fit_job(job: Job, model: ModelSpec) -> FitReport:
+def fit_job(job: Job, model: ModelSpec, *, store_path: str | Path | None = None) -> FitReport:
     """The fit solver on ``job.gpu``: largest micro-batch and sequence per method, and the
-    cheapest changes that make the job fit."""
+    changes that make the job fit (one-GPU ones first; more GPUs labelled with the nodes one
+    offer of that GPU in the catalog holds)."""
     from tuneplan.adapters.bundled import resolve_gpu_spec
     from tuneplan.core.planner.fit import fit
     from tuneplan.core.planner.search import StrategySearch
@@ -75,7 +76,28 @@ def fit_job(job: Job, model: ModelSpec) -> FitReport:
     gpu = resolve_gpu_spec(job.gpu)
     search = StrategySearch(model=model, base=job.strategy,
                             tokens=job.tokens_per_epoch, epochs=job.epochs)
-    return fit(search, gpu, max_gpus=job.max_gpus or 64)
+    per_node, basis = node_gpus(gpu.name, store_path=store_path)
+    return fit(search, gpu, max_gpus=job.max_gpus or 64, node_gpus=per_node,
+               node_gpus_basis=basis)
+
+
+#: GPUs per node assumed when the catalog lists no offer of a GPU type (an 8-GPU board).
+DEFAULT_NODE_GPUS = 8
+
+
+def node_gpus(gpu: str, *, store_path: str | Path | None = None) -> tuple[int, str]:
+    """The most GPUs of type ``gpu`` one offer in the catalog holds (one node) and where that
+    comes from; ``DEFAULT_NODE_GPUS`` when the catalog lists none or cannot be read."""
+    from tuneplan.adapters.store import load_catalog
+    from tuneplan.errors import TuneplanError
+
+    try:
+        counts = [o.gpu_count for o in load_catalog(path=store_path) if o.gpu == gpu]
+    except TuneplanError as exc:
+        return DEFAULT_NODE_GPUS, f"assumed (catalog unreadable: {exc})"
+    if not counts:
+        return DEFAULT_NODE_GPUS, f"assumed (no {gpu} offer in the catalog)"
+    return max(counts), f"catalog: largest {gpu} offer of {len(counts)}"
 
 
 def fit_document(model: ModelSpec, report: FitReport) -> dict[str, Any]:

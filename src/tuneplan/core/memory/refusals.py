@@ -9,9 +9,16 @@ from __future__ import annotations
 
 from tuneplan.core.job.methods import ESTIMATED_QUANTS, Method, context_problem, effective_quant
 from tuneplan.core.job.recipes import Recipe
-from tuneplan.core.job.strategy import Offload, Sharding, Strategy
+from tuneplan.core.job.strategy import Attention, Offload, Sharding, Strategy
 from tuneplan.core.models import LinearRole, ModelSpec
 from tuneplan.errors import UnsupportedError
+
+#: Model types whose attention applies logit soft-capping, which torch's SDPA kernel has no
+#: argument for. transformers 5.24 models/gemma2/modeling_gemma2.py: ``_supports_sdpa = False
+#: # sdpa does not support softcapping`` (loading with attn_implementation="sdpa" raises;
+#: integrations/sdpa_attention.py also raises on a ``softcap``); its flash path passes
+#: ``softcap`` to flash-attn (2.6+) and eager applies ``tanh(scores / cap) * cap``.
+SOFTCAP_MODEL_TYPES = frozenset({"gemma2"})
 
 _SHARDED = (Sharding.ZERO3, Sharding.FSDP, Sharding.FSDP_GRAD_OP, Sharding.HYBRID)
 
@@ -65,6 +72,11 @@ def _problems(model: ModelSpec, s: Strategy) -> list[str]:
             for layer in model.layers for lin in layer.linears):
         out.append(f"{model.model_type} (encoder-decoder, cross-attention or shared experts) "
                    "activations are not estimated yet")
+    if (model.model_type in SOFTCAP_MODEL_TYPES and s.attention is Attention.SDPA
+            and s.recipe in (Recipe.HF, Recipe.PLAIN)):
+        out.append(f"{model.model_type} caps its attention logits (soft-capping), which SDPA "
+                   "cannot do: transformers 5.24 refuses attn_implementation='sdpa' for it; "
+                   "use --attention eager (or flash with flash-attn 2.6+)")
     if model.extra.get("kv_lora_rank") or model.extra.get("q_lora_rank"):
         out.append("multi-head latent attention (MLA) activations are not estimated yet")
     return out

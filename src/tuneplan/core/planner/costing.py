@@ -25,7 +25,8 @@ from tuneplan.core.cost.estimate import (
     checkpoint_bytes,
     estimate_cost,
 )
-from tuneplan.core.job.strategy import Job, Precision, Sharding
+from tuneplan.core.job.strategy import Job, Sharding
+from tuneplan.core.planner.caveats import card_notes
 from tuneplan.core.planner.search import Candidate
 from tuneplan.errors import TuneplanError
 from tuneplan.units import HOUR_S, GiB
@@ -209,9 +210,7 @@ def plan_warnings(c: Candidate, offer: Offer, gpu: GpuSpec, provider: Provider |
     if "consumer" in gpu.form_factor.lower() and s.gpus > 1 and link != "nvswitch":
         out.append(f"consumer card ({gpu.name}) without NVLink: GPUs talk through PCIe "
                    "(and peer-to-peer may be disabled by the driver)")
-    if gpu.supports_bf16 is False and s.precision is not Precision.FP32:
-        out.append(f"no BF16 on {gpu.name}: fp16 mixed precision with loss scaling "
-                   "(risk of overflow on some models)")
+    out += card_notes(s, gpu)
     age_s = (now - offer.fetched_at).total_seconds()
     if age_s > stale_after_s:
         out.append(f"stale price: fetched {age_s / 86_400:.0f} days ago "

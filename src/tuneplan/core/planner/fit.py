@@ -1,5 +1,7 @@
 """The fit solver: on one GPU, the largest micro-batch and sequence length per method, and when
-a job does not fit, the cheapest single changes that make it fit, each with its new peak.
+a job does not fit, the changes that make it fit, each with its new peak and speed: changes
+that keep one GPU first (ranked by the speed they cost), then more GPUs, each labelled with the
+nodes it takes.
 
 Pure: uses ``core.memory`` through the planner's cached ``StrategySearch``; "fits" means the
 whole-device peak (reserved + context + NCCL) is at most capacity x margin, as in the planner.
@@ -7,14 +9,32 @@ whole-device peak (reserved + context + NCCL) is at most capacity x margin, as i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from tuneplan.core.catalog.hardware import GpuSpec, MemoryFigure
 from tuneplan.core.job.methods import Method
-from tuneplan.core.job.strategy import Checkpointing, Loss, Offload, Optimizer, Sharding, Strategy
+from tuneplan.core.job.strategy import (
+    Attention,
+    Checkpointing,
+    Loss,
+    Offload,
+    Optimizer,
+    Sharding,
+    Strategy,
+)
 from tuneplan.core.memory import MemoryEstimate
+from tuneplan.core.memory.refusals import SOFTCAP_MODEL_TYPES
+from tuneplan.core.planner.caveats import (
+    PrecisionChoice,
+    card_notes,
+    card_problem,
+    precision_on,
+    with_layout,
+)
 from tuneplan.core.planner.search import (
     AUTO_METHODS,
+    Node,
     Refused,
     StrategySearch,
     largest_fitting,
@@ -37,6 +57,7 @@ class MethodFit:
     largest_batch: int               # at the job's seq len; 0 when not even 1 fits
     largest_seq_len: int             # at micro-batch 1; 0 when not even SEQ_STEP fits
     refusal: str | None = None
+    layout: str = ""                 # the tensor dtypes the estimate assumes (caveats)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,6 +69,19 @@ class Suggestion:
     peak_bytes: int
     fits: bool
     host_ram_bytes: int
+    scope: str = "one GPU"               # or "multi-GPU: one node of 8 T4", "multi-node: ..."
+    gpus: int = 1                        # GPUs in total, all nodes together
+    nodes: int = 1
+    tokens_per_second: float | None = None   # estimated, all GPUs together
+    speed_vs_job: float | None = None        # tokens/s over the job's own on one GPU
+    saved_bytes: int | None = None           # the job's peak less this one (None: refused)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"change": self.change, "scope": self.scope, "gpus": self.gpus,
+                "nodes": self.nodes, "peak_bytes": self.peak_bytes, "fits": self.fits,
+                "saved_bytes": self.saved_bytes, "host_ram_bytes": self.host_ram_bytes,
+                "tokens_per_second": self.tokens_per_second,
+                "speed_vs_job": self.speed_vs_job, "strategy": self.strategy.as_dict()}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,6 +96,10 @@ class FitReport:
     nominal_bytes: int = 0
     margin: float = 0.0
     usable: MemoryFigure | None = None   # basis, source and confidence of capacity_bytes
+    precision: PrecisionChoice | None = None   # asked vs trained in on this GPU, and why
+    notes: tuple[str, ...] = ()              # card facts (caveats.card_notes)
+    node_gpus: int = 8                       # GPUs one node of this type holds (catalog)
+    node_gpus_basis: str = "assumed (an 8-GPU board)"
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -74,34 +112,54 @@ class FitReport:
             "compared": "whole-device peak (CUDA context, workspaces and allocator reserve "
                         "included) <= capacity_bytes x margin",
             "fits": self.fits,
+            "precision": None if self.precision is None else self.precision.as_dict(),
+            "notes": list(self.notes), "node_gpus": self.node_gpus,
+            "node_gpus_basis": self.node_gpus_basis,
             "strategy": self.base.as_dict(),
             "methods": [{"method": m.method.value, "peak_bytes": m.peak_bytes, "fits": m.fits,
                          "largest_batch_size": m.largest_batch,
-                         "largest_seq_len": m.largest_seq_len, "refusal": m.refusal}
+                         "largest_seq_len": m.largest_seq_len, "refusal": m.refusal,
+                         "layout": m.layout}
                         for m in self.methods],
-            "suggestions": [{"change": s.change, "peak_bytes": s.peak_bytes, "fits": s.fits,
-                             "host_ram_bytes": s.host_ram_bytes,
-                             "strategy": s.strategy.as_dict()} for s in self.suggestions],
+            "suggestions": [s.as_dict() for s in self.suggestions],
         }
 
 
-def fit(search: StrategySearch, gpu: GpuSpec, *, max_gpus: int = 64) -> FitReport:
-    """Per method limits on ``gpu`` for ``search.base``, and changes that make it fit: a
-    peak fits when it is at most the GPU's usable (CUDA-visible) total x ``search.margin``."""
+def fit(search: StrategySearch, gpu: GpuSpec, *, max_gpus: int = 64,
+        node_gpus: int = 8, node_gpus_basis: str = "assumed (an 8-GPU board)") -> FitReport:
+    """Per method limits on ``gpu`` for ``search.base`` in the precision the GPU trains in
+    (``caveats.precision_on``), and changes that make it fit, one-GPU ones first; a peak fits
+    when it is at most the GPU's usable (CUDA-visible) total x ``search.margin``. ``node_gpus``
+    is the most GPUs of this type one node holds: more GPUs than that are labelled multi-node."""
     capacity = gpu.usable_memory_bytes
     limit = memory_limit(capacity, search.margin)
     gen = gpu.generation
-    base = search.base
+    choice = precision_on(gpu, search.base.precision)
+    base = replace(search.base, precision=choice.chosen)
     methods: list[Method] = [base.method] if base.method is not Method.AUTO else []
     methods += [m for m in AUTO_METHODS if m not in methods]
-    fits = [_method_fit(search, replace(base, method=m), limit, gen) for m in methods]
+    fits = [_card_fit(_method_fit(search, replace(base, method=m), limit, gen),
+                      replace(base, method=m), gpu, choice)
+            for m in methods]
     start = replace(base, method=methods[0])
     first = fits[0]
-    suggestions = () if first.fits else tuple(_suggestions(search, start, limit, gen, max_gpus))
+    suggestions = () if first.fits else tuple(
+        _suggestions(search, start, gpu, limit, max_gpus, max(1, node_gpus)))
     return FitReport(gpu=gpu.name, capacity_bytes=capacity, limit_bytes=limit, base=start,
                      fits=first.fits, methods=tuple(fits), suggestions=suggestions,
                      nominal_bytes=gpu.memory_bytes, margin=search.margin,
-                     usable=gpu.usable_memory)
+                     usable=gpu.usable_memory, precision=with_layout(choice, start),
+                     notes=tuple(card_notes(start, gpu)), node_gpus=max(1, node_gpus),
+                     node_gpus_basis=node_gpus_basis)
+
+
+def _card_fit(found: MethodFit, s: Strategy, gpu: GpuSpec, choice: PrecisionChoice
+              ) -> MethodFit:
+    """``found`` with its tensor layout, refused where the card cannot run it at all."""
+    problem = card_problem(s, gpu)
+    out = replace(found, layout=with_layout(choice, s).layout)
+    return out if problem is None else replace(out, fits=False, largest_batch=0,
+                                               largest_seq_len=0, refusal=problem)
 
 
 def _peak(search: StrategySearch, s: Strategy, gen: str) -> MemoryEstimate | Refused:
@@ -127,56 +185,202 @@ def _method_fit(search: StrategySearch, s: Strategy, limit: int, gen: str) -> Me
                      largest_seq_len=max(0, steps) * SEQ_STEP)
 
 
-def _single_changes(s: Strategy) -> list[tuple[str, Strategy]]:
-    out: list[tuple[str, Strategy]] = []
+#: The change that lets a soft-capping model (Gemma-2) run at all under transformers.
+EAGER_CHANGE = "eager attention (--attention eager: SDPA cannot soft-cap Gemma-2's logits)"
+
+#: A one-GPU change: its words and how it turns a strategy into the changed one.
+Change = tuple[str, Callable[[Strategy], Strategy]]
+
+
+def _one_gpu_changes(s: Strategy) -> list[Change]:
+    """Changes that keep the job on one card, each one knob (combined below when no single
+    one is enough). Shorter sequences and host offload are added by ``_suggestions``."""
+    out: list[Change] = []
     if s.checkpointing is Checkpointing.NONE:
-        out.append(("gradient checkpointing on", replace(s, checkpointing=Checkpointing.FULL)))
+        out.append(("gradient checkpointing on",
+                    lambda x: replace(x, checkpointing=Checkpointing.FULL)))
     if s.checkpointing is not Checkpointing.OFFLOAD:
         out.append(("offload activation checkpoints to host (--offload-activations)",
-                    replace(s, checkpointing=Checkpointing.OFFLOAD)))
+                    lambda x: replace(x, checkpointing=Checkpointing.OFFLOAD)))
     if not s.optimizer.is_8bit and s.offload is Offload.NONE:
-        out.append(("8-bit optimizer (--optimizer adamw8bit)",
-                    replace(s, optimizer=Optimizer.ADAMW8BIT)))
+        out.append(("8-bit optimizer (--optimizer adamw8bit, or paged-adamw8bit to page its "
+                    "state to host RAM under pressure)",
+                    lambda x: replace(x, optimizer=Optimizer.ADAMW8BIT)))
     if s.loss is not Loss.CHUNKED:
-        out.append(("chunked cross-entropy (--loss chunked)", replace(s, loss=Loss.CHUNKED)))
+        out.append(("chunked cross-entropy (--loss chunked)",
+                    lambda x: replace(x, loss=Loss.CHUNKED)))
     if s.method is not Method.QLORA:
         out.append(("QLoRA: 4-bit base weights with LoRA adapters (--method qlora)",
-                    replace(s, method=Method.QLORA)))
+                    lambda x: replace(x, method=Method.QLORA)))
     if s.batch_size > 1:
         out.append(("micro-batch 1 (raise --grad-accum to keep the batch)",
-                    replace(s, batch_size=1, grad_accum=s.grad_accum * s.batch_size)))
+                    lambda x: replace(x, batch_size=1, grad_accum=x.grad_accum * x.batch_size)))
     return out
 
 
-def _suggestions(search: StrategySearch, s: Strategy, limit: int, gen: str,
-                 max_gpus: int) -> list[Suggestion]:
-    out: list[Suggestion] = []
-    for change, candidate in _single_changes(s):
-        _add(out, search, change, candidate, limit, gen)
-    seq = _largest_seq(search, s, limit, gen)
+def _suggestions(search: StrategySearch, s: Strategy, gpu: GpuSpec, limit: int,
+                 max_gpus: int, node_gpus: int) -> list[Suggestion]:
+    """One-GPU changes first (single knobs, then the cheapest combination when no single one
+    fits, shorter sequences, host offload), then more GPUs, labelled with their node count."""
+    if search.model.model_type in SOFTCAP_MODEL_TYPES and s.attention is Attention.SDPA:
+        # Refused on SDPA (soft-capping): every change starts from eager attention.
+        eager = replace(s, attention=Attention.EAGER)
+        first = _Context(search=search, gpu=gpu, limit=limit, base=eager).suggest(
+            EAGER_CHANGE, eager)
+        if first is not None and first.fits:
+            return [first]
+        return [replace(x, change=f"{EAGER_CHANGE.split(' (')[0]} + {x.change}")
+                for x in _suggestions(search, eager, gpu, limit, max_gpus, node_gpus)]
+    ctx = _Context(search=search, gpu=gpu, limit=limit, base=s)
+    singles = [x for change, apply in _one_gpu_changes(s)
+               if (x := ctx.suggest(change, apply(s))) is not None]
+    if not any(x.fits for x in singles):
+        combined = _combination(ctx, s)
+        if combined is not None:
+            singles.append(combined)
+    seq = _largest_seq(search, s, limit, gpu.generation)
     if seq:
-        _add(out, search, f"shorter sequences (--seq-len {seq})", replace(s, seq_len=seq),
-             limit, gen)
-    for gpus in _powers(2, max_gpus):
-        sharded = replace(s, gpus=gpus, sharding=Sharding.ZERO3, optimizer=_no8bit(s))
-        if _add(out, search, f"ZeRO-3 over {gpus} GPUs (--gpus {gpus} --sharding zero3)",
-                sharded, limit, gen):
-            break
-    for gpus in _powers(1, max_gpus):
-        offload = replace(s, gpus=gpus, sharding=Sharding.ZERO3,
-                          offload=Offload.OPTIMIZER_PARAMS, optimizer=_no8bit(s))
-        if _add(out, search, f"ZeRO-3 with optimizer and parameters offloaded to host RAM on "
-                f"{gpus} GPU{'s' if gpus > 1 else ''}", offload, limit, gen):
-            break
-    fitting = [x for x in out if x.fits]
+        found = ctx.suggest(f"shorter sequences (--seq-len {seq})", replace(s, seq_len=seq))
+        singles += [found] if found else []
+    offload = ctx.suggest("ZeRO-3 with optimizer and parameters offloaded to host RAM "
+                          "(--sharding zero3 --offload optimizer+params)",
+                          replace(s, sharding=Sharding.ZERO3, offload=Offload.OPTIMIZER_PARAMS,
+                                  optimizer=_no8bit(s)))
+    singles += [offload] if offload else []
+    more: list[Suggestion] = []
+    for total in _powers(2, max_gpus):
+        found = ctx.suggest_spread("ZeRO-3", total, node_gpus,
+                                   replace(s, sharding=Sharding.ZERO3, optimizer=_no8bit(s)))
+        if found:
+            more.append(found)
+            if found.fits:
+                break
+    for total in _powers(2, max_gpus):
+        found = ctx.suggest_spread(
+            "ZeRO-3 with optimizer and parameters offloaded to host RAM", total, node_gpus,
+            replace(s, sharding=Sharding.ZERO3, offload=Offload.OPTIMIZER_PARAMS,
+                    optimizer=_no8bit(s)), flags="--offload optimizer+params")
+        if found:
+            more.append(found)
+            if found.fits:
+                break
+    fitting = [x for x in singles if x.fits]
+    fitting.sort(key=_one_gpu_rank)
+    fitting += sorted((x for x in more if x.fits), key=lambda x: (x.nodes, x.gpus))
     if fitting:
         return fitting
     closest: dict[str, Suggestion] = {}  # nothing fits: the nearest miss of each kind
-    for x in out:
-        kind = x.change.split(" (")[0].split(" over ")[0].split(" on ")[0]
+    for x in [*singles, *more]:
+        kind = x.change.split(" (")[0].split(" over ")[0] + ("" if x.gpus == 1 else " (more)")
         if kind not in closest or x.peak_bytes < closest[kind].peak_bytes:
             closest[kind] = x
-    return sorted(closest.values(), key=lambda x: x.peak_bytes)
+    return sorted(closest.values(), key=lambda x: (x.gpus > 1, x.peak_bytes))
+
+
+def _one_gpu_rank(x: Suggestion) -> tuple[float, int]:
+    """Least speed lost first (unknown speed last), then the lower peak."""
+    return (-(x.speed_vs_job if x.speed_vs_job is not None else -1.0), x.peak_bytes)
+
+
+def _combination(ctx: _Context, s: Strategy) -> Suggestion | None:
+    """One-GPU changes applied together until the job fits: at each step, the fastest change
+    that makes it fit, else the one that saves the most memory (the faster on a tie); then
+    every change it can do without is dropped. None when even all of them miss."""
+    left = _one_gpu_changes(s)
+    chosen: list[Change] = []
+    strategy = s
+    while left:
+        tried = [(c, x) for c in left if (x := ctx.suggest(c[0], c[1](strategy))) is not None]
+        if not tried:
+            return None
+        fitting = [(c, x) for c, x in tried if x.fits]
+        pick, _ = (min(fitting, key=lambda cx: _one_gpu_rank(cx[1])) if fitting else min(
+            tried, key=lambda cx: (cx[1].peak_bytes, _one_gpu_rank(cx[1]))))
+        chosen.append(pick)
+        left = [c for c in left if c is not pick]
+        strategy = pick[1](strategy)
+        if fitting:
+            break
+    else:
+        return None
+
+    def build(changes: list[Change]) -> Strategy:
+        out = s
+        for _, apply in changes:
+            out = apply(out)
+        return out
+
+    for item in list(chosen):
+        fewer = [c for c in chosen if c is not item]
+        if fewer and ctx.fits(build(fewer)):
+            chosen = fewer
+    if len(chosen) < 2:
+        return None  # a single change: already listed
+    return ctx.suggest("together: " + " + ".join(_short_change(c) for c, _ in chosen),
+                       build(chosen))
+
+
+def _short_change(change: str) -> str:
+    """``QLoRA: 4-bit base ... (--method qlora)`` -> ``QLoRA (--method qlora)``."""
+    head, _, flags = change.partition(" (")
+    flag = flags.split(",")[0].split(";")[0].rstrip(")")
+    return head.split(":")[0] + (f" ({flag})" if flag.startswith("--") else "")
+
+
+@dataclass(slots=True)
+class _Context:
+    """What every suggestion is measured against: the GPU, the limit, the job's strategy and
+    its speed on one GPU."""
+
+    search: StrategySearch
+    gpu: GpuSpec
+    limit: int
+    base: Strategy
+    _base_speed: float | None = None
+    _base_peak: int | None = None
+
+    def __post_init__(self) -> None:
+        self._base_speed = self.speed(self.base)
+        est = _peak(self.search, self.base, self.gpu.generation)
+        self._base_peak = None if isinstance(est, Refused) else est.device_total_bytes
+
+    def speed(self, s: Strategy) -> float | None:
+        node = Node(gpu=self.gpu, gpus_per_node=s.gpus, nodes=s.nodes,
+                    capacity_bytes=self.gpu.usable_memory_bytes)
+        found = self.search.speed(s, node)
+        return None if isinstance(found, Refused) else found.tokens_per_second
+
+    def fits(self, s: Strategy) -> bool:
+        est = _peak(self.search, s, self.gpu.generation)
+        return (not isinstance(est, Refused) and est.device_total_bytes <= self.limit
+                and card_problem(s, self.gpu) is None)
+
+    def suggest(self, change: str, s: Strategy, scope: str = "one GPU") -> Suggestion | None:
+        est = _peak(self.search, s, self.gpu.generation)
+        if isinstance(est, Refused) or card_problem(s, self.gpu) is not None:
+            return None
+        speed = self.speed(s)
+        ratio = (speed / self._base_speed if speed is not None and self._base_speed
+                 else None)
+        return Suggestion(
+            change=change, strategy=s, peak_bytes=est.device_total_bytes,
+            fits=est.device_total_bytes <= self.limit, host_ram_bytes=est.host_ram_bytes,
+            scope=scope, gpus=s.world_size, nodes=s.nodes, tokens_per_second=speed,
+            speed_vs_job=ratio,
+            saved_bytes=(None if self._base_peak is None
+                         else self._base_peak - est.device_total_bytes))
+
+    def suggest_spread(self, what: str, total: int, node_gpus: int, s: Strategy,
+                       flags: str = "") -> Suggestion | None:
+        per_node = min(total, node_gpus)
+        nodes = -(-total // per_node)
+        spread = replace(s, gpus=per_node, nodes=nodes)
+        name = self.gpu.name
+        scope = (f"multi-GPU: one node of {per_node} {name}" if nodes == 1 else
+                 f"multi-node: {nodes} nodes x {per_node} {name}")
+        args = f"--gpus {per_node}" + (f" --nodes {nodes}" if nodes > 1 else "")
+        return self.suggest(f"{what} over {per_node * nodes} GPUs ({args} --sharding zero3"
+                            + (f" {flags}" if flags else "") + ")", spread, scope=scope)
 
 
 def _no8bit(s: Strategy) -> Optimizer:
@@ -200,22 +404,12 @@ def _largest_seq(search: StrategySearch, s: Strategy, limit: int, gen: str) -> i
     return max(0, largest_fitting(ok, 1, top)) * SEQ_STEP
 
 
-def _add(out: list[Suggestion], search: StrategySearch, change: str, s: Strategy, limit: int,
-         gen: str) -> bool:
-    est = _peak(search, s, gen)
-    if isinstance(est, Refused):
-        return False
-    fits = est.device_total_bytes <= limit
-    out.append(Suggestion(change=change, strategy=s, peak_bytes=est.device_total_bytes,
-                          fits=fits, host_ram_bytes=est.host_ram_bytes))
-    return fits
-
-
 def describe_suggestions(report: FitReport, limit: int = 4) -> str:
-    """The suggestions in one line: ``change (peak X GiB[, host RAM Y GiB])``."""
+    """The suggestions in one line: ``change [scope] (peak X GiB[, host RAM Y GiB])``."""
     parts = []
     for s in report.suggestions[:limit]:
-        text = f"{s.change} (peak {s.peak_bytes / GiB:.1f} GiB"
+        text = s.change + ("" if s.gpus == 1 else f" [{s.scope}]")
+        text += f" (peak {s.peak_bytes / GiB:.1f} GiB"
         if s.strategy.offload is not Offload.NONE:
             text += f", host RAM {s.host_ram_bytes / GiB:,.0f} GiB"
         parts.append(text + (")" if s.fits else ", still too big)"))

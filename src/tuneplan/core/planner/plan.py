@@ -25,6 +25,7 @@ from tuneplan.core.job.methods import Method
 from tuneplan.core.job.strategy import Interconnect, Job, Objective, Offload, Precision, Strategy
 from tuneplan.core.memory import MemoryAssumptions
 from tuneplan.core.models import ModelSpec
+from tuneplan.core.planner.caveats import card_problem, model_defaults
 from tuneplan.core.planner.costing import (
     UnitCost,
     node_link,
@@ -165,6 +166,7 @@ class PlanResult:
     assumptions: PlanAssumptions
     memory_estimates: int = 0
     infeasible: Infeasibility | None = None   # set when ``plans`` is empty: why, and changes
+    notes: tuple[str, ...] = ()               # settings the model chose (caveats.model_defaults)
 
     @property
     def feasible(self) -> bool:
@@ -201,10 +203,12 @@ def plan_offers(model: ModelSpec, job: Job, offers: Sequence[Offer],
     a = assumptions or PlanAssumptions()
     # The plan carries the resolved model id (an alias becomes its hub id), as launch needs.
     job = replace(job, model=model.name) if job.model != model.name else job
+    job, notes = model_defaults(model, job)
     context = _Context(model=model, offers=offers, gpus=gpus, providers=providers, now=now,
                        rates=inter_node_bytes_per_s or {}, a=a)
     search = strategy_search(model, job, a)
     result, overruns = _plan(context, job, search)
+    result = replace(result, notes=notes)
     if result.plans:
         return result
     return replace(result, infeasible=_diagnose(context, job, search, result, overruns))
@@ -421,6 +425,8 @@ def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[s
         batch = job.strategy.batch_size if job.is_fixed("batch_size") else 1
         return Refused(_why_not(need, outcome.refusals, capacity, a, batch=batch),
                        kind="memory" if need is not None else "estimate")
+    # A candidate the card cannot run (bitsandbytes without a kernel for it) is skipped too.
+    short |= {id(c): why for c in outcome.best.values() if (why := card_problem(c.strategy, gpu))}
     options: list[_Option] = []
     for candidate in outcome.best.values():
         if id(candidate) in short:
@@ -482,14 +488,11 @@ def _hardware_problem(job: Job, gpu: GpuSpec, link: str) -> str | None:
     if _LINK_RANK[link] < job.min_interconnect.rank and job.min_interconnect is not (
             Interconnect.ANY):
         return f"{link} between GPUs, the job asks for at least {job.min_interconnect.value}"
-    if gpu.supports_bf16 is False and job.strategy.precision is Precision.BF16:
-        return (f"no BF16 on {gpu.name}: pure bf16 training needs it "
-                "(--precision fp16-mixed would run)")
     if gpu.supports_bf16 is False and job.strategy.precision is Precision.BF16_MIXED and (
             job.is_fixed("precision")):
         return (f"no BF16 on {gpu.name}: --precision bf16-mixed is fixed "
                 "(fp16-mixed would run)")
-    return None
+    return card_problem(job.strategy, gpu)
 
 
 def _host_ram_short(candidates: Iterable[Candidate], offer: Offer) -> dict[int, str]:

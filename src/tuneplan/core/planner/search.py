@@ -24,10 +24,11 @@ from tuneplan.core.compute.throughput import (
     model_shape_from_spec,
 )
 from tuneplan.core.job.methods import Method
-from tuneplan.core.job.strategy import Checkpointing, Offload, Precision, Sharding, Strategy
+from tuneplan.core.job.strategy import Checkpointing, Offload, Sharding, Strategy
 from tuneplan.core.memory import MemoryAssumptions, MemoryEstimate, estimate_memory
 from tuneplan.core.memory.overheads import reserve_term, workspace_term
 from tuneplan.core.models import ModelSpec
+from tuneplan.core.planner.caveats import precision_on
 from tuneplan.errors import TuneplanError
 
 AUTO_METHODS = (Method.FULL, Method.LORA, Method.QLORA)
@@ -313,13 +314,13 @@ class StrategySearch:
                           checkpointing=checkpointing)
 
     def _precision_for(self, strategy: Strategy, gpu: GpuSpec) -> Strategy:
-        """No BF16 tensor cores: fp16 with loss scaling (same bytes, so the memory search
-        done in bf16 holds). A fixed precision is kept (the planner refuses such a card)."""
+        """The precision ``gpu`` trains in (``caveats.precision_on``: no BF16 -> fp16 with loss
+        scaling; same bytes, so the memory search done in bf16 holds). A fixed precision is
+        kept (the planner refuses such a card)."""
         if "precision" in self.fixed:
             return strategy
-        if gpu.supports_bf16 is False and strategy.precision is Precision.BF16_MIXED:
-            return replace(strategy, precision=Precision.FP16_MIXED)
-        return strategy
+        chosen = precision_on(gpu, strategy.precision).chosen
+        return strategy if chosen is strategy.precision else replace(strategy, precision=chosen)
 
     def _fit_family(self, family: Strategy, node: Node, limit: int, generation: str,
                     out: SearchOutcome) -> list[Candidate]:
