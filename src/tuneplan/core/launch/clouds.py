@@ -251,7 +251,8 @@ case "${{1:-}}" in
     mkdir -p "$dir"
     if [ -z "$url" ]; then
       if [ "${{TUNEPLAN_SYNC_REQUIRED:-0}}" = "1" ]; then
-        say "{SYNC_URL_ENV} is not set: on a spot machine the checkpoints on its local disk die with it. Set it to an s3:// URL (see RUN.md)."
+        say "{SYNC_URL_ENV} is not set: on a spot machine the checkpoints on its" \
+            "local disk die with it. Set it to an s3:// URL (see RUN.md)."
         exit 2
       fi
       say "{SYNC_URL_ENV} not set: checkpoints stay on this machine's local disk only."
@@ -276,11 +277,13 @@ case "${{1:-}}" in
   shared)
     rank="${{2:?rank}}"; nodes="${{3:?nodes}}"
     mkdir -p "$dir/.tuneplan_nodes" && echo "$(hostname)" > "$dir/.tuneplan_nodes/$rank"
-    for _ in $(seq 1 120); do
+    for _ in $(seq 1 "${{TUNEPLAN_SHARED_WAIT_S:-120}}"); do
       [ "$(ls "$dir/.tuneplan_nodes" | wc -l)" -ge "$nodes" ] && exit 0
       sleep 1
     done
-    say "$dir is not shared by all $nodes nodes (rank $rank sees $(ls "$dir/.tuneplan_nodes" | wc -l)): every rank must resume from the same checkpoint. Mount one shared filesystem at {SHARED_HOST_PATH} on every node (see RUN.md)."
+    say "$dir is not shared by all $nodes nodes (rank $rank sees" \
+        "$(ls "$dir/.tuneplan_nodes" | wc -l)): every rank must resume from the same" \
+        "checkpoint. Mount one shared filesystem at {SHARED_HOST_PATH} on every node (RUN.md)."
     exit 2 ;;
   *) say "usage: $0 pull|loop|shared RANK NODES"; exit 2 ;;
 esac

@@ -7,8 +7,8 @@ snapshot, read by an adapter into a ``SkyCatalog``); its per-cloud features from
 2025-26 versions of each file, not pinned to one tag: a feature counts as supported when the
 file does not declare it unsupported; ``Task.get_required_cloud_features`` asks MULTI_NODE for
 ``num_nodes > 1`` and STORAGE_MOUNTING for MOUNT-mode stores, ``Resources`` asks SPOT_INSTANCE
-for ``use_spot`` and CUSTOM_NETWORK_TIER for ``network_tier: best``); dstack's backend and volume support from dstack
-0.22.5 (``core/backends/*/compute.py``: ``ComputeWithVolumeSupport``,
+for ``use_spot`` and CUSTOM_NETWORK_TIER for ``network_tier: best``); dstack's backend and
+volume support from dstack 0.22.5 (``core/backends/*/compute.py``: ``ComputeWithVolumeSupport``,
 ``ComputeWithMultinodeSupport``, ``ComputeWithInstanceVolumesSupport``); GPU names as
 gpuhunt's ``KNOWN_NVIDIA_GPUS`` / ``KNOWN_AMD_GPUS`` spell them. Tests hold each table to its
 source (the snapshot, dstack's and gpuhunt's installed packages).
@@ -170,15 +170,18 @@ DSTACK_BACKENDS: dict[str, str] = {
     "Crusoe": "crusoe", "Vultr": "vultr", "Hot Aisle": "hotaisle",
     "DigitalOcean": "digitalocean",
 }
-#: Backends with network volumes (``ComputeWithVolumeSupport``), multi-node runs
-#: (``ComputeWithMultinodeSupport``) and instance volumes (``...InstanceVolumesSupport``).
-DSTACK_VOLUME_BACKENDS = frozenset({"aws", "daytona", "gcp", "kubernetes", "lium", "runpod"})
+#: Backends with network volumes a volume file can create (``ComputeWithVolumeSupport`` and
+#: a volume configuration with ``size`` and ``region``; daytona and lium only register
+#: existing volumes by ``volume_id``), multi-node runs (``ComputeWithMultinodeSupport``)
+#: and instance volumes (``ComputeWithInstanceVolumesSupport``).
+DSTACK_VOLUME_BACKENDS = frozenset({"aws", "gcp", "kubernetes", "runpod"})
+DSTACK_REGISTER_ONLY_VOLUME_BACKENDS = frozenset({"daytona", "lium"})
 DSTACK_MULTINODE_BACKENDS = frozenset({"aws", "azure", "crusoe", "gcp", "jarvislabs",
                                        "kubernetes", "nebius", "oci", "runpod", "seeweb",
                                        "slurm", "vultr"})
 DSTACK_INSTANCE_VOLUME_BACKENDS = frozenset({
-    "aws", "azure", "cloudrift", "crusoe", "gcp", "hotaisle", "jarvislabs", "kubernetes",
-    "lambda", "nebius", "oci", "seeweb", "verda", "vultr"})
+    "amddevcloud", "aws", "azure", "cloudrift", "crusoe", "digitalocean", "gcp", "hotaisle",
+    "jarvislabs", "kubernetes", "lambda", "nebius", "oci", "seeweb", "verda", "vultr"})
 #: Backends whose network volume several runs (nodes) may mount at once (dstack docs,
 #: concepts/volumes.md: "currently supported only by the runpod backend").
 DSTACK_SHARED_VOLUME_BACKENDS = frozenset({"runpod"})
