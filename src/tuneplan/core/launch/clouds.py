@@ -69,13 +69,14 @@ def launch_lines(spec: LaunchSpec, engine: str, storage: Storage, env: NodeEnv) 
     code."""
     argv = guarded_argv(spec, engine, env)
     if storage is Storage.LOCAL_SYNC:
-        return ["trap ':' TERM INT HUP", f"bash {STORE_SCRIPT} pull",
+        return ["trap ':' TERM INT HUP", f"bash {STORE_SCRIPT} pull || exit 2",
                 f"bash {STORE_SCRIPT} loop & pusher=$!",
                 f"rc=0; {shell_line(argv[1:])} || rc=$?",
                 'kill -TERM "$pusher" 2>/dev/null; wait "$pusher" || true', 'exit "$rc"']
     lines = [shell_line(argv)]
     if storage is Storage.SHARED_HOST_PATH:
-        lines.insert(0, f'bash {STORE_SCRIPT} shared "{env.node_rank}" "{env.num_nodes}"')
+        lines.insert(0, f'bash {STORE_SCRIPT} shared "{env.node_rank}" "{env.num_nodes}"'
+                        " || exit 2")
     return lines
 
 
@@ -110,7 +111,8 @@ def skypilot_task(spec: LaunchSpec, choice: SkyChoice, *, engine: str = "acceler
     else:
         envs |= {SYNC_URL_ENV: "", "TUNEPLAN_SYNC_EVERY_S": str(sync_every_s(spec)),
                  "TUNEPLAN_SYNC_REQUIRED": "1" if spec.use_spot else "0"}
-        secrets |= {name: None for name in SYNC_SECRETS}
+        # Required (null) where the sync is (spot), optional (empty) otherwise.
+        secrets |= {name: None if spec.use_spot else "" for name in SYNC_SECRETS}
     out |= {"envs": envs, "secrets": secrets,
             "setup": "set -euo pipefail\npip install -r requirements.txt\n"
                      + ("pip install awscli\n" if choice.storage is Storage.LOCAL_SYNC else ""),
