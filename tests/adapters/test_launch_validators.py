@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tuneplan.adapters.importers.snapshot import load_sky_catalog
 from tuneplan.adapters.launch_files import read_train_script
 from tuneplan.adapters.plans import saved_plan_from_entry
 from tuneplan.core.launch.bundle import render_bundle
@@ -57,7 +58,8 @@ MULTI_PROCESS = MULTI_NODE + [p for _, p in PLANS
 
 
 def _write(plan: dict[str, Any], folder: Path) -> dict[str, str]:
-    files = render_bundle(saved_plan_from_entry(plan), ["all"], train_script=read_train_script())
+    files = render_bundle(saved_plan_from_entry(plan), ["all"], train_script=read_train_script(),
+                          sky_catalog=load_sky_catalog())
     for rel, text in files.items():
         (folder / rel).write_text(text)
     return files
@@ -189,8 +191,16 @@ def test_dstack_models_accept_task_and_volume(plan: dict[str, Any], tmp_path: Pa
     assert [e.value for e in task.retry.on_events] == ["no-capacity", "interruption"]
     assert task.spot_policy.value == ("spot" if plan["cost"]["uses_spot"] else "on-demand")
     assert task.resources.gpu.count.min == plan["strategy"]["gpus"]
-    volume = parse_apply_configuration(yaml.safe_load(files["volume.dstack.yml"]))
-    assert volume.type == "volume" and volume.name == f"tuneplan-ckpt-{plan['id']}"
+    fleet = parse_apply_configuration(yaml.safe_load(files["fleet.dstack.yml"]))
+    assert fleet.type == "fleet" and fleet.nodes.min == plan["strategy"]["nodes"]
+    assert [f.name for f in task.fleets or []] == [fleet.name]
+    if plan["strategy"]["nodes"] == 1:  # one AWS node: an EBS network volume in its region
+        volume = parse_apply_configuration(yaml.safe_load(files["volume.dstack.yml"]))
+        assert volume.type == "volume" and volume.name == f"tuneplan-ckpt-{plan['id']}"
+        assert (volume.backend.value, volume.region) == ("aws", plan["offer"]["region"])
+    else:  # several nodes: one shared instance path, never a volume per node
+        assert "volume.dstack.yml" not in files
+        assert [v.instance_path for v in task.volumes] == ["/mnt/tuneplan-checkpoints"]
 
 
 def _sky_validator() -> Callable[[str, Any], None]:
@@ -237,7 +247,11 @@ def test_skypilot_itself_loads_the_task(plan: dict[str, Any], tmp_path: Path,
     task = sky.Task.from_yaml(str(tmp_path / "sky.yaml"))
     assert task.num_nodes == plan["strategy"]["nodes"]
     (resources,) = task.resources
-    assert resources.instance_type == plan["offer"]["instance_type"]
+    # Only the cloud is pinned: the accelerator is SkyPilot's own name, no instance type.
+    assert resources.instance_type is None
+    assert resources.accelerators == {
+        yaml.safe_load((tmp_path / "sky.yaml").read_text())["resources"]["accelerators"]
+        .split(":")[0]: plan["strategy"]["gpus"]}
     assert resources.use_spot is plan["cost"]["uses_spot"]
 
 

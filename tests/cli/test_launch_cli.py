@@ -61,3 +61,24 @@ def test_launch_by_id_reads_the_last_saved_plan(run_cli: Run, tmp_path: Path) ->
     assert (tmp_path / "b" / ".dstack.yml").exists()
     missing = run_cli("launch", "ffffffffffff", "--out", str(tmp_path / "c"))
     assert missing.code == 2 and "ffffffffffff" in missing.stderr
+
+
+def test_a_tool_that_cannot_run_the_offer_is_exit_2_alone_and_left_out_under_all(
+        run_cli: Run, tmp_path: Path) -> None:
+    """A 4-node plan moved to RunPod: SkyPilot runs no multi-node clusters there."""
+    doc = json.loads((FIXTURE.parent / "plan_llama70b_multinode_aws.json").read_text())
+    entry = doc["plans"][0]
+    entry["offer"] = {k: v for k, v in entry["offer"].items() if k != "id"} | {
+        "provider": "RunPod"}  # its id follows from the fields
+    moved = tmp_path / "runpod.json"
+    moved.write_text(json.dumps({"job": doc["job"], **entry}))
+    refused = run_cli("launch", "--plan", str(moved), "--to", "skypilot", "--out",
+                      str(tmp_path / "a"))
+    assert refused.code == 2 and refused.stderr.count("\n") == 1
+    assert "SkyPilot does not run multi-node clusters on runpod" in refused.stderr
+    assert not (tmp_path / "a").exists()
+    done = run_cli("launch", "--plan", str(moved), "--to", "all", "--out", str(tmp_path / "b"))
+    assert done.code == 0, done.stderr
+    assert not (tmp_path / "b" / "sky.yaml").exists()
+    assert (tmp_path / "b" / ".dstack.yml").exists()  # dstack shares one RunPod volume
+    assert "SkyPilot: no files written" in (tmp_path / "b" / "RUN.md").read_text()

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tuneplan.adapters.importers.snapshot import load_sky_catalog
 from tuneplan.adapters.plans import saved_plan_from_entry
 from tuneplan.core.cost.spot import young_daly_interval_s
 from tuneplan.core.job.methods import Method
@@ -120,7 +121,8 @@ def test_yaml_text_reads_back_as_the_same_value(value: Any) -> None:
 
 def test_bundle_files_follow_targets_and_sharding() -> None:
     single = _plan("plan_llama8b_qlora_aws.json")
-    files = render_bundle(_saved(single), ["skypilot"], train_script="# train")
+    files = render_bundle(_saved(single), ["skypilot"], train_script="# train",
+                          sky_catalog=load_sky_catalog())
     assert set(files) == {"train.py", "train_config.json", "requirements.txt",
                           "accelerate_config.yaml", "preemptible.sh", "sky.yaml", "RUN.md"}
     assert "bitsandbytes" in files["requirements.txt"]
@@ -145,7 +147,7 @@ def test_train_config_carries_the_plan_choices() -> None:
 
 def test_run_md_says_cadence_cost_and_how_to_launch() -> None:
     plan = _plan("plan_llama70b_multinode_aws.json")
-    files = render_bundle(_saved(plan), ["all"], train_script="")
+    files = render_bundle(_saved(plan), ["all"], train_script="", sky_catalog=load_sky_catalog())
     text = files["RUN.md"]
     spec = _spec(plan)
     assert f"Every **{spec.save_steps} steps**" in text
@@ -186,7 +188,8 @@ def test_every_launch_line_goes_through_the_preemption_guard() -> None:
     from tuneplan.core.launch.engines import GRACE_BASE_S, shutdown_grace_s
 
     entry = _plan("plan_llama70b_multinode_aws.json")
-    files = render_bundle(_saved(entry), ["all"], train_script="")
+    files = render_bundle(_saved(entry), ["all"], train_script="",
+                          sky_catalog=load_sky_catalog())
     sky = yaml.safe_load(files["sky.yaml"])
     dstack = yaml.safe_load(files[".dstack.yml"])
     lines = [sky["run"].strip().splitlines()[-1], dstack["commands"][-1],

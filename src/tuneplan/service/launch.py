@@ -15,12 +15,17 @@ if TYPE_CHECKING:
 
 def bundle(plan: SavedPlan, targets: Iterable[str]) -> tuple[LaunchSpec, dict[str, str]]:
     """(spec, {relative path: text}) of ``plan``'s bundle for ``targets`` (accelerate,
-    deepspeed, skypilot, dstack, all; comma lists accepted)."""
+    deepspeed, skypilot, dstack, all; comma lists accepted). A cloud tool named on its own
+    that cannot run the offer is InvalidValueError; under ``all`` it is left out, with its
+    reason in RUN.md."""
+    from tuneplan.adapters.importers.snapshot import load_sky_catalog
     from tuneplan.adapters.launch_files import read_train_script
-    from tuneplan.core.launch.bundle import bundle_files, expand_targets, launch_spec
+    from tuneplan.core.launch.bundle import asks_all, bundle_files, expand_targets, launch_spec
 
+    targets = list(targets)
     spec = launch_spec(plan)
-    files = bundle_files(spec, expand_targets(targets), train_script=read_train_script())
+    files = bundle_files(spec, expand_targets(targets), train_script=read_train_script(),
+                         sky_catalog=load_sky_catalog(), strict=not asks_all(targets))
     return spec, files
 
 

@@ -30,6 +30,7 @@ from tuneplan.adapters.importers.validation import (
 )
 from tuneplan.core.catalog.gpu_names import GPU_ALIASES, gpu_name_key
 from tuneplan.core.catalog.offers import Offer, normalise_gpu_name, normalise_provider_name
+from tuneplan.errors import UnknownGpuError
 from tuneplan.units import GiB, MiB
 
 _REQUIRED = ("InstanceType", "AcceleratorName", "AcceleratorCount", "Price", "Region")
@@ -110,6 +111,20 @@ def _offer(row: dict[str, str], hosts: dict[tuple[str, str], dict[str, str]], cl
         notes="; ".join(n for n in (*notes, *price_notes) if n)
         + ("" if _has(row, "Region") else "; the source gives no region"),
     )
+
+
+def row_gpu(row: dict[str, str], cloud: str) -> str | None:
+    """The canonical GPU of one catalog row, as ``parse_skypilot_csv`` names it; None for a
+    row without a (whole, known) accelerator."""
+    raw = (row.get("AcceleratorName") or "").strip()
+    if not raw:
+        return None
+    instance = (row.get("InstanceType") or "").strip()
+    try:
+        count, _ = _count(row, cloud, instance)
+        return _gpu(raw, instance, row.get("GpuInfo"), cloud, count)
+    except (RowRejected, UnknownGpuError):
+        return None
 
 
 def _count(row: dict[str, str], cloud: str, instance: str) -> tuple[int, list[str]]:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuneplan.core.catalog.offers import Offer, offer_record
 from tuneplan.core.cost.estimate import CostAssumptions, checkpoint_bytes
@@ -23,6 +23,9 @@ from tuneplan.core.job.strategy import Sharding, Strategy
 from tuneplan.core.planner.record import SavedPlan
 from tuneplan.errors import InvalidValueError
 from tuneplan.units import GB, HOUR_S
+
+if TYPE_CHECKING:
+    from tuneplan.core.launch.targets import SkyCatalog
 
 #: Checkpoints kept at least: the newest may be half-written when the machine dies, so the one
 #: before it must survive the retention sweep.
@@ -187,20 +190,47 @@ def train_config(spec: LaunchSpec, *, output_dir: str = CHECKPOINT_DIR) -> dict[
     }
 
 
-def render_bundle(plan: SavedPlan, targets: Iterable[str], *,
-                  train_script: str) -> dict[str, str]:
+def asks_all(targets: Iterable[str]) -> bool:
+    """Whether the targets say ``all`` (then a cloud tool that cannot run the offer is left
+    out with its reason in RUN.md; named on its own, it is refused with an error)."""
+    return any(word.strip().lower() == Target.ALL.value
+               for raw in targets for word in str(raw).split(","))
+
+
+def render_bundle(plan: SavedPlan, targets: Iterable[str], *, train_script: str,
+                  sky_catalog: SkyCatalog | None = None) -> dict[str, str]:
     """{relative path: text} of the bundle for ``plan``. ``train_script`` is the text of the
-    training entry point."""
-    return bundle_files(launch_spec(plan), expand_targets(targets), train_script=train_script)
+    training entry point; ``sky_catalog`` SkyPilot's catalog (its accelerator names), read by
+    an adapter (none: SkyPilot is refused for want of names)."""
+    targets = list(targets)
+    return bundle_files(launch_spec(plan), expand_targets(targets), train_script=train_script,
+                        sky_catalog=sky_catalog, strict=not asks_all(targets))
 
 
-def bundle_files(spec: LaunchSpec, chosen: tuple[Target, ...], *,
-                 train_script: str) -> dict[str, str]:
-    """``render_bundle`` for a spec already read and targets already expanded."""
+def bundle_files(spec: LaunchSpec, chosen: tuple[Target, ...], *, train_script: str,
+                 sky_catalog: SkyCatalog | None = None, strict: bool = True
+                 ) -> dict[str, str]:
+    """``render_bundle`` for a spec already read and targets already expanded. ``strict``:
+    a chosen cloud target that cannot run the offer raises InvalidValueError (its reason);
+    else it is left out and RUN.md says why."""
     from tuneplan.core.launch import clouds as launch_clouds
     from tuneplan.core.launch import engines as launch_engines
+    from tuneplan.core.launch import targets as launch_targets
     from tuneplan.core.launch.readme import render_run_md
 
+    sky = dst = None
+    refused: list[launch_targets.Refusal] = []
+    if Target.SKYPILOT in chosen:
+        got = launch_targets.skypilot_choice(spec, sky_catalog or launch_targets.SkyCatalog())
+        sky = None if isinstance(got, launch_targets.Refusal) else got
+        refused += [got] if isinstance(got, launch_targets.Refusal) else []
+    if Target.DSTACK in chosen:
+        dgot = launch_targets.dstack_choice(spec)
+        dst = None if isinstance(dgot, launch_targets.Refusal) else dgot
+        refused += [dgot] if isinstance(dgot, launch_targets.Refusal) else []
+    if refused and strict:
+        raise InvalidValueError("; ".join(f"{r.tool} cannot launch plan {spec.plan_id}: "
+                                          f"{r.reason}" for r in refused))
     with_ds = spec.zero_stage is not None or Target.DEEPSPEED in chosen
     files: dict[str, str] = {
         "train.py": train_script,
@@ -215,12 +245,17 @@ def bundle_files(spec: LaunchSpec, chosen: tuple[Target, ...], *,
         files["launch_accelerate.sh"] = launch_engines.launch_script(spec, "accelerate")
     if Target.DEEPSPEED in chosen:
         files["launch_torchrun.sh"] = launch_engines.launch_script(spec, "torchrun")
-    if Target.SKYPILOT in chosen:
-        files["sky.yaml"] = launch_clouds.render_skypilot(spec)
-    if Target.DSTACK in chosen:
-        files[".dstack.yml"] = launch_clouds.render_dstack(spec)
-        files["volume.dstack.yml"] = launch_clouds.render_dstack_volume(spec)
-    files["RUN.md"] = render_run_md(spec, tuple(files), chosen)
+    if sky is not None:
+        files["sky.yaml"] = launch_clouds.render_skypilot(spec, sky)
+    if dst is not None:
+        files[".dstack.yml"] = launch_clouds.render_dstack(spec, dst)
+        files["fleet.dstack.yml"] = launch_clouds.render_dstack_fleet(spec, dst)
+        if dst.storage is launch_targets.Storage.NETWORK_VOLUME:
+            files["volume.dstack.yml"] = launch_clouds.render_dstack_volume(spec, dst)
+    if any(c is not None and launch_clouds.needs_store_script(c.storage) for c in (sky, dst)):
+        files[launch_clouds.STORE_SCRIPT] = launch_clouds.store_script(spec)
+    files["RUN.md"] = render_run_md(spec, tuple(files), chosen, sky=sky, dstack=dst,
+                                    refused=tuple(refused))
     return files
 
 

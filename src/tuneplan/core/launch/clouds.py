@@ -1,8 +1,11 @@
-"""The cloud side of a launch bundle: a SkyPilot task (managed-job recovery, bucket mount for
-checkpoints) and a dstack task + volume (spot policy, retry on interruption).
+"""The cloud side of a launch bundle: a SkyPilot task (managed-job recovery) and a dstack
+task + fleet (+ volume), with checkpoint storage each tool can really provide on the offer's
+cloud (``core.launch.targets`` decides names and storage; this module writes them down).
 
-Provider and GPU names are mapped to each tool's words here; a provider a tool does not know
-leaves the choice of cloud to the tool. Pure text; schemas and models check it in the tests.
+Cloud pinning: SkyPilot gets the cloud only (``infra: <cloud>``), so a recovery may fail over
+to another region or instance type with the same GPUs; dstack gets its backend, and a region
+only where the checkpoint volume lives (a network volume is bound to one region). Pure text;
+SkyPilot's schemas and dstack's models check it in the tests.
 """
 
 from __future__ import annotations
@@ -16,127 +19,274 @@ from tuneplan.core.launch.engines import (
     EXIT_PREEMPTED,
     GUARD_SCRIPT,
     SKYPILOT_ENV,
+    NodeEnv,
     guarded_argv,
     shell_line,
 )
+from tuneplan.core.launch.targets import (
+    DstackChoice,
+    SkyChoice,
+    Storage,
+)
 from tuneplan.core.launch.yamltext import render_yaml
-from tuneplan.units import GB
+from tuneplan.units import GB, MINUTE_S
 
-#: Provider names (lower case, no spaces or dots) -> SkyPilot cloud names (sky 0.14 registry).
-SKYPILOT_CLOUDS = {
-    "aws": "aws", "gcp": "gcp", "googlecloud": "gcp", "azure": "azure", "lambda": "lambda",
-    "lambdalabs": "lambda", "runpod": "runpod", "vastai": "vast", "vast": "vast",
-    "nebius": "nebius", "cudo": "cudo", "cudocompute": "cudo", "fluidstack": "fluidstack",
-    "paperspace": "paperspace", "digitalocean": "do", "hyperbolic": "hyperbolic",
-    "primeintellect": "primeintellect", "seeweb": "seeweb", "shadeform": "shadeform",
-    "oci": "oci", "oracle": "oci", "verda": "verda", "datacrunch": "verda", "mithril": "mithril",
-    "yotta": "yotta", "ibm": "ibm"}
-#: Provider names -> dstack backend names (dstack 0.22 BackendType values).
-DSTACK_BACKENDS = {
-    "aws": "aws", "gcp": "gcp", "googlecloud": "gcp", "azure": "azure", "lambda": "lambda",
-    "lambdalabs": "lambda", "runpod": "runpod", "vastai": "vastai", "vast": "vastai",
-    "nebius": "nebius", "cudo": "cudo", "cudocompute": "cudo", "oci": "oci", "oracle": "oci",
-    "datacrunch": "datacrunch", "verda": "verda", "vultr": "vultr", "hotaisle": "hotaisle",
-    "cloudrift": "cloudrift", "tensordock": "tensordock"}
-
-
-def _key(provider: str) -> str:
-    return "".join(ch for ch in provider.lower() if ch.isalnum())
-
-
-def accelerator_name(gpu: str) -> str:
-    """SkyPilot/dstack GPU word: the catalog name's first word (``H100 SXM`` -> ``H100``);
-    A100 80GB variants are ``A100-80GB``."""
-    first = gpu.split()[0] if gpu.split() else gpu
-    return "A100-80GB" if first == "A100" and "80" in gpu else first
+#: The bundle's checkpoint-store helper (pull / periodic push / shared-path check).
+STORE_SCRIPT = "checkpoint_store.sh"
+#: Where a multi-node dstack run expects a filesystem every node shares (instance volume).
+SHARED_HOST_PATH = "/mnt/tuneplan-checkpoints"
+#: Secrets the run reads: the Hub token (gated models), and S3-style keys for the sync.
+HF_SECRET = "HF_TOKEN"
+SYNC_SECRETS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+SYNC_URL_ENV = "TUNEPLAN_SYNC_URL"
 
 
 def bucket_name(spec: LaunchSpec) -> str:
     return f"tuneplan-ckpt-{spec.plan_id}"
 
 
+def fleet_name(spec: LaunchSpec) -> str:
+    return f"tuneplan-{spec.plan_id}"
+
+
 def _disk_gb(spec: LaunchSpec) -> int:
     return max(100, math.ceil(spec.disk_bytes / GB))
 
 
-def _run_script(spec: LaunchSpec, engine: str, env: Any) -> str:
-    return ("set -euo pipefail\n"
-            "# train.py resumes from the newest complete checkpoint under the mount.\n"
-            f"{shell_line(guarded_argv(spec, engine, env))}\n")
+def sync_every_s(spec: LaunchSpec) -> int:
+    """Seconds between pushes of the local checkpoint folder: the checkpoint interval
+    (a push right after each save), at least 5 minutes."""
+    interval = spec.checkpoint_interval_s if math.isfinite(spec.checkpoint_interval_s) \
+        else 3600.0
+    return max(5 * MINUTE_S, math.ceil(interval))
 
 
-def skypilot_task(spec: LaunchSpec, *, engine: str = "accelerate") -> dict[str, Any]:
+def launch_lines(spec: LaunchSpec, engine: str, storage: Storage, env: NodeEnv) -> list[str]:
+    """Shell lines that start training under ``storage``. A mounted bucket or a volume: the
+    guard replaces the shell (``exec``). A multi-node host path: the shared-folder check
+    first. Local disk + sync: pull, push in the background, run the guard (the shell traps
+    SIGTERM so it lives on), then stop the pusher (its last push) and exit with the guard's
+    code."""
+    argv = guarded_argv(spec, engine, env)
+    if storage is Storage.LOCAL_SYNC:
+        return ["trap ':' TERM INT HUP", f"bash {STORE_SCRIPT} pull || exit 2",
+                f"bash {STORE_SCRIPT} loop & pusher=$!",
+                f"rc=0; {shell_line(argv[1:])} || rc=$?",
+                'kill -TERM "$pusher" 2>/dev/null; wait "$pusher" || true', 'exit "$rc"']
+    lines = [shell_line(argv)]
+    if storage is Storage.SHARED_HOST_PATH:
+        lines.insert(0, f'bash {STORE_SCRIPT} shared "{env.node_rank}" "{env.num_nodes}"'
+                        " || exit 2")
+    return lines
+
+
+def _run_script(spec: LaunchSpec, engine: str, storage: Storage) -> str:
+    lines = ["set -euo pipefail",
+             "# train.py resumes from the newest complete checkpoint in $TUNEPLAN_CHECKPOINT_DIR.",
+             *launch_lines(spec, engine, storage, SKYPILOT_ENV)]
+    return "\n".join(lines) + "\n"
+
+
+def skypilot_task(spec: LaunchSpec, choice: SkyChoice, *, engine: str = "accelerate"
+                  ) -> dict[str, Any]:
     """SkyPilot task: ``sky jobs launch sky.yaml`` gives managed-job recovery on preemption."""
-    cloud = SKYPILOT_CLOUDS.get(_key(spec.offer.provider))
-    resources: dict[str, Any] = {}
-    if cloud:
-        resources["infra"] = f"{cloud}/{spec.offer.region}" if spec.offer.region else cloud
-        resources["instance_type"] = spec.offer.instance_type
-    resources |= {
-        "accelerators": f"{accelerator_name(spec.gpu_name)}:{spec.strategy.gpus}",
-        "use_spot": spec.use_spot, "disk_size": _disk_gb(spec),
-        "job_recovery": {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 3,
-                         "recover_on_exit_codes": [EXIT_PREEMPTED]}}
-    return {
-        "name": f"tuneplan-{spec.plan_id}", "num_nodes": spec.strategy.nodes, "workdir": ".",
-        "resources": resources,
-        "file_mounts": {CHECKPOINT_DIR: {"name": bucket_name(spec), "mode": "MOUNT"}},
-        "envs": {"TUNEPLAN_CHECKPOINT_DIR": CHECKPOINT_DIR},
-        "setup": "set -euo pipefail\npip install -r requirements.txt\n",
-        "run": _run_script(spec, engine, SKYPILOT_ENV)}
-
-
-def render_skypilot(spec: LaunchSpec) -> str:
-    cloud = SKYPILOT_CLOUDS.get(_key(spec.offer.provider))
-    note = "" if cloud else f"\nSkyPilot has no cloud for {spec.offer.provider!r}: it picks one."
-    return render_yaml(skypilot_task(spec), header=(
-        f"SkyPilot task for plan {spec.plan_id}: sky jobs launch sky.yaml "
-        f"(managed job, recovers from preemption).{note}"))
-
-
-def dstack_task(spec: LaunchSpec, *, engine: str = "accelerate") -> dict[str, Any]:
-    """dstack task: retry on interruption, spot policy, checkpoints on a network volume (one
-    per node on multi-node runs: a network volume attaches to one instance)."""
-    backend = DSTACK_BACKENDS.get(_key(spec.offer.provider))
-    hours = spec.hours or 24.0
-    retry_h = max(24, math.ceil(2 * hours))
-    volume = bucket_name(spec) + ("-${{ dstack.node_rank }}" if spec.strategy.nodes > 1 else "")
+    resources: dict[str, Any] = {
+        "infra": choice.cloud.name,
+        "accelerators": f"{choice.accelerator}:{spec.strategy.gpus}",
+        "use_spot": spec.use_spot, "disk_size": _disk_gb(spec)}
+    if choice.network_best:
+        resources["network_tier"] = "best"
+    resources["job_recovery"] = {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 3,
+                                 "recover_on_exit_codes": [EXIT_PREEMPTED]}
     out: dict[str, Any] = {
-        "type": "task", "name": f"tuneplan-{spec.plan_id}", "nodes": spec.strategy.nodes,
-        "python": "3.11",
-        "files": ["train.py", "train_config.json", "requirements.txt",
-                  "accelerate_config.yaml", GUARD_SCRIPT, "data"]
-                 + (["ds_config.json"] if spec.zero_stage is not None else []),
-        "env": [f"TUNEPLAN_CHECKPOINT_DIR={CHECKPOINT_DIR}"],
-        "commands": ["pip install -r requirements.txt",
-                     shell_line(guarded_argv(spec, engine, DSTACK_ENV))],
-        "resources": {"gpu": f"{accelerator_name(spec.gpu_name)}:{spec.strategy.gpus}",
-                      "disk": f"{_disk_gb(spec)}GB.."},
-        "spot_policy": "spot" if spec.use_spot else "on-demand",
-        "retry": {"on_events": ["no-capacity", "interruption"], "duration": f"{retry_h}h"},
-        "volumes": [{"name": volume, "path": CHECKPOINT_DIR}]}
-    if backend:
-        out["backends"] = [backend]
-        out["regions"] = [spec.offer.region]
-        out["instance_types"] = [spec.offer.instance_type]
+        "name": f"tuneplan-{spec.plan_id}", "num_nodes": spec.strategy.nodes, "workdir": ".",
+        "resources": resources}
+    envs: dict[str, Any] = {"TUNEPLAN_CHECKPOINT_DIR": CHECKPOINT_DIR}
+    secrets: dict[str, Any] = {HF_SECRET: None}
+    if choice.storage is Storage.BUCKET_MOUNT:
+        store: dict[str, Any] = {"name": bucket_name(spec)}
+        if choice.cloud.store:
+            store["store"] = choice.cloud.store
+        out["file_mounts"] = {CHECKPOINT_DIR: store | {"mode": "MOUNT"}}
+    else:
+        envs |= {SYNC_URL_ENV: "", "TUNEPLAN_SYNC_EVERY_S": str(sync_every_s(spec)),
+                 "TUNEPLAN_SYNC_REQUIRED": "1" if spec.use_spot else "0"}
+        # Required (null) where the sync is (spot), optional (empty) otherwise.
+        secrets |= {name: None if spec.use_spot else "" for name in SYNC_SECRETS}
+    out |= {"envs": envs, "secrets": secrets,
+            "setup": "set -euo pipefail\npip install -r requirements.txt\n"
+                     + ("pip install awscli\n" if choice.storage is Storage.LOCAL_SYNC else ""),
+            "run": _run_script(spec, engine, choice.storage)}
     return out
 
 
-def render_dstack(spec: LaunchSpec) -> str:
-    return render_yaml(dstack_task(spec), header=(
-        f"dstack task for plan {spec.plan_id}: dstack apply -f volume.dstack.yml, then "
+def render_skypilot(spec: LaunchSpec, choice: SkyChoice) -> str:
+    pinned = (f"Planned on {spec.offer.instance_type or '-'} in {spec.offer.region} "
+              f"(SkyPilot's catalog lists that instance type: "
+              f"{'yes' if choice.instance_listed else 'no'}, that region: "
+              f"{'yes' if choice.region_listed else 'no'}); only the cloud is pinned, so a "
+              "recovery may fail over to another region or instance with the same GPUs.")
+    return render_yaml(skypilot_task(spec, choice), header=(
+        f"SkyPilot task for plan {spec.plan_id}: sky jobs launch sky.yaml "
+        f"(managed job, recovers from preemption).\n{pinned}"))
+
+
+# ------------------------------------------------------------------------------ dstack
+def _gpu_resources(spec: LaunchSpec, choice: DstackChoice) -> dict[str, Any]:
+    return {"gpu": f"{choice.gpu}:{spec.strategy.gpus}", "disk": f"{_disk_gb(spec)}GB.."}
+
+
+def _placement(spec: LaunchSpec, choice: DstackChoice) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if choice.backend:
+        out["backends"] = [choice.backend]
+    if choice.volume_region:
+        out["regions"] = [choice.volume_region]
+    return out
+
+
+def dstack_task(spec: LaunchSpec, choice: DstackChoice, *, engine: str = "accelerate"
+                ) -> dict[str, Any]:
+    """dstack task: retry on interruption, spot policy, checkpoints where every restart and
+    every node finds the same ones."""
+    hours = spec.hours or 24.0
+    retry_h = max(24, math.ceil(2 * hours))
+    env = [f"TUNEPLAN_CHECKPOINT_DIR={CHECKPOINT_DIR}", HF_SECRET]
+    if choice.storage is Storage.LOCAL_SYNC:
+        env += [SYNC_URL_ENV, *SYNC_SECRETS, f"TUNEPLAN_SYNC_EVERY_S={sync_every_s(spec)}",
+                f"TUNEPLAN_SYNC_REQUIRED={1 if spec.use_spot else 0}"]
+    out: dict[str, Any] = {"type": "task", "name": f"tuneplan-{spec.plan_id}",
+                           "nodes": spec.strategy.nodes}
+    out |= {"image": choice.image} if choice.image else {"python": "3.11"}
+    setup = ["pip install -r requirements.txt"] + (
+        ["pip install awscli"] if choice.storage is Storage.LOCAL_SYNC else [])
+    out |= {
+        "files": ["train.py", "train_config.json", "requirements.txt",
+                  "accelerate_config.yaml", GUARD_SCRIPT, "data"]
+                 + (["ds_config.json"] if spec.zero_stage is not None else [])
+                 + ([STORE_SCRIPT] if needs_store_script(choice.storage) else []),
+        "env": env,
+        "commands": [*setup, *launch_lines(spec, engine, choice.storage, DSTACK_ENV)],
+        "resources": _gpu_resources(spec, choice),
+        "spot_policy": "spot" if spec.use_spot else "on-demand",
+        "retry": {"on_events": ["no-capacity", "interruption"], "duration": f"{retry_h}h"},
+        "fleets": [fleet_name(spec)], **_placement(spec, choice)}
+    if choice.storage is Storage.NETWORK_VOLUME:
+        out["volumes"] = [{"name": bucket_name(spec), "path": CHECKPOINT_DIR}]
+    elif choice.storage is Storage.SHARED_HOST_PATH:
+        out["volumes"] = [{"instance_path": SHARED_HOST_PATH, "path": CHECKPOINT_DIR}]
+    return out
+
+
+def render_dstack(spec: LaunchSpec, choice: DstackChoice) -> str:
+    first = "dstack apply -f volume.dstack.yml, " if choice.storage is Storage.NETWORK_VOLUME \
+        else ""
+    return render_yaml(dstack_task(spec, choice), header=(
+        f"dstack task for plan {spec.plan_id}: {first}dstack apply -f fleet.dstack.yml, then "
         "dstack apply -f .dstack.yml"))
 
 
-def dstack_volume(spec: LaunchSpec) -> dict[str, Any]:
-    """The network volume the task mounts (create it once before the task)."""
-    backend = DSTACK_BACKENDS.get(_key(spec.offer.provider), "aws")
-    return {"type": "volume", "name": bucket_name(spec), "backend": backend,
-            "region": spec.offer.region, "size": f"{_disk_gb(spec)}GB"}
+def dstack_fleet(spec: LaunchSpec, choice: DstackChoice) -> dict[str, Any]:
+    """The fleet the task runs on (dstack provisions runs only into fleets): the plan's node
+    count, one cluster placement for several nodes (fast interconnect, one network)."""
+    out: dict[str, Any] = {"type": "fleet", "name": fleet_name(spec),
+                           "nodes": spec.strategy.nodes}
+    if spec.strategy.nodes > 1:
+        out["placement"] = "cluster"
+    out |= {"resources": _gpu_resources(spec, choice),
+            "spot_policy": "spot" if spec.use_spot else "on-demand",
+            **_placement(spec, choice)}
+    return out
 
 
-def render_dstack_volume(spec: LaunchSpec) -> str:
-    extra = ("\nMulti-node: create one per node, named with the suffix -0, -1, ..."
-             if spec.strategy.nodes > 1 else "")
-    return render_yaml(dstack_volume(spec), header=(
-        f"dstack volume for plan {spec.plan_id}'s checkpoints.{extra}"))
+def render_dstack_fleet(spec: LaunchSpec, choice: DstackChoice) -> str:
+    return render_yaml(dstack_fleet(spec, choice), header=(
+        f"dstack fleet for plan {spec.plan_id}: dstack apply -f fleet.dstack.yml"))
+
+
+def dstack_volume(spec: LaunchSpec, choice: DstackChoice) -> dict[str, Any]:
+    """The network volume the task mounts, on the offer's own backend and region (create it
+    once before the task). Only for a ``NETWORK_VOLUME`` choice."""
+    if choice.storage is not Storage.NETWORK_VOLUME or not choice.backend \
+            or not choice.volume_region:
+        raise ValueError("this dstack choice has no network volume")
+    return {"type": "volume", "name": bucket_name(spec), "backend": choice.backend,
+            "region": choice.volume_region, "size": f"{_disk_gb(spec)}GB"}
+
+
+def render_dstack_volume(spec: LaunchSpec, choice: DstackChoice) -> str:
+    shared = (f"\nAll {spec.strategy.nodes} nodes mount this one volume ({choice.backend} "
+              "volumes can be mounted by several runs at once)." if spec.strategy.nodes > 1
+              else "")
+    return render_yaml(dstack_volume(spec, choice), header=(
+        f"dstack volume for plan {spec.plan_id}'s checkpoints.{shared}"))
+
+
+# ------------------------------------------------------------------------------ helper
+def needs_store_script(storage: Storage) -> bool:
+    return storage in (Storage.LOCAL_SYNC, Storage.SHARED_HOST_PATH)
+
+
+def store_script(spec: LaunchSpec) -> str:
+    """``checkpoint_store.sh pull|loop|shared RANK NODES``.
+
+    pull: copy ``$TUNEPLAN_SYNC_URL`` (an ``s3://`` URL; any S3-compatible store with
+    ``AWS_ENDPOINT_URL``) into the local checkpoint folder before training; refuses to start
+    when the URL is unset and ``TUNEPLAN_SYNC_REQUIRED=1`` (a spot run whose checkpoints
+    would die with the machine). loop: push the folder every ``TUNEPLAN_SYNC_EVERY_S``
+    seconds; on SIGTERM it waits for train.py's saved-on-SIGTERM flag (or the grace period),
+    pushes once more and exits. A half-pushed checkpoint fails train.py's marker check on
+    resume and an older one is used. shared: every node writes its rank under the checkpoint
+    folder and waits until it sees all of them: a folder that is not shared stops the run
+    before training (ranks would resume from different steps)."""
+    return f"""#!/usr/bin/env bash
+# Plan {spec.plan_id}: checkpoint store helper (see RUN.md, "Checkpoints and resume").
+set -uo pipefail
+dir="${{TUNEPLAN_CHECKPOINT_DIR:-/checkpoints}}"
+url="${{{SYNC_URL_ENV}:-}}"
+every="${{TUNEPLAN_SYNC_EVERY_S:-{sync_every_s(spec)}}}"
+flag="${{TUNEPLAN_PREEMPTED_FILE:-$PWD/.tuneplan_preempted}}"
+say() {{ echo "[{STORE_SCRIPT}] $*" >&2; }}
+push() {{ [ -n "$url" ] && aws s3 sync "$dir" "$url" --delete --only-show-errors; }}
+case "${{1:-}}" in
+  pull)
+    mkdir -p "$dir"
+    if [ -z "$url" ]; then
+      if [ "${{TUNEPLAN_SYNC_REQUIRED:-0}}" = "1" ]; then
+        say "{SYNC_URL_ENV} is not set: on a spot machine the checkpoints on its" \
+            "local disk die with it. Set it to an s3:// URL (see RUN.md)."
+        exit 2
+      fi
+      say "{SYNC_URL_ENV} not set: checkpoints stay on this machine's local disk only."
+      exit 0
+    fi
+    aws s3 sync "$url" "$dir" --only-show-errors || {{ say "cannot read $url"; exit 2; }}
+    : > "$dir/.tuneplan_pulled" ;;
+  loop)
+    [ -n "$url" ] || exit 0
+    [ -f "$dir/.tuneplan_pulled" ] || {{ say "no successful pull: not pushing"; exit 2; }}
+    stop=0
+    trap 'stop=1' TERM INT HUP
+    while [ "$stop" = 0 ]; do
+      sleep "$every" & wait $! || true
+      [ "$stop" = 0 ] && {{ push || say "push failed (will retry)"; }}
+    done
+    waited=0
+    while [ ! -f "$flag" ] && [ "$waited" -lt "${{TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-120}}" ]; do
+      sleep 1; waited=$((waited + 1))
+    done
+    push || say "final push failed" ;;
+  shared)
+    rank="${{2:?rank}}"; nodes="${{3:?nodes}}"
+    mkdir -p "$dir/.tuneplan_nodes" && echo "$(hostname)" > "$dir/.tuneplan_nodes/$rank"
+    for _ in $(seq 1 "${{TUNEPLAN_SHARED_WAIT_S:-120}}"); do
+      [ "$(ls "$dir/.tuneplan_nodes" | wc -l)" -ge "$nodes" ] && exit 0
+      sleep 1
+    done
+    say "$dir is not shared by all $nodes nodes (rank $rank sees" \
+        "$(ls "$dir/.tuneplan_nodes" | wc -l)): every rank must resume from the same" \
+        "checkpoint. Mount one shared filesystem at {SHARED_HOST_PATH} on every node (RUN.md)."
+    exit 2 ;;
+  *) say "usage: $0 pull|loop|shared RANK NODES"; exit 2 ;;
+esac
+"""

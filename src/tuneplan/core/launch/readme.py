@@ -8,7 +8,17 @@ from collections.abc import Sequence
 
 from tuneplan.core.job.strategy import Offload, Optimizer
 from tuneplan.core.launch.bundle import LaunchSpec, Target
+from tuneplan.core.launch.clouds import (
+    HF_SECRET,
+    SHARED_HOST_PATH,
+    STORE_SCRIPT,
+    SYNC_SECRETS,
+    SYNC_URL_ENV,
+    bucket_name,
+    sync_every_s,
+)
 from tuneplan.core.launch.engines import EXIT_PREEMPTED, GUARD_SCRIPT, shutdown_grace_s
+from tuneplan.core.launch.targets import DstackChoice, Refusal, SkyChoice, Storage
 from tuneplan.units import GB, format_duration
 
 
@@ -88,16 +98,106 @@ def _checkpoints(spec: LaunchSpec) -> list[str]:
     ]
 
 
-def _how(files: Sequence[str], targets: Sequence[Target]) -> list[str]:
+def _sync_text(spec: LaunchSpec, where: str) -> str:
+    every = format_duration(sync_every_s(spec))
+    return (f"checkpoints go to the machine's local disk (`/checkpoints`); `{STORE_SCRIPT}` "
+            f"pulls them from `${SYNC_URL_ENV}` (an `s3://` URL; any S3-compatible store with "
+            f"`AWS_ENDPOINT_URL`) before training, pushes them there every {every} and once "
+            f"more after a SIGTERM save (`aws s3 sync`). Without `{SYNC_URL_ENV}` a lost "
+            f"machine loses its checkpoints; a spot run refuses to start without it ({where}).")
+
+
+def _storage(spec: LaunchSpec, sky: SkyChoice | None, dstack: DstackChoice | None) -> list[str]:
+    out: list[str] = []
+    nodes = spec.strategy.nodes
+    if nodes > 1:
+        out.append(f"- {nodes} nodes share one checkpoint folder: train.py's process 0 picks "
+                   "the newest complete checkpoint and broadcasts its path, then every rank "
+                   "loads its own shard from that path, so every node must see the same "
+                   "files (no per-node disks or volumes).")
+    if sky is not None:
+        cloud = sky.cloud.name
+        if sky.storage is Storage.BUCKET_MOUNT:
+            store = f"store `{sky.cloud.store}`" if sky.cloud.store else \
+                "the store SkyPilot picks from your enabled storage clouds"
+            out.append(f"- SkyPilot: checkpoints are written straight into the bucket "
+                       f"`{bucket_name(spec)}` ({store}, `mode: MOUNT` at `/checkpoints` on "
+                       "every node): a recovered job and every rank read the same files.")
+        else:
+            out.append(f"- SkyPilot cannot mount a bucket on {cloud} (its "
+                       f"STORAGE_MOUNTING feature is unsupported there): "
+                       + _sync_text(spec, "`TUNEPLAN_SYNC_REQUIRED=1` in sky.yaml"))
+    if dstack is not None:
+        if dstack.storage is Storage.NETWORK_VOLUME:
+            shared = " All nodes mount this one volume." if nodes > 1 else ""
+            out.append(f"- dstack: checkpoints on the network volume `{bucket_name(spec)}` "
+                       f"({dstack.backend}, region {_code(dstack.volume_region or '')}); the "
+                       "fleet and the run are pinned to that backend and region, because a "
+                       f"volume is bound to them.{shared}")
+        elif dstack.storage is Storage.SHARED_HOST_PATH:
+            out.append(f"- dstack: checkpoints on the instance path `{SHARED_HOST_PATH}` "
+                       "(an instance volume), which must be ONE filesystem shared by every "
+                       "node (EFS/FSx on AWS, Filestore on GCP, a Nebius shared filesystem, "
+                       f"NFS on an SSH fleet). `{STORE_SCRIPT} shared` stops the run before "
+                       "training when the nodes do not see each other's files.")
+        else:
+            why = (f"dstack has no network volumes on {dstack.backend}" if dstack.backend
+                   else "the provider is no dstack backend")
+            out.append(f"- dstack ({why}): " + _sync_text(spec, "`TUNEPLAN_SYNC_REQUIRED=1` "
+                                                              "in .dstack.yml"))
+    return out
+
+
+def _pinning(spec: LaunchSpec, sky: SkyChoice | None, dstack: DstackChoice | None) -> list[str]:
+    out: list[str] = []
+    offer = spec.offer
+    if sky is not None:
+        listed = ("both listed in SkyPilot's catalog" if sky.instance_listed and
+                  sky.region_listed else "not both listed in SkyPilot's bundled catalog")
+        out.append(f"- SkyPilot: only the cloud is pinned (`infra: {sky.cloud.name}`, "
+                   f"`accelerators: {sky.accelerator}:{spec.strategy.gpus}`, SkyPilot's own "
+                   f"name for {offer.gpu}). The plan priced `{_code(offer.instance_type)}` in "
+                   f"{_md(offer.region)} ({listed}); a launch or recovery "
+                   "(`EAGER_NEXT_REGION`) may fail over to another region or instance type "
+                   "with the same GPUs, at its own price. To pin, write "
+                   f"`infra: {sky.cloud.name}/<region>` and `instance_type:`."
+                   + (" Multi-node: `network_tier: best` asks for the cloud's fast "
+                      "interconnect." if sky.network_best else ""))
+    if dstack is not None:
+        backend = f"backend `{dstack.backend}`" if dstack.backend else "no backend (dstack " \
+            "picks one: the provider is not a dstack backend)"
+        out.append(f"- dstack: {backend}, GPU `{dstack.gpu}` (gpuhunt's name)"
+                   + (f", image `{dstack.image}` (ROCm for an AMD GPU)" if dstack.image else "")
+                   + "; regions and instance types are left to dstack unless a volume pins "
+                   "the region.")
+    return out
+
+
+def _how(spec: LaunchSpec, files: Sequence[str], targets: Sequence[Target],
+         sky: SkyChoice | None, dstack: DstackChoice | None,
+         refused: Sequence[Refusal]) -> list[str]:
     out = ["Put your data in `data/train.jsonl` (one JSON object per line with a `text` field;"
            " SkyPilot uploads this folder, dstack the files its task lists), or change "
-           "`dataset` in `train_config.json`. Run the commands below from this folder."]
-    if Target.SKYPILOT in targets:
-        out += ["", "SkyPilot (managed job: restarts on preemption, resumes from the bucket):",
-                "", "    sky jobs launch sky.yaml"]
-    if Target.DSTACK in targets:
-        out += ["", "dstack (retries on interruption; checkpoints on the volume):", "",
-                "    dstack apply -f volume.dstack.yml", "    dstack apply -f .dstack.yml"]
+           "`dataset` in `train_config.json`. Run the commands below from this folder. "
+           f"`{HF_SECRET}` (for gated models) is passed as a secret, never written here."]
+    sync_flags = (f" --env {SYNC_URL_ENV}=s3://<bucket>/<prefix> "
+                  + " ".join(f"--secret {name}" for name in SYNC_SECRETS))
+    if sky is not None:
+        extra = sync_flags if sky.storage is Storage.LOCAL_SYNC else ""
+        out += ["", "SkyPilot (managed job: restarts on preemption, resumes from the "
+                "checkpoint store):", "",
+                f"    sky jobs launch sky.yaml --secret {HF_SECRET}{extra}"]
+    if dstack is not None:
+        names = f"{HF_SECRET}" + (f", {SYNC_URL_ENV}, " + ", ".join(SYNC_SECRETS)
+                                  if dstack.storage is Storage.LOCAL_SYNC else "")
+        out += ["", f"dstack (retries on interruption; export {names} in your shell first: "
+                "dstack takes the values of the names its task lists without one):", ""]
+        if "volume.dstack.yml" in files:
+            out.append("    dstack apply -f volume.dstack.yml")
+        out += ["    dstack apply -f fleet.dstack.yml", "    dstack apply -f .dstack.yml"]
+    for refusal in refused:
+        out += ["", f"{'SkyPilot' if refusal.tool == 'skypilot' else 'dstack'}: no files "
+                f"written: {_md(refusal.reason)}."]
     for engine in ("accelerate", "torchrun"):
         if f"launch_{engine}.sh" in files:
             out += ["", f"Your own machines with {engine} (run on every node):", "",
@@ -111,12 +211,19 @@ def _how(files: Sequence[str], targets: Sequence[Target]) -> list[str]:
     return out
 
 
-def render_run_md(spec: LaunchSpec, files: Sequence[str], targets: Sequence[Target]) -> str:
+def render_run_md(spec: LaunchSpec, files: Sequence[str], targets: Sequence[Target], *,
+                  sky: SkyChoice | None = None, dstack: DstackChoice | None = None,
+                  refused: Sequence[Refusal] = ()) -> str:
     why = [f"- {line}" for line in spec.why] or ["- (the plan gave no reasons)"]
     warn = [f"- {line}" for line in spec.warnings] or ["- none"]
+    storage = _storage(spec, sky, dstack)
+    pinning = _pinning(spec, sky, dstack)
     lines = [f"# Launch bundle for plan {spec.plan_id}", "", "## What was chosen", "",
              *_chosen(spec), "", "## Why", "", *why, "", "## Warnings", "", *warn, "",
              "## Expected time and cost", "", *_expectations(spec), "",
-             "## Checkpoints and resume", "", *_checkpoints(spec), "", "## How to launch", "",
-             *_how(files, targets), "", "## Files", "", *[f"- `{f}`" for f in files], ""]
+             "## Checkpoints and resume", "", *_checkpoints(spec), *storage, ""]
+    if pinning:
+        lines += ["## Where it runs", "", *pinning, ""]
+    lines += ["## How to launch", "", *_how(spec, files, targets, sky, dstack, refused), "",
+              "## Files", "", *[f"- `{f}`" for f in files], ""]
     return "\n".join(lines)
