@@ -10,6 +10,7 @@ from __future__ import annotations
 from tuneplan.core.job.methods import ESTIMATED_QUANTS, Method, effective_quant
 from tuneplan.core.job.recipes import Recipe
 from tuneplan.core.job.strategy import Offload, Sharding, Strategy
+from tuneplan.core.job.versions import check_stack
 from tuneplan.core.models import LinearRole, ModelSpec
 from tuneplan.errors import UnsupportedError
 
@@ -61,4 +62,5 @@ def _problems(model: ModelSpec, s: Strategy) -> list[str]:
                    "activations are not estimated yet")
     if model.extra.get("kv_lora_rank") or model.extra.get("q_lora_rank"):
         out.append("multi-head latent attention (MLA) activations are not estimated yet")
+    out += check_stack(model, s)
     return out
