@@ -142,6 +142,8 @@ def test_the_default_stack_is_the_pip_default_and_said_so() -> None:
     assert est.behaviours == (
         "bitsandbytes 0.50.2: MatMul4Bit keeps no input for backward (0.43.2 and later)",
         "peft 0.21.2: LoRA adapters kept in fp32 (autocast_adapter_dtype, 0.12 and later)",
+        "transformers 5.24: ForCausalLMLoss upcasts the logits and pads the labels, no shifted "
+        "copy (4.49 and later)",
         "transformers 5.24 with torch 2.13: Trainer optim adamw_torch_fused -> AdamW 'fused' "
         "step temporaries")
 
@@ -164,3 +166,30 @@ def test_a_stack_round_trips_through_the_strategy_dict() -> None:
     assert s.as_dict()["stack"]["transformers"] == "4.30"
     assert Strategy.from_dict(s.as_dict()) == s
     assert Stack.parse("Transformers = 4.30").transformers == (4, 30)
+
+
+VOCAB = 128_256
+SHIFTED = T - 1                       # one sequence: cross_entropy sees B·(S-1) positions
+
+
+@pytest.mark.parametrize(("transformers", "forward_bytes_per_vocab"), [
+    # bf16 logits + shifted bf16 copy + autocast's fp32 cast of it + fp32 log-softmax of it
+    ("4.30", T * 2 + SHIFTED * (2 + 4 + 4)),
+    # the model's fp32 logits (its bf16 ones replaced) + fp32 shifted copy + log-softmax
+    ("4.31", T * 4 + SHIFTED * (4 + 4)),
+    ("4.45", T * 4 + SHIFTED * (4 + 4)),
+    # bf16 logits in the output + ForCausalLMLoss's fp32 upcast + fp32 shifted copy + log-softmax
+    ("4.46", T * (2 + 4) + SHIFTED * (4 + 4)),
+    ("4.48", T * (2 + 4) + SHIFTED * (4 + 4)),
+])
+def test_the_loss_copies_of_older_transformers(transformers: str,
+                                               forward_bytes_per_vocab: int) -> None:
+    s = Strategy(method=Method.LORA, seq_len=T)
+    old, new = _pair(s, f"transformers={transformers}", "transformers=4.49")
+    # 4.49 and later: bf16 logits + fp32 upcast + fp32 log-softmax, labels padded (no copy)
+    assert old.phases["forward"] - new.phases["forward"] == VOCAB * (
+        forward_bytes_per_vocab - T * (2 + 4 + 4))
+    # backward starts with the nll/log-softmax gradients of the positions the loss saw
+    assert new.phases["backward-start"] - old.phases["backward-start"] == VOCAB * 4 * 3 * (
+        T - SHIFTED)
+    assert old.breakdown.value("logits/shift_copy") > 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 from tuneplan.core.job.methods import Quant, effective_quant
 from tuneplan.core.job.recipes import PEFT_BASE_DTYPE, Recipe
 from tuneplan.core.job.stack import Stack, version_text
-from tuneplan.core.job.strategy import Optimizer, Strategy
+from tuneplan.core.job.strategy import Loss, Optimizer, Strategy, Task
 from tuneplan.core.models import ModelSpec
 
 #: bitsandbytes ``autograd/_functions.py`` MatMul4Bit.forward: up to 0.43.1 it keeps
@@ -37,6 +37,15 @@ TORCH_FUSED_DEFAULT = (2, 8)
 #: ``MixtralBlockSparseTop2MLP`` w1/w2/w3, router ``gate = nn.Linear``) has one ``nn.Linear``
 #: per expert, all quantized (``get_keys_to_not_convert`` skips only the output head).
 HF_FUSED_EXPERTS = (5, 0)
+#: How a transformers causal LM turns logits into the loss (``LlamaForCausalLM.forward``, then
+#: ``loss/loss_utils.py::ForCausalLMLoss``): up to 4.30 the compute-dtype logits are shifted
+#: (``logits[..., :-1, :].contiguous()``, a copy) and autocast casts that copy to fp32 for
+#: cross_entropy; 4.31 to 4.45 the model replaces its logits by ``logits.float()`` and shifts
+#: those (an fp32 copy); 4.46 to 4.48 ``ForCausalLMLoss`` upcasts (the model output keeps the
+#: compute-dtype logits) and shifts the fp32 ones; from 4.49 it pads the labels instead
+#: (``nn.functional.pad(labels, (0, 1))``), so no logits are copied but the upcast.
+HF_LOSS_LAYOUTS = (((4, 31), "shift-then-cast"), ((4, 46), "model-float-shift"),
+                   ((4, 49), "loss-float-shift"))
 
 
 def bnb_4bit_saves_input(s: Strategy) -> bool:
@@ -49,6 +58,14 @@ def bnb_8bit_keeps_cat(s: Strategy) -> bool:
     """MatMul8bitLt also keeps CAt, the int8 transposed input (bitsandbytes before 0.45)."""
     return effective_quant(s) is Quant.INT8 and not s.stack.at_least("bitsandbytes",
                                                                        BNB_8BIT_NO_CAT)
+
+
+def hf_loss_layout(s: Strategy) -> str:
+    """``HF_LOSS_LAYOUTS``' name for the stated transformers, ``"pad-labels"`` from 4.49."""
+    for below, name in HF_LOSS_LAYOUTS:
+        if not s.stack.at_least("transformers", below):
+            return name
+    return "pad-labels"
 
 
 def experts_are_linear(s: Strategy) -> bool:
@@ -81,6 +98,12 @@ def adamw_impl(s: Strategy, assumed: str | None) -> str:
     if s.recipe is Recipe.HF:
         return _IMPL[hf_default_optim(s.stack)]
     return "fused"
+
+
+def loss_follows_transformers(s: Strategy) -> bool:
+    """The standard causal-LM loss is transformers' own (hf and plain recipes)."""
+    return s.recipe in (Recipe.HF, Recipe.PLAIN) and s.task is Task.CAUSAL_LM and (
+        s.loss is None or s.loss is Loss.STANDARD)
 
 
 def check_stack(model: ModelSpec, s: Strategy) -> list[str]:
@@ -133,6 +156,17 @@ def behaviours(model: ModelSpec, s: Strategy, impl: str) -> list[str]:
                        "a quantized base weight has no float dtype)")
         else:
             out.append(f"{peft} the base dtype (cast to the base weight's dtype, 0.6 to 0.11)")
+    if loss_follows_transformers(s):
+        tf = f"transformers {version_text(st.transformers)}"
+        out.append({
+            "shift-then-cast": f"{tf}: the loss shifts the compute-dtype logits (a copy) and "
+                               "autocast casts the copy to fp32 (up to 4.30)",
+            "model-float-shift": f"{tf}: the model's logits.float() replaces its logits and "
+                                 "the loss shifts the fp32 ones (a copy; 4.31 to 4.45)",
+            "loss-float-shift": f"{tf}: ForCausalLMLoss upcasts the logits and shifts the fp32 "
+                                "copy (4.46 to 4.48)",
+            "pad-labels": f"{tf}: ForCausalLMLoss upcasts the logits and pads the labels, no "
+                          "shifted copy (4.49 and later)"}[hf_loss_layout(s)])
     if s.optimizer is Optimizer.ADAMW and not s.optimizer_in_backward:
         if s.recipe is Recipe.HF:
             out.append(f"transformers {version_text(st.transformers)} with torch "
