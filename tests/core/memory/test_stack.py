@@ -13,7 +13,7 @@ from tuneplan.adapters.hub import resolve_model
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.stack import DEFAULT_STACK, Stack
 from tuneplan.core.job.strategy import Checkpointing, Strategy
-from tuneplan.core.memory import MemoryEstimate, estimate_memory
+from tuneplan.core.memory import MemoryAssumptions, MemoryEstimate, estimate_memory
 from tuneplan.errors import InvalidValueError, UnsupportedError
 
 L8B = resolve_model("meta-llama/Llama-3.1-8B")
@@ -193,3 +193,11 @@ def test_the_loss_copies_of_older_transformers(transformers: str,
     assert new.phases["backward-start"] - old.phases["backward-start"] == VOCAB * 4 * 3 * (
         T - SHIFTED)
     assert old.breakdown.value("logits/shift_copy") > 0
+
+
+def test_an_assumed_adamw_impl_overrides_the_stack_and_says_so() -> None:
+    s = Strategy(method=Method.LORA, stack=Stack.parse("transformers=4.48"))
+    est = estimate_memory(L8B, s, MemoryAssumptions(adamw_impl="fused"))
+    assert est.behaviours[-1] == "AdamW 'fused' step temporaries (MemoryAssumptions.adamw_impl)"
+    assert est.phases["optimizer"] == estimate_memory(L8B, replace(
+        s, stack=DEFAULT_STACK)).phases["optimizer"]

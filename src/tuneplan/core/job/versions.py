@@ -17,7 +17,9 @@ from tuneplan.core.models import ModelSpec
 #: bitsandbytes ``autograd/_functions.py`` MatMul4Bit.forward: up to 0.43.1 it keeps
 #: ``ctx.tensors = (A, B)`` whenever the input or the weight needs a gradient, so the
 #: (compute-dtype) input of every 4-bit matmul stays alive until backward; 0.43.2 keeps
-#: ``(None, B)`` ("fix QLoRA mem bug: delete useless buffered activation").
+#: ``(None, B)`` ("fix QLoRA mem bug: delete useless buffered activation"). Counted in every
+#: block: without checkpointing the first block's q/k/v inputs need no gradient (frozen
+#: embedding), so there it over-counts at most one block's attention inputs.
 BNB_4BIT_DROPS_INPUT = (0, 43, 2)
 #: bitsandbytes MatMul8bitLt.forward, 0.39.1 to 0.50.1: ``ctx.tensors = (CAt, subA, A)`` when an
 #: input needs a gradient, A being the layer input itself. Up to 0.44.1 ``CAt`` (the int8
@@ -38,12 +40,13 @@ TORCH_FUSED_DEFAULT = (2, 8)
 #: per expert, all quantized (``get_keys_to_not_convert`` skips only the output head).
 HF_FUSED_EXPERTS = (5, 0)
 #: How a transformers causal LM turns logits into the loss (``LlamaForCausalLM.forward``, then
-#: ``loss/loss_utils.py::ForCausalLMLoss``): up to 4.30 the compute-dtype logits are shifted
-#: (``logits[..., :-1, :].contiguous()``, a copy) and autocast casts that copy to fp32 for
-#: cross_entropy; 4.31 to 4.45 the model replaces its logits by ``logits.float()`` and shifts
-#: those (an fp32 copy); 4.46 to 4.48 ``ForCausalLMLoss`` upcasts (the model output keeps the
-#: compute-dtype logits) and shifts the fp32 ones; from 4.49 it pads the labels instead
-#: (``nn.functional.pad(labels, (0, 1))``), so no logits are copied but the upcast.
+#: ``loss/loss_utils.py::ForCausalLMLoss``; other families' 4.x forwards varied): up to 4.30
+#: the compute-dtype logits are shifted (``logits[..., :-1, :].contiguous()``, a copy) and
+#: autocast casts that copy to fp32 for cross_entropy; 4.31 to 4.45 the model replaces its
+#: logits by ``logits.float()`` and shifts those (an fp32 copy); 4.46 to 4.48
+#: ``ForCausalLMLoss`` upcasts (the model output keeps the compute-dtype logits) and shifts the
+#: fp32 ones; from 4.49 it pads the labels instead (``nn.functional.pad(labels, (0, 1))``), so
+#: no logits are copied but the upcast.
 HF_LOSS_LAYOUTS = (((4, 31), "shift-then-cast"), ((4, 46), "model-float-shift"),
                    ((4, 49), "loss-float-shift"))
 
@@ -122,10 +125,12 @@ def check_stack(model: ModelSpec, s: Strategy) -> list[str]:
     return out
 
 
-def behaviours(model: ModelSpec, s: Strategy, impl: str) -> list[str]:
+def behaviours(model: ModelSpec, s: Strategy, assumed_impl: str | None) -> list[str]:
     """The version-dependent behaviours this estimate assumed, with the versions they hold
-    for (only those that touch the strategy)."""
+    for (only those that touch the strategy); ``assumed_impl`` is
+    ``MemoryAssumptions.adamw_impl``."""
     st = s.stack
+    impl = adamw_impl(s, assumed_impl)
     bnb = f"bitsandbytes {version_text(st.bitsandbytes)}"
     out: list[str] = []
     quant = effective_quant(s)
@@ -168,7 +173,9 @@ def behaviours(model: ModelSpec, s: Strategy, impl: str) -> list[str]:
             "pad-labels": f"{tf}: ForCausalLMLoss upcasts the logits and pads the labels, no "
                           "shifted copy (4.49 and later)"}[hf_loss_layout(s)])
     if s.optimizer is Optimizer.ADAMW and not s.optimizer_in_backward:
-        if s.recipe is Recipe.HF:
+        if assumed_impl:
+            out.append(f"AdamW '{impl}' step temporaries (MemoryAssumptions.adamw_impl)")
+        elif s.recipe is Recipe.HF:
             out.append(f"transformers {version_text(st.transformers)} with torch "
                        f"{version_text(st.torch)}: Trainer optim {hf_default_optim(st)} -> "
                        f"AdamW '{impl}' step temporaries")

@@ -4,7 +4,10 @@ Read off the autograd graph of transformers 5 / PEFT 0.21 modules: RMSNorm saves
 input, rsqrt and (if its weight trains) the normalized tensor; a linear saves its input only if
 its weight trains; SDPA/flash saves q, k, v, output and an fp32 logsumexp; eager attention the
 fp32 softmax (B·heads·S·S_kv) and its cast; a gated MLP saves gate, act and up outputs; PEFT
-LoRA saves a cast copy of the input per target and the rank-r intermediate. No loss/logits here.
+LoRA saves a cast copy of the input per target and the rank-r intermediate. bitsandbytes
+matmuls keep their inputs as ``Strategy.stack`` says (``core/job/versions.py``): MatMul8bitLt
+keeps A (and CAt before 0.45), MatMul4Bit before 0.43.2 its compute-dtype input. No loss/logits
+here.
 """
 
 from __future__ import annotations

@@ -24,7 +24,6 @@ from tuneplan.core.job.methods import (
 )
 from tuneplan.core.job.recipes import PrecisionPlan, precision_plan
 from tuneplan.core.job.strategy import Checkpointing, Strategy, Task
-from tuneplan.core.job.versions import adamw_impl
 from tuneplan.core.memory import activations as act
 from tuneplan.core.memory import experts
 from tuneplan.core.memory.assumptions import MemoryAssumptions
@@ -195,8 +194,7 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
     layer_inputs = tuple(act.layer_inputs(model, layer, strategy, w) for layer in model.layers)
     found = _Fixed(
         notes=tuple(n for n in (fused_qkv_note(model, strategy),) if n),
-        behaviours=tuple(versions.behaviours(model, strategy, adamw_impl(strategy,
-                                                                          a.adamw_impl))),
+        behaviours=tuple(versions.behaviours(model, strategy, a.adamw_impl)),
         source=source, assumptions=a, model=model, trainable=trainable, plan=plan, shards=sp,
         static=static, widths=w,
         layer_inputs=layer_inputs, saved_line=_saved_line(model, strategy, w, layer_inputs),
