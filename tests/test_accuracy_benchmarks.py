@@ -143,3 +143,28 @@ def test_transfer_rule_reproduces_the_documented_hopper_value() -> None:
     got, what = rule(ThroughputAssumptions(), [a100])
     assert got.matmul_efficiency("Hopper (GH100)")[0] == pytest.approx(0.44, abs=0.005)
     assert "Ampere" in what
+
+
+def test_the_4bit_blog_cases_run_on_their_stated_stack(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    accuracy = _load("accuracy")
+    cases = [json.loads(line) for line in
+             (BENCH / "calibration" / "cases.jsonl").read_text().splitlines()]
+    blog = [c for c in cases if c["source_group"] == "hf-blog-4bit"]
+    assert len(blog) == 14 and all(c["args"]["stack"] == (
+        "transformers=4.30,peft=0.4,bitsandbytes=0.39,torch=2.0") for c in blog)
+    case = next(c for c in blog if c["id"] == "hf-blog-4bit-llama-7b-hf-05")
+    row = accuracy.prepare(case, accuracy.MemoryAssumptions())
+    assert row.status == "ok"
+    stack = row.request.job().strategy.stack
+    assert (stack.transformers, stack.peft, stack.bitsandbytes) == ((4, 30), (0, 4), (0, 39))
+    # the same case on the default stack: bitsandbytes >= 0.43.2 drops the 4-bit inputs that
+    # 0.39 keeps: q, k, v, gate, up and down (fp32 in, a bf16 copy each) and o_proj's (eager
+    # attention: its own bf16 input), 32 blocks x T·(6·H + I)·2 on the Llama-7B shapes; and
+    # transformers 4.30's loss sees B·(S-1) positions: one fp32 log-softmax row and its two
+    # gradient rows fewer, 3·V·4
+    today = accuracy.prepare(case | {"args": {k: v for k, v in case["args"].items()
+                                              if k != "stack"}}, accuracy.MemoryAssumptions())
+    old, new = (accuracy.run_memory(r.request, model=r.model)[0] for r in (row, today))
+    assert old.phases["backward-start"] - new.phases["backward-start"] == \
+        32 * 1024 * (6 * 4096 + 11008) * 2 - 3 * 32000 * 4

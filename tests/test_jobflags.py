@@ -116,7 +116,8 @@ def test_derived_defaults() -> None:
     ("lora-rank", "0"), ("lora-rank", str(2**63)), ("batch-size", "9" * 5000),
     ("lora-dropout", "nan"), ("lora-dropout", "1"), ("epochs", "0"), ("method", "lorra"),
     ("tokens", "lots"), ("seq-len", "2.5"), ("lora-targets", "[/x]"), ("deadline", "-3h"),
-    ("packing", "maybe"), ("budget", "1e400x"),
+    ("packing", "maybe"), ("budget", "1e400x"), ("stack", "vllm=0.6"), ("stack", "peft=x"),
+    ("stack", "bitsandbytes=0.30"),
 ])
 def test_bad_values_name_their_flag(flag: str, value: str) -> None:
     with pytest.raises(JobFlagError) as caught:
@@ -158,3 +159,18 @@ def test_job_files_name_unknown_keys_with_the_closest_flag(tmp_path: Path) -> No
         load_job_file(path)
     with pytest.raises(InvalidValueError, match="cannot read"):
         load_job_file(tmp_path / "absent.yaml")
+
+
+def test_stack_from_flags_files_and_forms_gives_the_same_job(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("stack:\n  transformers: '4.30'\n  bitsandbytes: '0.39'\n")
+    a = job_from_values("m", {"stack": "transformers=4.30,bitsandbytes=0.39"}, command="memory")
+    b = job_from_values("m", {}, command="memory", file_values=load_job_file(path))
+    assert a == b
+    assert a.strategy.stack.transformers == (4, 30) and a.strategy.stack.peft == (0, 21, 2)
+    # a job file written from a job holds the stack as text, and rebuilds it
+    values = job_values(a)
+    assert values["stack"].startswith("transformers=4.30,peft=0.21.2,bitsandbytes=0.39,")
+    assert job_from_values("m", {}, command="plan", file_values=values) == a
+    # the default a form shows is the text --stack takes
+    assert str(jobflags.BY_NAME["stack"].default) == str(Strategy().stack)

@@ -21,6 +21,7 @@ from typing import Any
 
 from tuneplan.core.job.methods import Method, Quant
 from tuneplan.core.job.recipes import Recipe
+from tuneplan.core.job.stack import LIBRARIES, Stack
 from tuneplan.core.job.strategy import (
     Attention,
     Checkpointing,
@@ -313,6 +314,9 @@ FLAGS: tuple[Flag, ...] = (
          "Move optimizer state (and parameters) to host memory."),
     Flag("allow-long-context", "allow_long_context", S, SWITCH, Group.STRATEGY,
          "Allow seq-len beyond the model's trained context."),
+    Flag("stack", "stack", S, Kind("LIB=VER,...", Stack.parse), Group.STRATEGY,
+         "Library versions the job runs (" + ", ".join(LIBRARIES) + "), e.g. "
+         "transformers=4.30,bitsandbytes=0.39; unnamed ones keep the pip default."),
     Flag("gpu", "gpu", J, TEXT, Group.GPU,
          "A GPU name (see `tuneplan gpus`): fit and headroom on it; plan keeps its offers."),
     Flag("tokens", "tokens", J, _count(1, _BIG), Group.LENGTH,
@@ -514,7 +518,8 @@ def job_values(job: Job) -> dict[str, Any]:
         value = getattr(source, flag.field)
         if value is None:
             continue
-        out[flag.name] = list(value) if isinstance(value, tuple) else value
+        out[flag.name] = list(value) if isinstance(value, tuple) else (
+            str(value) if isinstance(value, Stack) else value)
     if job.is_fixed("checkpointing"):
         checkpointing = job.strategy.checkpointing
         out["gradient-checkpointing"] = checkpointing is not Checkpointing.NONE

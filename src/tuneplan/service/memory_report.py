@@ -83,8 +83,18 @@ def memory_document(est: MemoryEstimate, model: ModelSpec, gpu: GpuSpec | None
             gpu.name: est.headroom(memory_limit_bytes(gpu))},
         "gpu": None if gpu is None else gpu_memory_part(gpu),
         "assumptions": est.assumptions.as_dict(),
+        "stack": stack_part(est),
         "notes": list(est.notes),
     }
+
+
+def stack_part(est: MemoryEstimate) -> dict[str, Any]:
+    """The library versions the estimate assumed (``versions``; ``assumed`` says which are the
+    pip defaults of ``DEFAULT_STACK_DATE`` and which were stated) and, per version-dependent
+    term touching this job, the behaviour assumed."""
+    stack = est.strategy.stack
+    return {"versions": stack.as_dict(), "stated": stack.given(),
+            "assumed": stack.describe(), "behaviours": list(est.behaviours)}
 
 
 def explain_lines(est: MemoryEstimate, gpu: GpuSpec | None) -> list[str]:
@@ -108,6 +118,8 @@ def explain_lines(est: MemoryEstimate, gpu: GpuSpec | None) -> list[str]:
         lines += fit_lines(est, gpu)
     lines.append("assumptions: " + ", ".join(
         f"{k}={v}" for k, v in est.assumptions.as_dict().items() if not isinstance(v, dict)))
+    lines.append("assumed: " + ", ".join(est.strategy.stack.describe()))
+    lines += [f"behaviour: {b}" for b in est.behaviours]
     lines += [f"note: {note}" for note in est.notes]
     return lines
 

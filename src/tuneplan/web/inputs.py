@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model
 
+from tuneplan.core.job.stack import Stack
 from tuneplan.core.models import ModelSpec
 from tuneplan.errors import BadInputError, CatalogError
 from tuneplan.service.jobflags import PLANNER_SEARCHES, PLANNER_SEARCHES_HELP, Flag, flags_for
@@ -64,6 +65,8 @@ def _form_default(flag: Flag) -> Any:
     value = flag.default
     if isinstance(value, tuple):
         return ",".join(value)
+    if isinstance(value, Stack):
+        return str(value)
     return value.value if isinstance(value, StrEnum) else value
 
 

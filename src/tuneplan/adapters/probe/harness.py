@@ -69,6 +69,9 @@ def refuse_unrunnable(s: Strategy) -> None:
         (s.compile, "--compile"),
         (s.loss is Loss.CHUNKED, "--loss chunked"),
         (s.num_labels != 2, "--num-labels other than 2"),
+        (bool(s.stack.given()),
+         f"--stack {s.stack.given()} (it runs the libraries installed here, not a stated "
+         "stack)"),
     ]
     for bad, what in reasons:
         if bad:

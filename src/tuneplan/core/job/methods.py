@@ -129,6 +129,7 @@ PEFT_MOE_CONVERTED = frozenset({
 _V4_EXPERT_NAMES = frozenset({"gate", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3"})
 # transformers 5 routers are custom modules (a ``weight`` parameter, no nn.Linear).
 _ROUTER_MODULES = frozenset({"gate", "router"})
+ROUTER_MODULES = _ROUTER_MODULES
 
 
 #: The fused attention linear of GPT-NeoX (and StableLM-alpha, Pythia), BLOOM and Falcon: PEFT

@@ -12,10 +12,17 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from tuneplan.core.job.methods import Method, Quant
+from tuneplan.core.job.methods import Method, Quant, effective_quant
 
 if TYPE_CHECKING:
     from tuneplan.core.job.strategy import Strategy
+
+
+#: peft ``tuners/lora``: up to 0.5 ``update_layer`` builds A/B as fp32 ``nn.Linear`` and only
+#: moves them to the base's device; 0.6 to 0.11 cast them to the base weight's dtype when it is
+#: a float (``self.to(weight.device, dtype=weight.dtype)``); 0.12 adds
+#: ``autocast_adapter_dtype=True`` (``tuners_utils._cast_adapter_dtype``: fp16/bf16 -> fp32).
+PEFT_BASE_DTYPE = ((0, 6), (0, 12))
 
 
 class Recipe(StrEnum):
@@ -49,6 +56,16 @@ def _sharded_mixed(strategy: Strategy) -> bool:
     return name.startswith("zero") or (strategy.world_size > 1 and name != "ddp")
 
 
+def peft_adapter_bytes(strategy: Strategy, compute_bytes: int) -> int:
+    """Bytes per adapter element PEFT keeps (``PEFT_BASE_DTYPE``): fp32 before 0.6 and from 0.12
+    (``autocast_adapter_dtype``), the base dtype in between - on a float base only: an 8/4-bit
+    base weight has no float dtype, so its adapters stay fp32."""
+    low, high = PEFT_BASE_DTYPE
+    stack = strategy.stack
+    between = stack.at_least("peft", low) and not stack.at_least("peft", high)
+    return compute_bytes if between and effective_quant(strategy) is None else 4
+
+
 def precision_plan(strategy: Strategy) -> PrecisionPlan:
     """Byte widths for ``strategy`` under its recipe (see module docstring for sources)."""
     recipe, precision, method = strategy.recipe, strategy.precision, strategy.method
@@ -62,9 +79,10 @@ def precision_plan(strategy: Strategy) -> PrecisionPlan:
     mixed = precision.is_mixed
     full = method.trains_base
     trainable = 4 if (mixed and full) else c
-    # PEFT autocast_adapter_dtype=True keeps adapters fp32 on a bf16/fp16 base (peft 0.12+);
+    # PEFT keeps adapters fp32 on a bf16/fp16 base (peft_adapter_bytes: by the stated peft);
     # Unsloth and LitGPT build adapters in the model dtype.
-    adapter = 4 if recipe in (Recipe.HF, Recipe.PLAIN) else (4 if mixed else c)
+    adapter = peft_adapter_bytes(strategy, c) if recipe in (Recipe.HF, Recipe.PLAIN) else (
+        4 if mixed else c)
     master = 0
     if _sharded_mixed(strategy) and mixed:
         # DeepSpeed bf16/fp16 casts the whole module (adapters included) to half precision and

@@ -17,6 +17,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from tuneplan.core.job.methods import Method, Quant
 from tuneplan.core.job.recipes import Recipe
+from tuneplan.core.job.stack import DEFAULT_STACK, Stack
 from tuneplan.errors import InvalidValueError
 
 
@@ -131,6 +132,8 @@ class Strategy:
     sharding: Sharding = Sharding.DDP
     offload: Offload = Offload.NONE
     allow_long_context: bool = False
+    #: library versions the job runs (``--stack``); version-dependent terms follow them
+    stack: Stack = DEFAULT_STACK
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "grad_accum", "seq_len", "gpus", "nodes", "num_labels"):
@@ -158,7 +161,8 @@ class Strategy:
         out: dict[str, object] = {}
         for name in self.__dataclass_fields__:
             value = getattr(self, name)
-            out[name] = list(value) if isinstance(value, tuple) else value
+            out[name] = list(value) if isinstance(value, tuple) else (
+                value.as_dict() if isinstance(value, Stack) else value)
         return out
 
     @classmethod
@@ -292,6 +296,11 @@ def _convert(hint: Any, value: Any) -> Any:
         return None if value is None else _convert(inner[0], value)
     if isinstance(hint, type) and issubclass(hint, StrEnum):
         return hint(value)
+    if hint is Stack:  # {"transformers": "4.30", ...} as as_dict writes it, or "a=1,b=2"
+        try:
+            return Stack.parse(value)
+        except InvalidValueError as exc:
+            raise ValueError(str(exc)) from None
     if hint is bool:
         if not isinstance(value, bool):
             raise ValueError("not true/false")

@@ -4,7 +4,10 @@ Read off the autograd graph of transformers 5 / PEFT 0.21 modules: RMSNorm saves
 input, rsqrt and (if its weight trains) the normalized tensor; a linear saves its input only if
 its weight trains; SDPA/flash saves q, k, v, output and an fp32 logsumexp; eager attention the
 fp32 softmax (B·heads·S·S_kv) and its cast; a gated MLP saves gate, act and up outputs; PEFT
-LoRA saves a cast copy of the input per target and the rank-r intermediate. No loss/logits here.
+LoRA saves a cast copy of the input per target and the rank-r intermediate. bitsandbytes
+matmuls keep their inputs as ``Strategy.stack`` says (``core/job/versions.py``): MatMul8bitLt
+keeps A (and CAt before 0.45), MatMul4Bit before 0.43.2 its compute-dtype input. No loss/logits
+here.
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ from dataclasses import dataclass
 from tuneplan.core.job.methods import (
     IA3_FEEDFORWARD,
     Method,
+    Quant,
     effective_quant,
     outer_targets,
     targeted_linears,
 )
 from tuneplan.core.job.recipes import PrecisionPlan
 from tuneplan.core.job.strategy import Attention, Checkpointing, Strategy
+from tuneplan.core.job.versions import bnb_4bit_saves_input, bnb_8bit_keeps_cat
 from tuneplan.core.memory.experts import experts_adapted, param_wrapped, param_wrapper_saved
 from tuneplan.core.memory.parts import Piece, part
 from tuneplan.core.models import LayerSpec, Linear, LinearRole, ModelSpec, NormKind
@@ -82,6 +87,12 @@ def norm_saved(model: ModelSpec, tokens: int, w: Widths) -> int:
     return tokens * h * (4 if w.autocast else w.residual) + 2 * tokens * 4
 
 
+def _saved_key(group: str) -> str:
+    """Where a saved input of ``group`` is counted (the down projection's is freed first)."""
+    return {"attn_in": "linear_inputs_attn", "o_in": "linear_inputs_attn",
+            "down_in": "linear_inputs_down"}.get(group, "linear_inputs_mlp")
+
+
 def linear_group(lin: Linear) -> str:
     """Which saved input a linear reads: attn_in, o_in, mlp_in or down_in."""
     short = lin.name.rsplit(".", 1)[-1]
@@ -121,6 +132,9 @@ def layer_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Widt
     out = {"linear_inputs_attn": 0, "linear_inputs_mlp": 0, "linear_inputs_down": 0,
            "adapters_attn": 0, "adapters_mlp": 0}
     fixed = dict.fromkeys(out, 0)
+    bnb4 = bnb_4bit_saves_input(strategy)
+    bnb8 = effective_quant(strategy) is Quant.INT8
+    cat = bnb_8bit_keeps_cat(strategy)
     for lin in layer.linears:
         if id(lin) in targets and param_wrapped(lin):
             fixed["adapters_mlp"] += param_wrapper_saved(lin, w, strategy, shared)
@@ -135,6 +149,19 @@ def layer_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Widt
                 out[f"linear_inputs_{side}"] += lin.in_features * w.compute
             else:
                 shared.add(group)
+        elif bnb4:
+            # bitsandbytes < 0.43.2 MatMul4Bit keeps A = x.to(compute dtype) (Linear4bit.forward
+            # casts): each linear's own cast copy, or the block's tensor when no cast happens.
+            if d_in != w.compute:
+                out[_saved_key(group)] += lin.in_features * w.compute
+            else:
+                shared.add(group)
+        elif bnb8:
+            # bitsandbytes MatMul8bitLt keeps A, the layer input itself (0.39.1 to 0.50.1), and
+            # before 0.45 also CAt, the int8 transposed quantized input (1 B per element).
+            shared.add(group)
+            if cat:
+                out[_saved_key(group)] += lin.in_features
         if id(lin) not in targets:
             continue
         if method is Method.IA3:

@@ -49,9 +49,11 @@ class MemoryAssumptions:
     # tensors below 4096 elements keep 32-bit state (min_8bit_size).
     optim8bit_blocksize: int = 256
     optim8bit_min_size: int = 4096
-    # torch AdamW implementation: "fused" (HF Trainer default for torch>=2.8, torchtune
-    # configs), "foreach" (torch default on CUDA) adds one parameter-sized temporary.
-    adamw_impl: str = "fused"
+    # torch AdamW implementation: "fused" (HF Trainer default from transformers 4.54 with
+    # torch>=2.8, torchtune configs), "foreach" (torch default on CUDA) adds one parameter-sized
+    # temporary, "single" twice the largest tensor, "hf" (transformers AdamW) once. None: the
+    # HF Trainer's default optim for Strategy.stack (core/job/versions.py), fused elsewhere.
+    adamw_impl: str | None = None
     context_bytes_by_generation: Mapping[str, int] = field(default_factory=lambda: _CONTEXT_BYTES)
     # cuBLAS workspace through the caching allocator (torch default :4096:8 = 32 MiB on sm90,
     # 4096 KiB·2 + 16 KiB·8 otherwise); counted once per stream.

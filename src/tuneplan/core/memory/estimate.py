@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any, NamedTuple
 
+from tuneplan.core.job import versions
 from tuneplan.core.job.methods import (
     Method,
     Trainable,
@@ -55,6 +56,9 @@ class MemoryEstimate:
     trainable_params: int
     total_params: int
     notes: tuple[str, ...] = field(default=())
+    #: the version-dependent behaviours assumed, each with its library version
+    #: (``core/job/versions.py``); the versions themselves are ``strategy.stack``
+    behaviours: tuple[str, ...] = field(default=())
 
     def fits(self, capacity_bytes: int) -> bool:
         return self.device_total_bytes <= capacity_bytes
@@ -85,7 +89,7 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
             device_total_bytes=est.device_total_bytes, peak_phase=est.peak_phase,
             phases=dict(done[2]), host_ram_bytes=est.host_ram_bytes, host=est.host,
             trainable_params=est.trainable_params, total_params=est.total_params,
-            notes=est.notes)
+            notes=est.notes, behaviours=est.behaviours)
     fixed = _fixed(model, strategy, a)
     model, plan, static = fixed.model, fixed.plan, fixed.static
     moments = _moments(model, strategy, plan, static, a, fixed)
@@ -109,7 +113,7 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
         device_total_bytes=int(explained.total), peak_phase=phase,
         phases=phases, host_ram_bytes=int(host.total),
         host=host, trainable_params=fixed.trainable.total, total_params=static.total_params,
-        notes=fixed.notes)
+        notes=fixed.notes, behaviours=fixed.behaviours)
     if len(_DONE) >= _DONE_LIMIT:
         _DONE.clear()
     # the entry keeps its own copy of the phases: the caller may do what it likes with its own
@@ -151,6 +155,7 @@ class _Fixed:
     #: per GPU generation: the cuBLAS workspace and the device overheads outside the allocator
     overheads: dict[str | None, tuple[Piece, list[Piece]]]
     notes: tuple[str, ...]                      # what the estimate assumed, in words
+    behaviours: tuple[str, ...]                 # version-dependent behaviours assumed
     own: dict[str, Piece]       # the running block's gradients, by where its backward peaks
 
 
@@ -191,6 +196,7 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
     found = _Fixed(
         notes=tuple(n for n in (fused_qkv_note(model, strategy), _recipe_note(strategy, plan))
                     if n),
+        behaviours=tuple(versions.behaviours(model, strategy, a.adamw_impl)),
         source=source, assumptions=a, model=model, trainable=trainable, plan=plan, shards=sp,
         static=static, widths=w,
         layer_inputs=layer_inputs, saved_line=_saved_line(model, strategy, w, layer_inputs),

@@ -14,6 +14,7 @@ from typing import Any
 from tuneplan.core.job.methods import outer_targets
 from tuneplan.core.job.recipes import PrecisionPlan, Recipe
 from tuneplan.core.job.strategy import Loss, Strategy, Task
+from tuneplan.core.job.versions import hf_loss_layout, loss_follows_transformers
 from tuneplan.core.memory.activations import Shape, Widths, norm_saved, outer_lora_saved
 from tuneplan.core.memory.parts import Piece, part
 from tuneplan.core.models import LinearRole, ModelSpec
@@ -106,6 +107,9 @@ def _loss_moments(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan, w: 
         return LossMoments(kept=tuple(kept), forward_only=(), backward_only=())
     if loss is Loss.CHUNKED:
         return _chunked(kept, t, v, cl, chunks, ins)
+    if loss_follows_transformers(strategy) and hf_loss_layout(strategy) != "pad-labels":
+        return _shifted(kept, t, shape.batch * (shape.seq_q - 1) * v, v, cl, w.autocast,
+                        hf_loss_layout(strategy), ins)
     return _standard(kept, t, v, cl, ins)
 
 
@@ -137,4 +141,39 @@ def _standard(kept: list[Piece], t: int, v: int, cl: int, ins: dict[str, Any]) -
     bwd = (part("logits/loss_grads", 2 * fp32,
                 "nll_loss and log_softmax gradients 2·T·V·4 (logits freed: output dropped)",
                 _SRC, **ins),)
+    return LossMoments(kept=tuple(kept), forward_only=fwd, backward_only=bwd)
+
+
+def _shifted(kept: list[Piece], t: int, shifted: int, v: int, cl: int, autocast: bool,
+             layout: str, ins: dict[str, Any]) -> LossMoments:
+    """transformers before 4.49 (``versions.HF_LOSS_LAYOUTS``): cross_entropy runs on a shifted
+    copy of ``shifted`` = B·(S-1)·V logits. Up to 4.30 the copy is of the compute-dtype logits
+    and autocast casts it to fp32 (without autocast the loss stays in that dtype); 4.31 to 4.45
+    the model's fp32 logits replace its own; 4.46 to 4.48 both are alive."""
+    src = f"transformers LlamaForCausalLM.forward / ForCausalLMLoss ({layout})"
+    width = 4 if autocast or cl == 4 else cl
+    kept.append(part("logits/log_softmax", shifted * width,
+                     "log-softmax of the shifted logits saved by cross_entropy B·(S-1)·V·bytes",
+                     src, **ins))
+    if layout == "shift-then-cast":
+        fwd = (part("logits/logits", t * v * cl, "T·V·logit_bytes, held by the model output",
+                    src, **ins),
+               part("logits/shift_copy", shifted * cl,
+                    "logits[..., :-1, :].contiguous() B·(S-1)·V·logit_bytes", src, **ins),
+               part("logits/upcast", shifted * 4 if width == 4 and cl != 4 else 0,
+                    "autocast's fp32 cast of the shifted copy B·(S-1)·V·4", src, **ins))
+    else:
+        both = layout == "loss-float-shift" and cl != 4
+        fwd = (part("logits/logits", t * v * (cl if both else 4),
+                    "T·V·logit_bytes held by the model output" if both else
+                    "the model's fp32 logits (logits.float() replaced its own) T·V·4", src,
+                    **ins),
+               part("logits/upcast", t * v * 4 if both else 0,
+                    "ForCausalLMLoss logits.float() T·V·4", src, **ins),
+               part("logits/shift_copy", shifted * 4,
+                    "logits[..., :-1, :].contiguous() of the fp32 logits B·(S-1)·V·4", src,
+                    **ins))
+    bwd = (part("logits/loss_grads", 2 * shifted * width,
+                "nll_loss and log_softmax gradients 2·B·(S-1)·V·bytes (logits freed: output "
+                "dropped)", src, **ins),)
     return LossMoments(kept=tuple(kept), forward_only=fwd, backward_only=bwd)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from tuneplan.core.job.methods import Trainable
 from tuneplan.core.job.recipes import PrecisionPlan
 from tuneplan.core.job.strategy import Optimizer, Strategy
+from tuneplan.core.job.versions import adamw_impl
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 
 
@@ -24,6 +25,7 @@ class OptimizerBytes:
     master: int
     step_temp: int
     formula: str
+    impl: str = "fused"       # the AdamW implementation step_temp follows
 
 
 def _state_elements(opt: Optimizer, trainable: Trainable, width: int,
@@ -53,14 +55,18 @@ def optimizer_bytes(strategy: Strategy, plan: PrecisionPlan, trainable: Trainabl
     width = 4 if plan.master_bytes else plan.state_bytes
     states, formula = _state_elements(strategy.optimizer, trainable, width, a)
     master = trainable.total * plan.master_bytes
-    impl = a.adamw_impl
+    impl = adamw_impl(strategy, a.adamw_impl)
     if (strategy.optimizer is not Optimizer.ADAMW or impl == "fused"
             or strategy.optimizer_in_backward):
         temp = 0
     elif impl == "foreach":
         temp = trainable.total * width
+    elif impl == "hf":
+        # transformers AdamW (optimization.py, 4.30): one tensor at a time, one temporary
+        # ``denom = exp_avg_sq.sqrt().add_(eps)``
+        temp = trainable.largest_tensor * width
     else:
         temp = 2 * trainable.largest_tensor * width
     largest = trainable.largest_tensor * max(plan.trainable_weight_bytes, plan.adapter_bytes)
     return OptimizerBytes(grads=grads, grad_largest=largest, states=states, master=master,
-                          step_temp=temp, formula=formula)
+                          step_temp=temp, formula=formula, impl=impl)

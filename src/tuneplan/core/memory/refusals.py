@@ -10,6 +10,7 @@ from __future__ import annotations
 from tuneplan.core.job.methods import ESTIMATED_QUANTS, Method, context_problem, effective_quant
 from tuneplan.core.job.recipes import Recipe
 from tuneplan.core.job.strategy import Attention, Offload, Sharding, Strategy
+from tuneplan.core.job.versions import check_stack
 from tuneplan.core.models import LinearRole, ModelSpec
 from tuneplan.errors import UnsupportedError
 
@@ -79,4 +80,5 @@ def _problems(model: ModelSpec, s: Strategy) -> list[str]:
                    "use --attention eager (or flash with flash-attn 2.6+)")
     if model.extra.get("kv_lora_rank") or model.extra.get("q_lora_rank"):
         out.append("multi-head latent attention (MLA) activations are not estimated yet")
+    out += check_stack(model, s)
     return out

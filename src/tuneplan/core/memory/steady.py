@@ -73,9 +73,11 @@ def static_terms(model: ModelSpec, s: Strategy, plan: PrecisionPlan, trainable: 
     resident += _buffers(model, sp, ob.grads, wbytes, split.total, a)
     grads = _grad_terms(model, s, trainable, ob.grads, ob.grad_largest, sp)
     step = [part("optimizer/step_temporary", shard(ob.step_temp, sp.states_div),
-                 f"AdamW '{a.adamw_impl}' step temporaries",
+                 f"AdamW '{ob.impl}' step temporaries",
                  "docs/FIELD-NOTES.md: fused 0, foreach one parameter copy, single the largest "
-                 "tensor's"),
+                 "tensor's twice, hf (transformers AdamW) once; impl from "
+                 + ("MemoryAssumptions.adamw_impl" if a.adamw_impl else
+                    "the stack (versions.hf_default_optim)")),
             *_zero_fp32_grads(s, plan, trainable, sp, a)]
     autocast = _autocast_copies(model, s, plan, trainable)
     return Static(resident=resident, grads=grads[0], grads_top=grads[1], grads_bottom=grads[2],

@@ -11,9 +11,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuneplan.core.job.methods import Method, Quant, Trainable, count_params, effective_quant
+from tuneplan.core.job.methods import (
+    ROUTER_MODULES,
+    Method,
+    Quant,
+    Trainable,
+    count_params,
+    effective_quant,
+)
 from tuneplan.core.job.recipes import PrecisionPlan
+from tuneplan.core.job.stack import version_text
 from tuneplan.core.job.strategy import Strategy
+from tuneplan.core.job.versions import experts_are_linear
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.core.memory.parts import Piece, part
 from tuneplan.core.models import LinearRole, ModelSpec
@@ -32,13 +41,24 @@ class ParamSplit:
     largest_linear: int         # biggest single (non-expert) linear weight
 
 
-def split_params(model: ModelSpec) -> ParamSplit:
+def split_params(model: ModelSpec, experts_quantized: bool = False) -> ParamSplit:
+    """``experts_quantized``: routed experts and routers are ``nn.Linear`` modules
+    bitsandbytes replaces (transformers 4.x, ``versions.experts_are_linear``); otherwise
+    (transformers 5) neither is quantizable. The largest linear stays a dense one."""
     quant = rows = cols = linear = largest = tensors = 0
     for layer in model.layers:
         for lin in layer.linears:
             linear += lin.weight_params * layer.count
             if lin.role is LinearRole.EXPERT:
+                if experts_quantized:  # one nn.Linear (and QuantState) per expert
+                    quant += lin.weight_params * layer.count
+                    rows += lin.out_features * lin.copies * layer.count
+                    cols += lin.in_features * lin.copies * layer.count
+                    tensors += lin.copies * layer.count
                 continue
+            if lin.role is LinearRole.ROUTER and not experts_quantized and \
+                    lin.name.rsplit(".", 1)[-1] in ROUTER_MODULES:
+                continue  # transformers 5: a custom router module, not an nn.Linear
             quant += lin.weight_params * layer.count
             rows += lin.out_features * lin.copies * layer.count
             cols += lin.in_features * lin.copies * layer.count
@@ -70,10 +90,11 @@ def quantized_bytes(n: int, rows: int, quant: Quant, double_quant: bool,
 def weight_terms(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan,
                  trainable: Trainable, a: MemoryAssumptions) -> list[Piece]:
     """Terms for every stored weight byte on one (unsharded) replica."""
-    split = split_params(model)
     quant = effective_quant(strategy)
+    split = split_params(model, quant is not None and quant is not Quant.GPTQ_INT4
+                         and experts_are_linear(strategy))
     if quant is not None:
-        terms = _quantized_terms(split, strategy, plan, quant, a)
+        terms = _quantized_terms(split, strategy, plan, quant, a, model.num_experts > 0)
     elif strategy.method is Method.FULL:
         terms = [part("weights/trainable", split.total * plan.trainable_weight_bytes,
                       "all parameters · bytes", params=split.total,
@@ -94,19 +115,25 @@ def weight_terms(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan,
                           plan.trainable_weight_bytes, "PEFT modules_to_save copies · bytes",
                           params=trainable.base_params))
     terms.append(part("weights/adapters", trainable.adapter_params * plan.adapter_bytes,
-                      "adapter parameters · adapter bytes", "peft autocast_adapter_dtype",
+                      "adapter parameters · adapter bytes",
+                      f"peft {version_text(strategy.stack.peft)} adapter dtype "
+                      "(recipes.peft_adapter_bytes)",
                       params=trainable.adapter_params, bytes_per_param=plan.adapter_bytes))
     return terms
 
 
 def _quantized_terms(split: ParamSplit, strategy: Strategy, plan: PrecisionPlan, quant: Quant,
-                     a: MemoryAssumptions) -> list[Piece]:
+                     a: MemoryAssumptions, moe: bool = False) -> list[Piece]:
     """Packed block linears, their constants, and everything left unquantized."""
     packed, consts = quantized_bytes(split.quantizable, split.quantizable_rows, quant,
                                      strategy.double_quant, a, split.quantizable_tensors,
                                      split.quantizable_cols)
     src = "auto-gptq QuantLinear" if quant is Quant.GPTQ_INT4 else \
         "bitsandbytes Linear4bit/Linear8bitLt"
+    linear_experts = moe and quant is not Quant.GPTQ_INT4 and experts_are_linear(strategy)
+    if moe:
+        src += ("; transformers 4.x: routed experts are nn.Linear, quantized too"
+                if linear_experts else "; transformers 5: fused experts stay unquantized")
     rest = split.total - split.quantizable
     width = 4 if plan.kbit_upcast else plan.frozen_weight_bytes
     if quant is Quant.INT8:
@@ -123,7 +150,8 @@ def _quantized_terms(split: ParamSplit, strategy: Strategy, plan: PrecisionPlan,
         part("weights/quant_constants", consts, const_formula, src, params=split.quantizable,
              double_quant=strategy.double_quant),
         part("weights/unquantized", rest * width,
-             "embeddings, head, norms, biases, experts · bytes"
+             "embeddings, head, norms, biases" + ("" if linear_experts else ", experts")
+             + " · bytes"
              + (" (fp32: prepare_model_for_kbit_training)" if plan.kbit_upcast else ""),
              "peft prepare_model_for_kbit_training" if plan.kbit_upcast else "",
              params=rest, bytes_per_param=width),
