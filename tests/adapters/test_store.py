@@ -120,7 +120,8 @@ def test_a_killed_writer_leaves_the_database_row_for_row_identical(tmp_path: Pat
     """)
     root = Path(__file__).parents[2]
     child = subprocess.Popen([sys.executable, "-c", script], cwd=root, stdout=subprocess.PIPE,
-                             text=True, env={**os.environ, "PYTHONPATH": str(root)})
+                             text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                 [str(root), str(root / "src"), os.environ.get("PYTHONPATH", "")])})
     assert child.stdout is not None and child.stdout.readline().strip() == "half"
     os.kill(child.pid, signal.SIGKILL)
     child.wait(timeout=HANG_GUARD_S)

@@ -2,7 +2,14 @@
 
 Path: ``$TUNEPLAN_HOME/catalog.sqlite`` if set, else ``platformdirs.user_data_dir("tuneplan")``.
 A new file is seeded from the bundled SkyPilot snapshot. ``replace_source`` writes a whole
-snapshot in one transaction; older snapshots stay as price history. Queries use the core filter.
+snapshot in one transaction; older snapshots stay as price history. Queries filter, de-duplicate,
+sort and page in SQL with the core's rules (``OfferFilter``, ``sort_offers``): GPU, provider and
+region names are matched in Python against the few distinct stored values, money is compared
+exactly (Decimal, through SQL functions), never as floats.
+
+Every write to ``offers`` or ``snapshots`` bumps a generation counter (SQL triggers, so no write
+path can forget it); with the file's random token it is the catalog's ``stamp``, which caches key
+on (a changed stamp means a changed catalog).
 """
 
 from __future__ import annotations
@@ -18,10 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from tuneplan.core.catalog.gpu_names import CANONICAL_GPUS, gpu_matches
-from tuneplan.core.catalog.offers import Offer, OfferFilter, OfferSort, sort_offers
+from tuneplan.core.catalog.offers import (
+    Offer,
+    OfferFilter,
+    OfferSort,
+    provider_matches,
+    region_matches,
+)
 from tuneplan.errors import CatalogError, InvalidValueError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 STALE_AFTER_S = 7 * 86_400
 _MAX_SQLITE_INT = 2**63 - 1
 _MIGRATIONS: dict[int, str] = {
@@ -49,6 +62,27 @@ _MIGRATIONS: dict[int, str] = {
         gpu TEXT, versions TEXT NOT NULL, measured TEXT NOT NULL, origin TEXT NOT NULL);
     CREATE INDEX probes_gpu ON probes(gpu, device);
     """,
+    # The catalog's stamp: a random token per file and a generation every write bumps.
+    3: """
+    CREATE TABLE catalog_stamp (
+        id INTEGER PRIMARY KEY CHECK (id = 1), token TEXT NOT NULL,
+        generation INTEGER NOT NULL);
+    INSERT INTO catalog_stamp VALUES (1, lower(hex(randomblob(8))), 0);
+    CREATE TRIGGER offers_insert_bumps AFTER INSERT ON offers BEGIN
+        UPDATE catalog_stamp SET generation = generation + 1; END;
+    CREATE TRIGGER offers_update_bumps AFTER UPDATE ON offers BEGIN
+        UPDATE catalog_stamp SET generation = generation + 1; END;
+    CREATE TRIGGER offers_delete_bumps AFTER DELETE ON offers BEGIN
+        UPDATE catalog_stamp SET generation = generation + 1; END;
+    CREATE TRIGGER snapshots_insert_bumps AFTER INSERT ON snapshots BEGIN
+        UPDATE catalog_stamp SET generation = generation + 1; END;
+    CREATE TRIGGER snapshots_update_bumps AFTER UPDATE ON snapshots BEGIN
+        UPDATE catalog_stamp SET generation = generation + 1; END;
+    CREATE TRIGGER snapshots_delete_bumps AFTER DELETE ON snapshots BEGIN
+        UPDATE catalog_stamp SET generation = generation + 1; END;
+    CREATE INDEX snapshots_current ON snapshots(is_current, id);
+    CREATE INDEX offers_offer_id ON offers(offer_id, fetched_at);
+    """,
 }
 _COLUMNS = ("offer_id", "provider", "instance_type", "gpu", "gpu_count", "gpu_memory_bytes",
             "vcpus", "ram_bytes", "disk_bytes", "region", "zone", "price_per_hour",
@@ -66,6 +100,15 @@ class SourceStatus:
     snapshots: int
     age_s: float
     stale: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OfferPage:
+    """One page of a query's offers, how many match in all, and the catalog stamp it read."""
+
+    offers: list[Offer]
+    total: int
+    stamp: tuple[str, int]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,6 +143,8 @@ class CatalogStore:
     def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
         self._db = connection
         self.path = path
+        connection.create_function("tp_price_key", 2, _price_key, deterministic=True)
+        connection.create_function("tp_price_le", 2, _price_le, deterministic=True)
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -108,9 +153,11 @@ class CatalogStore:
         return self._db
 
     @classmethod
-    def open(cls, path: str | Path | None = None, *, seed: bool = True) -> CatalogStore:
+    def open(cls, path: str | Path | None = None, *, seed: bool = True,
+             check_same_thread: bool = True) -> CatalogStore:
         """Open (creating and migrating) the catalog; a new, empty one is seeded from the
-        bundled SkyPilot snapshot unless ``seed`` is False. Raises CatalogError."""
+        bundled SkyPilot snapshot unless ``seed`` is False. ``check_same_thread=False``: the
+        caller serialises use across threads itself. Raises CatalogError."""
         target = Path(path) if path is not None else default_path()
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -121,7 +168,8 @@ class CatalogStore:
         # builds it instead of reading a half-made file; each re-checks the schema inside.
         with _setup_lock(target):
             try:
-                connection = sqlite3.connect(target, timeout=30, isolation_level=None)
+                connection = sqlite3.connect(target, timeout=30, isolation_level=None,
+                                             check_same_thread=check_same_thread)
             except (OSError, sqlite3.Error) as exc:
                 raise CatalogError(f"cannot open catalog {target}: {exc}") from exc
             store = cls(connection, target)
@@ -161,9 +209,8 @@ class CatalogStore:
                 continue
             try:
                 # Statement by statement: executescript would COMMIT the open transaction.
-                for statement in _MIGRATIONS[step].split(";"):
-                    if statement.strip():
-                        self._db.execute(statement)
+                for statement in _statements(_MIGRATIONS[step]):
+                    self._db.execute(statement)
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
@@ -282,11 +329,47 @@ class CatalogStore:
                ) -> list[Offer]:
         """Current offers passing ``query`` (all when None), sorted by ``sort`` if given.
 
-        When two current sources list the same offer id, the newest ``fetched_at`` wins.
+        When two current sources list the same offer id, the newest ``fetched_at`` of those
+        passing the filter wins (the newer snapshot on a tie).
         Raises CatalogError when the file or a row is corrupt.
         """
+        return self.offer_page(query, sort=sort).offers
+
+    def offer_page(self, query: OfferFilter | None = None, *, sort: OfferSort | None = None,
+                   limit: int | None = None, offset: int = 0) -> OfferPage:
+        """``offers`` in SQL, one page: at most ``limit`` offers (all when None) after skipping
+        ``offset``, the number matching in all, and the stamp read in the same transaction.
+
+        The order is ``sort_offers``'s (price used, exact; ties by provider, instance, region,
+        zone) then the offer id, so pages never overlap; without ``sort`` it is the offer id
+        when paging, else the store's. Raises CatalogError.
+        """
         query = query or OfferFilter()
-        where: list[str] = ["s.is_current=1"]
+        try:
+            self._db.execute("BEGIN")  # one read snapshot: stamp, names, rows and count agree
+        except sqlite3.Error as exc:
+            raise CatalogError(f"catalog {self.path} is unreadable ({exc})") from exc
+        try:
+            stamp = self._stamp()
+            sql, args = self._offer_sql(query, sort, paged=limit is not None or offset > 0)
+            rows = self._safe(sql, [*args, -1 if limit is None else limit, offset])
+            if rows:
+                total = int(rows[0][-1])
+            elif offset:
+                total = self._count(f"SELECT COUNT(*) FROM ({sql})", *args, -1, 0)
+            else:
+                total = 0
+        finally:
+            self._db.execute("COMMIT")
+        return OfferPage(offers=[_offer(row[:-1], self.path) for row in rows], total=total,
+                         stamp=stamp)
+
+    def _offer_sql(self, query: OfferFilter, sort: OfferSort | None, *, paged: bool
+                   ) -> tuple[str, list[object]]:
+        """SELECT of the current offers passing ``query`` (newest passing copy per id), each
+        row ending with the total match count; its last two parameters are LIMIT and OFFSET."""
+        price = "spot_price_per_hour" if query.spot else "price_per_hour"
+        where = ["s.is_current=1", f"o.{price} IS NOT NULL"]
         args: list[object] = []
         if query.gpu is not None:
             where.append(_gpu_clause(query.gpu, args))
@@ -296,22 +379,55 @@ class CatalogStore:
         if query.min_gpu_memory_bytes is not None:
             where.append("o.gpu_memory_bytes>=?")
             args.append(query.min_gpu_memory_bytes)
-        if query.spot:
-            where.append("o.spot_price_per_hour IS NOT NULL")
-        sql = (f"SELECT {','.join('o.' + c for c in _COLUMNS)} FROM offers o "
-               f"JOIN snapshots s ON s.id=o.snapshot_id WHERE {' AND '.join(where)}")
-        newest: dict[str, Offer] = {}
-        for row in self._safe(sql, args):
-            offer = _offer(row, self.path)
-            if not query.accepts(offer):
-                continue
-            # The id column holds ``offer.id`` (written by ``_row``): not hashed again here.
-            key = str(row[0])
-            kept = newest.get(key)
-            if kept is None or offer.fetched_at > kept.fetched_at:
-                newest[key] = offer
-        found = list(newest.values())
-        return sort_offers(found, sort, spot=query.spot) if sort else found
+        if query.providers:
+            names = [p for p in self._current_values("provider")
+                     if any(provider_matches(q, p) for q in query.providers)]
+            where.append(_in("o.provider", names, args))
+        if query.region is not None:
+            wanted = query.region
+            regions = [r for r in self._current_values("region")
+                       if region_matches(wanted, r, None)]
+            zones = [z for z in self._current_values("zone") if region_matches(wanted, "", z)]
+            where.append(f"({_in('o.region', regions, args)} OR {_in('o.zone', zones, args)})")
+        if query.max_price_per_hour is not None:
+            where.append(f"tp_price_le(o.{price}, ?)")
+            args.append(str(query.max_price_per_hour))
+        tie = "provider, instance_type, region, COALESCE(zone, ''), offer_id"
+        if sort is OfferSort.PRICE:
+            order: str | None = f"tp_price_key({price}, 1), {tie}"
+        elif sort is OfferSort.PRICE_PER_GPU:
+            order = f"tp_price_key({price}, gpu_count), {tie}"
+        elif sort is OfferSort.MEMORY:
+            order = f"gpu_memory_bytes * gpu_count DESC, tp_price_key({price}, 1), {tie}"
+        else:
+            order = "offer_id" if paged else None
+        columns = ",".join(_COLUMNS)
+        # Filter first (SQLite uses the indexes), then keep the newest copy of each id.
+        sql = (f"WITH matching AS (SELECT {','.join('o.' + c for c in _COLUMNS)}, ROW_NUMBER() "
+               "OVER (PARTITION BY o.offer_id ORDER BY o.fetched_at DESC, s.id DESC) AS newest "
+               "FROM offers o JOIN snapshots s ON s.id=o.snapshot_id "
+               f"WHERE {' AND '.join(where)}) "
+               f"SELECT {columns}, COUNT(*) OVER () FROM matching WHERE newest=1"
+               f"{f' ORDER BY {order}' if order else ''} LIMIT ? OFFSET ?")
+        return sql, args
+
+    def _current_values(self, column: str) -> list[str]:
+        """The distinct non-null values of ``column`` among current offers (a few hundred)."""
+        rows = self._safe(f"SELECT DISTINCT o.{column} FROM offers o JOIN snapshots s ON "
+                          f"s.id=o.snapshot_id WHERE s.is_current=1 AND o.{column} IS NOT NULL")
+        return [str(row[0]) for row in rows]
+
+    def stamp(self) -> tuple[str, int]:
+        """(token, generation): the file's random token and its write count. Equal stamps mean
+        the same catalog; any committed write to offers or snapshots changes it."""
+        return self._stamp()
+
+    def _stamp(self) -> tuple[str, int]:
+        rows = self._safe("SELECT token, generation FROM catalog_stamp WHERE id=1")
+        if not rows:
+            raise CatalogError(f"catalog {self.path} has no stamp row; delete it to rebuild it "
+                               "from the bundled snapshot")
+        return str(rows[0][0]), int(rows[0][1])
 
     def offer(self, offer_id: str) -> Offer | None:
         """The current offer with this ``id`` (newest ``fetched_at`` across sources), or None."""
@@ -391,9 +507,39 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
 def _gpu_clause(query: str, args: list[object]) -> str:
     """SQL condition on ``o.gpu`` for a ``--gpu`` query: the family match (``gpu_matches``) is
     resolved once against the canonical names, then SQLite filters; appends the names to args."""
-    names = [name for name in CANONICAL_GPUS if gpu_matches(query, name)]
-    args.extend(names)
-    return f"o.gpu IN ({','.join('?' * len(names))})" if names else "0"
+    return _in("o.gpu", [name for name in CANONICAL_GPUS if gpu_matches(query, name)], args)
+
+
+def _in(column: str, values: Sequence[str], args: list[object]) -> str:
+    """``column IN (?, ...)`` over ``values`` (appended to args); false when there are none."""
+    args.extend(values)
+    return f"{column} IN ({','.join('?' * len(values))})" if values else "0"
+
+
+def _statements(script: str) -> Iterator[str]:
+    """The SQL statements of a migration, whole (a trigger body's ``;`` does not end one)."""
+    buffer = ""
+    for piece in script.split(";"):
+        buffer += piece + ";"
+        if sqlite3.complete_statement(buffer):
+            if buffer.strip(" \n;"):
+                yield buffer.strip()
+            buffer = ""
+
+
+def _price_key(text: object, divisor: object) -> str:
+    """SQL ``tp_price_key``: a stored price (Decimal text) divided by ``divisor`` as text that
+    sorts as the number does (fixed width, 40 decimals: exact for every quotient of a price of
+    at most 28 significant digits down to 1e-12 USD), so SQL orders money as Decimal does."""
+    value = Decimal(str(text)) / int(str(divisor))
+    if not value.is_finite() or value < 0 or value >= 10**19:
+        raise ValueError(f"price {str(text)[:40]!r} cannot be ordered")
+    return f"{value:061.40f}"
+
+
+def _price_le(text: object, limit: object) -> bool:
+    """SQL ``tp_price_le``: stored price <= limit, both Decimal text, compared exactly."""
+    return Decimal(str(text)) <= Decimal(str(limit))
 
 
 def _price_point(rows: list[tuple[Any, ...]], path: Path) -> PricePoint:
