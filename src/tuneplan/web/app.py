@@ -7,11 +7,12 @@ naming the field, catalog trouble → 503). No computing here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -23,6 +24,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tuneplan.errors import BadInputError, CatalogError, TuneplanError
 from tuneplan.service.jsondoc import dumps
 from tuneplan.web.inputs import MAX_BODY_BYTES, FieldError
+
+if TYPE_CHECKING:
+    from tuneplan.web.capacity import PlanPool
+    from tuneplan.web.inputs import HubGate
 
 HERE = Path(__file__).parent
 _CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -86,26 +91,47 @@ async def _too_large(limit: int, send: Send) -> None:
 
 
 def create_app(store_path: str | Path | None = None, *, allow_hub: bool = False,
-               allowed_hosts: list[str] | None = None) -> FastAPI:
+               allowed_hosts: list[str] | None = None, plan_pool: PlanPool | None = None,
+               hub_gate: HubGate | None = None) -> FastAPI:
     """The web app. ``store_path`` is the catalog file (default: the CLI's catalog).
 
-    ``allow_hub``: hub ids not in the local cache are fetched from the hub (bounded: see
-    ``inputs.resolve_web_model``); off by default, so a request never makes the server reach
-    the network. ``allowed_hosts`` (``tuneplan serve`` passes the bound host and the
-    localhost names): other Host headers get 400, and a POST whose Origin names another host
-    gets 403 (cross-site form posts); None checks neither.
+    ``allow_hub``: hub ids not in the local cache are fetched from the hub (bounded by
+    ``hub_gate``, default ``inputs.HubGate()``: per-address rate, concurrency, timeout, byte
+    cap); off by default, so a request never makes the server reach the network.
+    ``allowed_hosts`` (``tuneplan serve`` passes the bound host and the localhost names): other
+    Host headers get 400, and a POST whose Origin names another host gets 403 (cross-site form
+    posts); None checks neither. ``plan_pool`` runs the planner (default: one process per CPU,
+    a bounded queue, results kept by canonical request and catalog stamp).
     """
     from tuneplan import __version__
+    from tuneplan.service.catalog import CatalogWatch
     from tuneplan.web.api import router as api_router
+    from tuneplan.web.capacity import OFFER_CACHE_ENTRIES, LruCache
+    from tuneplan.web.capacity import PlanPool as DefaultPool
+    from tuneplan.web.inputs import HubGate as DefaultGate
     from tuneplan.web.pages import router as page_router
+
+    watch = CatalogWatch(store_path)
+    pool = plan_pool or DefaultPool()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        pool.close()
+        watch.close()
 
     # FastAPI's own /docs pages load Swagger UI from a CDN; ours (pages.api_docs) is served
     # from the package and reads the same OpenAPI document (/openapi.json).
     app = FastAPI(title="tuneplan", version=__version__, docs_url=None, redoc_url=None,
+                  lifespan=lifespan,
                   description="Plan LLM fine-tuning jobs on rented GPUs. Every page has a "
                               "JSON twin under /api that mirrors the CLI's --json output.")
     app.state.store_path = None if store_path is None else Path(store_path)
     app.state.allow_hub = allow_hub
+    app.state.hub_gate = hub_gate or DefaultGate()
+    app.state.catalog_watch = watch
+    app.state.offers_cache = LruCache(OFFER_CACHE_ENTRIES)
+    app.state.plan_pool = pool
     app.state.templates = Jinja2Templates(directory=str(HERE / "templates"))
     app.state.templates.env.autoescape = True  # every .html is escaped; also any other name
     app.state.plans = OrderedDict()  # plan results for detail pages (bounded in pages)
@@ -193,6 +219,14 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> Response
 
 
 async def _tuneplan_error(request: Request, exc: TuneplanError) -> Response:
+    from tuneplan.web.capacity import RateLimitedError, ServerBusyError
+
+    if isinstance(exc, ServerBusyError):  # 503 busy / 429 rate-limited, with Retry-After
+        kind = "rate_limited" if isinstance(exc, RateLimitedError) else "busy"
+        response = error_response(request, exc.status, [{"loc": [], "msg": str(exc),
+                                                         "type": kind}])
+        response.headers["Retry-After"] = str(exc.retry_after_s)
+        return response
     if isinstance(exc, BadInputError):
         return error_response(request, 422, problems_of(exc))
     status = 503 if isinstance(exc, CatalogError) else 500
