@@ -84,6 +84,9 @@ _MIGRATIONS: dict[int, str] = {
     CREATE INDEX offers_offer_id ON offers(offer_id, fetched_at);
     """,
 }
+# Which of several current rows with one offer id is "the" offer: newest fetch, then newest
+# snapshot, then the row written last.
+_NEWEST = "o.fetched_at DESC, s.id DESC, o.rowid DESC"
 _COLUMNS = ("offer_id", "provider", "instance_type", "gpu", "gpu_count", "gpu_memory_bytes",
             "vcpus", "ram_bytes", "disk_bytes", "region", "zone", "price_per_hour",
             "spot_price_per_hour", "currency", "interconnect", "fetched_at", "source",
@@ -329,8 +332,8 @@ class CatalogStore:
                ) -> list[Offer]:
         """Current offers passing ``query`` (all when None), sorted by ``sort`` if given.
 
-        When two current sources list the same offer id, the newest ``fetched_at`` of those
-        passing the filter wins (the newer snapshot on a tie).
+        When current rows share an offer id, the newest ``fetched_at`` of those passing the
+        filter wins (on a tie the newer snapshot, then the row written last).
         Raises CatalogError when the file or a row is corrupt.
         """
         return self.offer_page(query, sort=sort).offers
@@ -404,7 +407,7 @@ class CatalogStore:
         columns = ",".join(_COLUMNS)
         # Filter first (SQLite uses the indexes), then keep the newest copy of each id.
         sql = (f"WITH matching AS (SELECT {','.join('o.' + c for c in _COLUMNS)}, ROW_NUMBER() "
-               "OVER (PARTITION BY o.offer_id ORDER BY o.fetched_at DESC, s.id DESC) AS newest "
+               f"OVER (PARTITION BY o.offer_id ORDER BY {_NEWEST}) AS newest "
                "FROM offers o JOIN snapshots s ON s.id=o.snapshot_id "
                f"WHERE {' AND '.join(where)}) "
                f"SELECT {columns}, COUNT(*) OVER () FROM matching WHERE newest=1"
@@ -433,7 +436,7 @@ class CatalogStore:
         """The current offer with this ``id`` (newest ``fetched_at`` across sources), or None."""
         sql = (f"SELECT {','.join('o.' + c for c in _COLUMNS)} FROM offers o "
                "JOIN snapshots s ON s.id=o.snapshot_id WHERE s.is_current=1 AND o.offer_id=? "
-               "ORDER BY o.fetched_at DESC LIMIT 1")
+               f"ORDER BY {_NEWEST} LIMIT 1")
         rows = self._safe(sql, [offer_id])
         return _offer(rows[0], self.path) if rows else None
 
