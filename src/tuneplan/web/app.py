@@ -19,7 +19,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp
 
 from tuneplan.errors import BadInputError, CatalogError, TuneplanError
 from tuneplan.service.jsondoc import dumps
@@ -139,12 +141,12 @@ def create_app(store_path: str | Path | None = None, *, allow_hub: bool = False,
     app.include_router(api_router)
     app.include_router(page_router)
     app.add_middleware(BodyLimit)
-    app.middleware("http")(_security_headers)
+    app.add_middleware(SecurityHeaders)
     if allowed_hosts is not None:
         from starlette.middleware.trustedhost import TrustedHostMiddleware
 
         hosts = list(allowed_hosts)
-        app.middleware("http")(_same_origin(hosts))
+        app.add_middleware(SameOrigin, hosts=hosts)
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=hosts)
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(TuneplanError, _tuneplan_error)  # type: ignore[arg-type]
@@ -152,30 +154,48 @@ def create_app(store_path: str | Path | None = None, *, allow_hub: bool = False,
     return app
 
 
-def _same_origin(hosts: list[str]) -> Callable[..., Awaitable[Response]]:
-    """Refuse a POST whose Origin (or, without one, Referer) names a host not in ``hosts``."""
-    from urllib.parse import urlsplit
+class SameOrigin:
+    """Refuse a POST whose Origin (or, without one, Referer) names a host not in ``hosts``
+    (403, the one error shape). Plain ASGI: no per-request task, unlike ``app.middleware``."""
 
-    async def check(request: Request,
-                    call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        if request.method == "POST":
+    def __init__(self, app: ASGIApp, hosts: list[str]) -> None:
+        self.app, self.hosts = app, hosts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        from urllib.parse import urlsplit
+
+        if scope["type"] == "http" and scope.get("method") == "POST":
+            request = Request(scope)
             source = request.headers.get("origin") or request.headers.get("referer")
-            if source and urlsplit(source).hostname not in hosts:
-                return error_response(request, 403, [{
+            if source and urlsplit(source).hostname not in self.hosts:
+                refusal = error_response(request, 403, [{
                     "loc": ["header", "origin"], "msg": "cross-site POST refused",
                     "type": "cross_site"}])
-        return await call_next(request)
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
-    return check
 
+class SecurityHeaders:
+    """CSP, nosniff and no-referrer on every response that does not set its own."""
 
-async def _security_headers(request: Request,
-                            call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-    response = await call_next(request)
-    response.headers.setdefault("Content-Security-Policy", _CSP)
-    response.headers.setdefault("X-Content-Type-Options", "nosniff")
-    response.headers.setdefault("Referrer-Policy", "no-referrer")
-    return response
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                headers.setdefault("Content-Security-Policy", _CSP)
+                headers.setdefault("X-Content-Type-Options", "nosniff")
+                headers.setdefault("Referrer-Policy", "no-referrer")
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 def problems_of(exc: Exception) -> list[dict[str, Any]]:

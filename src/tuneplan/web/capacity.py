@@ -176,7 +176,8 @@ class PlanPool:
             import multiprocessing
 
             self._executor = ProcessPoolExecutor(
-                self.workers, mp_context=multiprocessing.get_context("spawn"))
+                self.workers, mp_context=multiprocessing.get_context("spawn"),
+                initializer=_exit_with_parent, initargs=(os.getpid(),))
         try:
             return self._executor.submit(function, *args)
         except RuntimeError:  # a broken pool (a worker was killed): start a fresh one
@@ -196,7 +197,19 @@ class PlanPool:
             self._kept.put(result_key, (self.clock(), result))
 
     def close(self) -> None:
-        """Stop the workers this pool started (queued jobs are dropped)."""
+        """Stop the workers this pool started: queued jobs are dropped, running ones (at most
+        one per worker) finish, then the workers exit."""
         if self._owned and self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
+
+
+def _exit_with_parent(parent: int) -> None:
+    """In each planning worker: end when the server process is gone (killed without a
+    shutdown), instead of lingering as an orphan holding its pipes."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
