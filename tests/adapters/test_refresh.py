@@ -226,7 +226,8 @@ def test_a_refresh_killed_mid_write_leaves_the_database_identical(
     marker = tmp_path / "half-way"
     root = Path(__file__).resolve().parents[2]
     child = subprocess.Popen([sys.executable, "-c", _KILLED_SCRIPT, str(store.path), str(marker)],
-                             cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+                             cwd=root, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                 [str(root), str(root / "src"), os.environ.get("PYTHONPATH", "")])})
     try:
         wait_until(lambda: marker.exists() or child.poll() is not None,
                    "the child reaching the middle of its write")
