@@ -62,14 +62,24 @@ _MIGRATIONS: dict[int, str] = {
         gpu TEXT, versions TEXT NOT NULL, measured TEXT NOT NULL, origin TEXT NOT NULL);
     CREATE INDEX probes_gpu ON probes(gpu, device);
     """,
-    # The catalog's stamp: a random token per file and a generation every write bumps.
+    # The catalog's stamp: a random token per file and a generation every write bumps (every
+    # write of the store inserts, updates or deletes snapshots; offers rows are inserted only
+    # with their snapshot, so a per-row insert trigger there would only slow a refresh down).
+    # Sort keys of the prices (``_price_key``), written with each row, so SQL orders and
+    # compares money as exact decimals with plain text comparisons.
     3: """
+    ALTER TABLE offers ADD COLUMN price_key TEXT;
+    ALTER TABLE offers ADD COLUMN spot_price_key TEXT;
+    ALTER TABLE offers ADD COLUMN price_per_gpu_key TEXT;
+    ALTER TABLE offers ADD COLUMN spot_price_per_gpu_key TEXT;
+    UPDATE offers SET price_key = tp_price_key(price_per_hour, 1),
+        spot_price_key = tp_price_key(spot_price_per_hour, 1),
+        price_per_gpu_key = tp_price_key(price_per_hour, gpu_count),
+        spot_price_per_gpu_key = tp_price_key(spot_price_per_hour, gpu_count);
     CREATE TABLE catalog_stamp (
         id INTEGER PRIMARY KEY CHECK (id = 1), token TEXT NOT NULL,
         generation INTEGER NOT NULL);
     INSERT INTO catalog_stamp VALUES (1, lower(hex(randomblob(8))), 0);
-    CREATE TRIGGER offers_insert_bumps AFTER INSERT ON offers BEGIN
-        UPDATE catalog_stamp SET generation = generation + 1; END;
     CREATE TRIGGER offers_update_bumps AFTER UPDATE ON offers BEGIN
         UPDATE catalog_stamp SET generation = generation + 1; END;
     CREATE TRIGGER offers_delete_bumps AFTER DELETE ON offers BEGIN
@@ -146,8 +156,8 @@ class CatalogStore:
     def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
         self._db = connection
         self.path = path
-        connection.create_function("tp_price_key", 2, _price_key, deterministic=True)
-        connection.create_function("tp_price_le", 2, _price_le, deterministic=True)
+        # for the migration that adds the key columns to rows written before them
+        connection.create_function("tp_price_key", 2, _stored_price_key, deterministic=True)
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -288,9 +298,10 @@ class CatalogStore:
             "INSERT INTO snapshots(source, fetched_at, row_count, is_current) VALUES (?,?,0,0)",
             (source, stamp))
         snapshot_id = cursor.lastrowid
-        placeholders = ",".join("?" * (len(_COLUMNS) + 1))
+        columns = (*_COLUMNS, *_KEY_COLUMNS)
+        placeholders = ",".join("?" * (len(columns) + 1))
         self._db.executemany(
-            f"INSERT INTO offers(snapshot_id,{','.join(_COLUMNS)}) VALUES ({placeholders})",
+            f"INSERT INTO offers(snapshot_id,{','.join(columns)}) VALUES ({placeholders})",
             ((snapshot_id, *_row(offer)) for offer in offers))
         written = self._count("SELECT COUNT(*) FROM offers WHERE snapshot_id=?", snapshot_id)
         self._db.execute("UPDATE snapshots SET is_current=0 WHERE source=? AND is_current=1",
@@ -354,9 +365,12 @@ class CatalogStore:
             raise CatalogError(f"catalog {self.path} is unreadable ({exc})") from exc
         try:
             stamp = self._stamp()
-            sql, args = self._offer_sql(query, sort, paged=limit is not None or offset > 0)
+            paged = limit is not None or offset > 0
+            sql, args = self._offer_sql(query, sort, paged=paged)
             rows = self._safe(sql, [*args, -1 if limit is None else limit, offset])
-            if rows:
+            if not paged:
+                total = len(rows)
+            elif rows:
                 total = int(rows[0][-1])
             elif offset:
                 total = self._count(f"SELECT COUNT(*) FROM ({sql})", *args, -1, 0)
@@ -370,49 +384,62 @@ class CatalogStore:
     def _offer_sql(self, query: OfferFilter, sort: OfferSort | None, *, paged: bool
                    ) -> tuple[str, list[object]]:
         """SELECT of the current offers passing ``query`` (newest passing copy per id), each
-        row ending with the total match count; its last two parameters are LIMIT and OFFSET."""
+        row ending with the total match count when ``paged`` (else with 0); its last two
+        parameters are LIMIT and OFFSET."""
         price = "spot_price_per_hour" if query.spot else "price_per_hour"
-        where = ["s.is_current=1", f"o.{price} IS NOT NULL"]
+        key, per_gpu_key = (("spot_price_key", "spot_price_per_gpu_key") if query.spot else
+                            ("price_key", "price_per_gpu_key"))
+        # conditions on a row {o} of a current snapshot {s}: written once, used for the row
+        # and for the newer copies of it that would hide it
+        where = ["{s}.is_current=1", f"{{o}}.{price} IS NOT NULL"]
         args: list[object] = []
         if query.gpu is not None:
             where.append(_gpu_clause(query.gpu, args))
         if query.gpu_count is not None:
-            where.append("o.gpu_count=?")
+            where.append("{o}.gpu_count=?")
             args.append(query.gpu_count)
         if query.min_gpu_memory_bytes is not None:
-            where.append("o.gpu_memory_bytes>=?")
+            where.append("{o}.gpu_memory_bytes>=?")
             args.append(query.min_gpu_memory_bytes)
         if query.providers:
             names = [p for p in self._current_values("provider")
                      if any(provider_matches(q, p) for q in query.providers)]
-            where.append(_in("o.provider", names, args))
+            where.append(_in("{o}.provider", names, args))
         if query.region is not None:
             wanted = query.region
             regions = [r for r in self._current_values("region")
                        if region_matches(wanted, r, None)]
             zones = [z for z in self._current_values("zone") if region_matches(wanted, "", z)]
-            where.append(f"({_in('o.region', regions, args)} OR {_in('o.zone', zones, args)})")
+            where.append(f"({_in('{o}.region', regions, args)} OR "
+                         f"{_in('{o}.zone', zones, args)})")
         if query.max_price_per_hour is not None:
-            where.append(f"tp_price_le(o.{price}, ?)")
-            args.append(str(query.max_price_per_hour))
-        tie = "provider, instance_type, region, COALESCE(zone, ''), offer_id"
+            ceiling = query.max_price_per_hour
+            if ceiling < 0:
+                where.append("0")
+            elif ceiling < _KEY_LIMIT:  # above it every stored price passes
+                where.append(f"{{o}}.{key} <= ?")
+                args.append(_price_key(ceiling, 1))
+        tie = "o.provider, o.instance_type, o.region, COALESCE(o.zone, ''), o.offer_id"
         if sort is OfferSort.PRICE:
-            order: str | None = f"tp_price_key({price}, 1), {tie}"
+            order: str | None = f"o.{key}, {tie}"
         elif sort is OfferSort.PRICE_PER_GPU:
-            order = f"tp_price_key({price}, gpu_count), {tie}"
+            order = f"o.{per_gpu_key}, {tie}"
         elif sort is OfferSort.MEMORY:
-            order = f"gpu_memory_bytes * gpu_count DESC, tp_price_key({price}, 1), {tie}"
+            order = f"o.gpu_memory_bytes * o.gpu_count DESC, o.{key}, {tie}"
         else:
-            order = "offer_id" if paged else None
-        columns = ",".join(_COLUMNS)
-        # Filter first (SQLite uses the indexes), then keep the newest copy of each id.
-        sql = (f"WITH matching AS (SELECT {','.join('o.' + c for c in _COLUMNS)}, ROW_NUMBER() "
-               f"OVER (PARTITION BY o.offer_id ORDER BY {_NEWEST}) AS newest "
+            order = "o.offer_id" if paged else None
+        mine = " AND ".join(where).format(o="o", s="s")
+        newer = " AND ".join(where).format(o="n", s="t")
+        # A row is kept unless a newer current copy of its id also passes (``_NEWEST``'s
+        # order as a row-value comparison; the offer_id index finds the copies).
+        sql = (f"SELECT {','.join('o.' + c for c in _COLUMNS)}, "
+               f"{'COUNT(*) OVER ()' if paged else '0'} "
                "FROM offers o JOIN snapshots s ON s.id=o.snapshot_id "
-               f"WHERE {' AND '.join(where)}) "
-               f"SELECT {columns}, COUNT(*) OVER () FROM matching WHERE newest=1"
+               f"WHERE {mine} AND NOT EXISTS (SELECT 1 FROM offers n JOIN snapshots t ON "
+               f"t.id=n.snapshot_id WHERE n.offer_id=o.offer_id AND {newer} AND "
+               "(n.fetched_at, t.id, n.rowid) > (o.fetched_at, s.id, o.rowid))"
                f"{f' ORDER BY {order}' if order else ''} LIMIT ? OFFSET ?")
-        return sql, args
+        return sql, [*args, *args]  # the conditions' values, for the row then for its copies
 
     def _current_values(self, column: str) -> list[str]:
         """The distinct non-null values of ``column`` among current offers (a few hundred)."""
@@ -465,7 +492,7 @@ class CatalogStore:
         rows = self._safe(
             "SELECT o.gpu, s.source, s.fetched_at, o.gpu_count, o.price_per_hour, "
             "o.spot_price_per_hour, s.id FROM offers o JOIN snapshots s ON s.id=o.snapshot_id "
-            f"WHERE {_gpu_clause(gpu, args)}", args)
+            f"WHERE {_gpu_clause(gpu, args, 'o.gpu')}", args)
         points: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
         for row in rows:
             points.setdefault((row[0], row[6]), []).append(row)
@@ -507,10 +534,10 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     return "locked" in text or "busy" in text
 
 
-def _gpu_clause(query: str, args: list[object]) -> str:
-    """SQL condition on ``o.gpu`` for a ``--gpu`` query: the family match (``gpu_matches``) is
+def _gpu_clause(query: str, args: list[object], column: str = "{o}.gpu") -> str:
+    """SQL condition on ``column`` for a ``--gpu`` query: the family match (``gpu_matches``) is
     resolved once against the canonical names, then SQLite filters; appends the names to args."""
-    return _in("o.gpu", [name for name in CANONICAL_GPUS if gpu_matches(query, name)], args)
+    return _in(column, [name for name in CANONICAL_GPUS if gpu_matches(query, name)], args)
 
 
 def _in(column: str, values: Sequence[str], args: list[object]) -> str:
@@ -530,19 +557,28 @@ def _statements(script: str) -> Iterator[str]:
             buffer = ""
 
 
-def _price_key(text: object, divisor: object) -> str:
-    """SQL ``tp_price_key``: a stored price (Decimal text) divided by ``divisor`` as text that
-    sorts as the number does (fixed width, 40 decimals: exact for every quotient of a price of
-    at most 28 significant digits down to 1e-12 USD), so SQL orders money as Decimal does."""
-    value = Decimal(str(text)) / int(str(divisor))
-    if not value.is_finite() or value < 0 or value >= 10**19:
-        raise ValueError(f"price {str(text)[:40]!r} cannot be ordered")
+_KEY_COLUMNS = ("price_key", "spot_price_key", "price_per_gpu_key", "spot_price_per_gpu_key")
+_KEY_LIMIT = Decimal(10) ** 19  # the keys hold amounts below this (prices are capped far lower)
+
+
+def _price_key(price: Decimal, divisor: int) -> str:
+    """``price / divisor`` (the Decimal division ``sort_offers`` does) as text that sorts as
+    the number does: fixed width, 19 digits and 40 decimals, exact for every quotient of a
+    price of at most 28 significant digits down to 1e-12 USD. Stored with each row, so SQL
+    orders and compares money as Decimal does, with plain text comparisons."""
+    value = price / divisor
+    if not value.is_finite() or not 0 <= value < _KEY_LIMIT:
+        raise CatalogError(f"price {str(price)[:40]} cannot be stored as a sort key")
     return f"{value:061.40f}"
 
 
-def _price_le(text: object, limit: object) -> bool:
-    """SQL ``tp_price_le``: stored price <= limit, both Decimal text, compared exactly."""
-    return Decimal(str(text)) <= Decimal(str(limit))
+def _stored_price_key(text: object, divisor: object) -> str | None:
+    """SQL ``tp_price_key`` over stored text: the key, or NULL for a value that is none (the
+    row is refused when it is read)."""
+    try:
+        return None if text is None else _price_key(Decimal(str(text)), int(str(divisor)))
+    except (ArithmeticError, ValueError, CatalogError):
+        return None
 
 
 def _price_point(rows: list[tuple[Any, ...]], path: Path) -> PricePoint:
@@ -578,10 +614,13 @@ def _row(offer: Offer) -> tuple[object, ...]:
                           ("disk_bytes", offer.disk_bytes)):
         if number is not None and not -_MAX_SQLITE_INT - 1 <= number <= _MAX_SQLITE_INT:
             raise CatalogError(f"offer {offer.id}: {label} is beyond SQLite's 64-bit INTEGER")
+    keys = (None if p is None else _price_key(p, count) for p, count in (
+        (offer.price_per_hour, 1), (offer.spot_price_per_hour, 1),
+        (offer.price_per_hour, offer.gpu_count), (offer.spot_price_per_hour, offer.gpu_count)))
     return (offer.id, offer.provider, offer.instance_type, offer.gpu, offer.gpu_count,
             offer.gpu_memory_bytes, offer.vcpus, offer.ram_bytes, offer.disk_bytes, offer.region,
             offer.zone, *money, offer.currency, offer.interconnect, _iso(offer.fetched_at),
-            offer.source, int(offer.attachable), offer.notes)
+            offer.source, int(offer.attachable), offer.notes, *keys)
 
 
 def _offer(row: tuple[object, ...], path: Path) -> Offer:
