@@ -209,3 +209,19 @@ def test_a_hub_config_past_the_byte_cap_is_a_422_on_the_model(
     assert response.status_code == 422
     assert response.json()["detail"][0]["loc"] == ["body", "model"]
     assert "download was stopped" in response.json()["detail"][0]["msg"]
+
+
+def test_the_catalog_watch_follows_a_deleted_and_rebuilt_file(tmp_path: Path) -> None:
+    from tuneplan.service.catalog import CatalogWatch
+
+    path = tmp_path / "catalog.sqlite"
+    with CatalogStore.open(path, seed=False):
+        pass
+    watch = CatalogWatch(path)
+    token = watch.stamp()[0]
+    for leftover in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        leftover.unlink(missing_ok=True)
+    with CatalogStore.open(path, seed=False) as rebuilt:
+        new_token = rebuilt.stamp()[0]
+    assert new_token != token and watch.stamp()[0] == new_token  # not the deleted file's
+    watch.close()

@@ -4,12 +4,13 @@ Path: ``$TUNEPLAN_HOME/catalog.sqlite`` if set, else ``platformdirs.user_data_di
 A new file is seeded from the bundled SkyPilot snapshot. ``replace_source`` writes a whole
 snapshot in one transaction; older snapshots stay as price history. Queries filter, de-duplicate,
 sort and page in SQL with the core's rules (``OfferFilter``, ``sort_offers``): GPU, provider and
-region names are matched in Python against the few distinct stored values, money is compared
-exactly (Decimal, through SQL functions), never as floats.
+region names are matched in Python against the few distinct stored values; money is ordered and
+compared exactly, by decimal sort keys written with each row (``_price_key``), never as floats.
 
-Every write to ``offers`` or ``snapshots`` bumps a generation counter (SQL triggers, so no write
-path can forget it); with the file's random token it is the catalog's ``stamp``, which caches key
-on (a changed stamp means a changed catalog).
+Every write to ``snapshots`` (each write of the store makes one) and every update or delete of
+``offers`` bumps a generation counter (SQL triggers, so no write path can forget it); with the
+file's random token it is the catalog's ``stamp``, which caches key on (a changed stamp means a
+changed catalog).
 """
 
 from __future__ import annotations
