@@ -225,3 +225,20 @@ def test_the_catalog_watch_follows_a_deleted_and_rebuilt_file(tmp_path: Path) ->
         new_token = rebuilt.stamp()[0]
     assert new_token != token and watch.stamp()[0] == new_token  # not the deleted file's
     watch.close()
+
+
+def test_the_caches_are_bounded_by_entries_and_by_bytes() -> None:
+    from tuneplan.web.capacity import LruCache
+
+    cache = LruCache(3, max_bytes=10, size=len)
+    for key, value in (("a", b"1234"), ("b", b"1234"), ("c", b"12")):
+        cache.put(key, value)
+    assert (len(cache), cache.bytes) == (3, 10)
+    assert cache.get("a") == b"1234"  # now the most recently used
+    cache.put("d", b"123")  # 13 bytes: the least recently used (b) goes
+    assert cache.get("b") is None and (len(cache), cache.bytes) == (3, 9)
+    cache.put("e", b"")  # a fourth entry: c (least recent now) goes
+    assert cache.get("c") is None and sorted(k for k in "ade" if cache.get(k) is not None) == [
+        "a", "d", "e"]
+    cache.put("a", b"1")  # replacing an entry counts its new size only
+    assert cache.bytes == 4

@@ -108,7 +108,7 @@ def create_app(store_path: str | Path | None = None, *, allow_hub: bool = False,
     from tuneplan import __version__
     from tuneplan.service.catalog import CatalogWatch
     from tuneplan.web.api import router as api_router
-    from tuneplan.web.capacity import OFFER_CACHE_ENTRIES, LruCache
+    from tuneplan.web.capacity import OFFER_CACHE_BYTES, OFFER_CACHE_ENTRIES, LruCache
     from tuneplan.web.capacity import PlanPool as DefaultPool
     from tuneplan.web.inputs import HubGate as DefaultGate
     from tuneplan.web.pages import router as page_router
@@ -132,7 +132,8 @@ def create_app(store_path: str | Path | None = None, *, allow_hub: bool = False,
     app.state.allow_hub = allow_hub
     app.state.hub_gate = hub_gate or DefaultGate()
     app.state.catalog_watch = watch
-    app.state.offers_cache = LruCache(OFFER_CACHE_ENTRIES)
+    app.state.offers_cache = LruCache(OFFER_CACHE_ENTRIES, OFFER_CACHE_BYTES,
+                                      lambda found: len(found.body))
     app.state.plan_pool = pool
     app.state.templates = Jinja2Templates(directory=str(HERE / "templates"))
     app.state.templates.env.autoescape = True  # every .html is escaped; also any other name

@@ -22,9 +22,12 @@ from typing import Any
 from tuneplan.errors import TuneplanError
 
 PLAN_QUEUE = 16  # plans waiting beyond the workers before new ones get 503 (10 clients fit)
-PLAN_CACHE_ENTRIES = 128  # plan results kept (a plan document is ~200 KB)
+PLAN_CACHE_ENTRIES = 128  # plan results kept (a plan document is ~200 KB of JSON)
+PLAN_CACHE_BYTES = 128 * 10**6  # and at most this much of them (a typed result counts 1 MB)
 PLAN_CACHE_TTL_S = 300.0  # a kept plan is recomputed after this: its warnings name offer ages
 OFFER_CACHE_ENTRIES = 256  # offer responses kept (100 offers are ~55 KB of JSON)
+OFFER_CACHE_BYTES = 64 * 10**6  # and at most this much of them (5,000 offers are ~2.7 MB)
+_TYPED_RESULT_BYTES = 10**6  # what a kept PlanResult is counted as (its pickle is ~0.9 MB)
 
 
 class ServerBusyError(TuneplanError):
@@ -44,11 +47,15 @@ class RateLimitedError(ServerBusyError):
 
 
 class LruCache:
-    """A thread-safe mapping of at most ``entries`` items, least recently used dropped."""
+    """A thread-safe mapping of at most ``entries`` items and ``max_bytes`` bytes (each item's
+    ``size``), least recently used dropped first."""
 
-    def __init__(self, entries: int) -> None:
-        self.entries = entries
+    def __init__(self, entries: int, max_bytes: int | None = None,
+                 size: Callable[[Any], int] = lambda _value: 0) -> None:
+        self.entries, self.max_bytes, self.size = entries, max_bytes, size
         self._items: OrderedDict[Hashable, Any] = OrderedDict()
+        self._sizes: dict[Hashable, int] = {}
+        self.bytes = 0
         self._lock = threading.Lock()
 
     def get(self, key: Hashable) -> Any:
@@ -59,11 +66,16 @@ class LruCache:
             return value
 
     def put(self, key: Hashable, value: Any) -> None:
+        size = self.size(value)
         with self._lock:
-            self._items[key] = value
+            self.bytes += size - self._sizes.get(key, 0)
+            self._items[key], self._sizes[key] = value, size
             self._items.move_to_end(key)
-            while len(self._items) > self.entries:
-                self._items.popitem(last=False)
+            while len(self._items) > self.entries or (
+                    self.max_bytes is not None and self.bytes > self.max_bytes
+                    and len(self._items) > 1):
+                dropped, _ = self._items.popitem(last=False)
+                self.bytes -= self._sizes.pop(dropped)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -116,12 +128,12 @@ class PlanPool:
     first use. At most ``workers + queue`` distinct keys run or wait at once; one more gets
     ServerBusyError (503) with a Retry-After from the mean run time. A key already running is
     joined, not run twice. Results are kept ``ttl_s`` seconds under the key the function
-    returns with them (its catalog stamp), ``entries`` at most.
+    returns with them (its catalog stamp), ``entries`` and ``max_bytes`` at most.
     """
 
     def __init__(self, *, workers: int | None = None, queue: int = PLAN_QUEUE,
                  executor: Executor | None = None, entries: int = PLAN_CACHE_ENTRIES,
-                 ttl_s: float = PLAN_CACHE_TTL_S,
+                 max_bytes: int = PLAN_CACHE_BYTES, ttl_s: float = PLAN_CACHE_TTL_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.workers = workers or default_workers()
         self.capacity = self.workers + queue
@@ -129,7 +141,7 @@ class PlanPool:
         self._executor = executor
         self._owned = executor is None
         self._running: dict[Hashable, Future[Any]] = {}
-        self._kept = LruCache(entries)
+        self._kept = LruCache(entries, max_bytes, _kept_size)
         self._lock = threading.Lock()
         self._mean_s = 1.0
 
@@ -202,6 +214,11 @@ class PlanPool:
         if self._owned and self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
+
+
+def _kept_size(kept: tuple[float, Any]) -> int:
+    result = kept[1]
+    return len(result) if isinstance(result, bytes) else _TYPED_RESULT_BYTES
 
 
 def _exit_with_parent(parent: int) -> None:
