@@ -242,3 +242,34 @@ def test_the_caches_are_bounded_by_entries_and_by_bytes() -> None:
         "a", "d", "e"]
     cache.put("a", b"1")  # replacing an entry counts its new size only
     assert cache.bytes == 4
+
+
+def _refuse(field: str) -> tuple[Any, Any]:
+    from tuneplan.web.inputs import FieldError
+
+    raise FieldError(field, f"{field} is refused in the worker")
+
+
+def _echo(value: int) -> tuple[Any, int]:
+    return ("echo", value), value
+
+
+def test_an_error_raised_in_a_planning_process_reaches_the_caller_intact() -> None:
+    """Errors with extra fields (the field a 422 names) cross the process boundary whole, and
+    the pool keeps working after one."""
+    import asyncio
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from tuneplan.web.inputs import FieldError
+
+    executor = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    pool = PlanPool(workers=1, executor=executor)
+    try:
+        with pytest.raises(FieldError, match="refused in the worker") as info:
+            asyncio.run(pool.run("refused", _refuse, "seq_len"))
+        assert info.value.field == "seq_len"
+        assert asyncio.run(pool.run(("echo", 7), _echo, 7)) == 7
+        assert pool.in_flight == 0
+    finally:
+        executor.shutdown(wait=True)

@@ -39,6 +39,9 @@ class ServerBusyError(TuneplanError):
         super().__init__(message)
         self.retry_after_s = max(1, retry_after_s)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.retry_after_s))
+
 
 class RateLimitedError(ServerBusyError):
     """This client asked too often; ask again after ``retry_after_s`` seconds (HTTP 429)."""
@@ -167,6 +170,7 @@ class PlanPool:
         found = self.kept(key)
         if found is not None:
             return found
+        submitted = False
         with self._lock:
             future = self._running.get(key)
             if future is None:
@@ -177,8 +181,10 @@ class PlanPool:
                         f"at most {self.capacity}); try again in {max(1, wait)} s", wait)
                 future = self._submit(function, *args)
                 self._running[key] = future
-                started = self.clock()
-                future.add_done_callback(lambda done: self._finish(key, done, started))
+                submitted = True
+        if submitted:  # outside the lock: a job already done calls back at once, here
+            started = self.clock()
+            future.add_done_callback(lambda done: self._finish(key, done, started))
         # shield: a client that goes away does not cancel a job others may be waiting for
         _, result = await asyncio.shield(asyncio.wrap_future(future))
         return result

@@ -46,6 +46,9 @@ class FieldError(BadInputError):
         super().__init__(message)
         self.field = field
 
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses from a planning worker intact
+        return (type(self), (self.field, str(self)))
+
 
 class OfferQuery(BaseModel):
     """Filters of ``tuneplan offers`` (same names, same meaning)."""
