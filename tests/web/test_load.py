@@ -273,3 +273,17 @@ def test_an_error_raised_in_a_planning_process_reaches_the_caller_intact() -> No
         assert pool.in_flight == 0
     finally:
         executor.shutdown(wait=True)
+
+
+def test_the_offers_page_links_its_next_page(client: TestClient) -> None:
+    import re
+
+    first = client.get("/offers", params={"gpu": "H100", "limit": 50})
+    assert first.text.count("<tr data-offer=") == 50 and "showing the first 50" in first.text
+    link = re.search(r'<a href="([^"]+)" id="next-page">', first.text)
+    assert link is not None and "offset=50" in link.group(1)
+    second = client.get(link.group(1).replace("&amp;", "&"))
+    assert second.status_code == 200 and "showing 50 from number 51" in second.text
+    firsts = re.findall(r'<tr data-offer="([0-9a-f]+)"', first.text)
+    seconds = re.findall(r'<tr data-offer="([0-9a-f]+)"', second.text)
+    assert len(seconds) == 50 and not set(firsts) & set(seconds)

@@ -62,8 +62,15 @@ def offers_page(request: Request) -> HTMLResponse:
     records, matched, _ = find_offers_page(query, store)
     catalog = catalog_document(store)
     rows = offer_rows(records, catalog)
+    following = None
+    if query.offset + len(records) < matched:
+        from urllib.parse import urlencode
+
+        params = dict(request.query_params) | {"offset": str(query.offset + len(records))}
+        following = f"/offers?{urlencode(params)}"
     return html(request, "offers.html", {
         "query": query, "rows": rows, "matched": matched, "catalog": catalog,
+        "next_page": following,
         "stale_sources": [s for s in catalog["sources"] if s["stale"]],
         "columns": COLUMNS, "page": "offers",
         "oldest_age": format_duration(max((s["age_s"] for s in catalog["sources"]), default=0))})
