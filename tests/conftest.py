@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ("tests.fakehub",)  # the fake_hub fixture, for the adapter and web tests
+
 
 @pytest.fixture(autouse=True)
 def _private_dirs(

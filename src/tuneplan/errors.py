@@ -42,6 +42,9 @@ class ModelConfigError(BadInputError):
         super().__init__(message)
         self.problems = problems
 
+    def __reduce__(self) -> tuple[object, ...]:  # crosses from a worker process intact
+        return (type(self), (str(self), self.problems))
+
 
 class UnknownModelError(BadInputError):
     """A model name that is not bundled, not a path, and not found on the hub."""

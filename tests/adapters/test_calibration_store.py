@@ -18,7 +18,7 @@ from tuneplan.adapters.calibration import (
     calibration_for,
     export_document,
 )
-from tuneplan.adapters.store import _MIGRATIONS, CatalogStore
+from tuneplan.adapters.store import _MIGRATIONS, SCHEMA_VERSION, CatalogStore
 from tuneplan.cli.app import app
 from tuneplan.core.compute.throughput import estimate_throughput, model_shape_from_spec
 from tuneplan.core.job.strategy import Strategy
@@ -40,7 +40,7 @@ def h100_probe(**measured: object) -> ProbeRecord:
                        versions={"torch": "2.13.0"}, measured=figures)
 
 
-def test_probes_table_is_schema_2_and_keeps_an_old_catalog(tmp_path: Path) -> None:
+def test_probes_table_is_added_to_an_old_catalog_and_keeps_it(tmp_path: Path) -> None:
     path = tmp_path / "catalog.sqlite"
     with sqlite3.connect(path) as db:  # a version-1 catalog written before probes were stored
         db.executescript(_MIGRATIONS[1] + "INSERT INTO snapshots VALUES "
@@ -50,7 +50,7 @@ def test_probes_table_is_schema_2_and_keeps_an_old_catalog(tmp_path: Path) -> No
         assert saved.id == 1
         assert [r.measured["context_bytes"] for r in store.records()] == [520 * MiB]
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert db.execute("SELECT id FROM snapshots").fetchall() == [(7,)]
     with CatalogStore.open(path, seed=False) as catalog:  # the catalog opens it as before
         assert catalog.offers() == []

@@ -2,80 +2,13 @@
 
 from __future__ import annotations
 
-import http.server
-import json
-import threading
-from collections.abc import Iterator
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 
-from tests.conftest import FIXTURES
+from tests.fakehub import RECORDED_CONFIG, FakeHub
 from tuneplan.adapters import hub
 from tuneplan.errors import ModelConfigError, UnknownModelError
-
-RECORDED_CONFIG = (FIXTURES / "hub" / "config.json").read_bytes()
-
-
-class _FakeHub(http.server.BaseHTTPRequestHandler):
-    """Answers like the hub's /{repo}/resolve/{rev}/config.json, with its error headers."""
-
-    requests: ClassVar[list[str]] = []
-
-    def log_message(self, *args: object) -> None:
-        _FakeHub.requests.append(f"{self.command} {self.path}")
-
-    def _answer(self, with_body: bool) -> None:
-        self.log_message()
-        if self.path.startswith("/gated/"):
-            self._error(401, "GatedRepo", "Access to model gated/model is restricted.")
-        elif self.path.startswith("/missing/"):
-            self._error(404, "RepoNotFound", "Repository Not Found")
-        elif self.path.startswith("/huge/") and not with_body:
-            self._send(b"", with_body, length=60_000_000)  # HEAD: a 60 MB config.json
-        elif self.path.startswith("/broken/"):
-            self._send(b'{"model_type": "llama", "hidden_size": ', with_body)
-        else:
-            self._send(RECORDED_CONFIG, with_body)
-
-    def _send(self, body: bytes, with_body: bool, length: int | None = None) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body) if length is None else length))
-        self.send_header("ETag", f'"{abs(hash(body))}"')
-        self.send_header("X-Repo-Commit", "a" * 40)
-        self.end_headers()
-        if with_body:
-            self.wfile.write(body)
-
-    def _error(self, status: int, code: str, message: str) -> None:
-        body = json.dumps({"error": message}).encode()
-        self.send_response(status)
-        self.send_header("X-Error-Code", code)
-        self.send_header("X-Error-Message", message)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def do_HEAD(self) -> None:
-        self._answer(with_body=False)
-
-    def do_GET(self) -> None:
-        self._answer(with_body=True)
-
-
-@pytest.fixture
-def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeHub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    endpoint = f"http://127.0.0.1:{server.server_port}"
-    monkeypatch.setattr(hub, "_hub_endpoint", lambda: endpoint)
-    _FakeHub.requests.clear()
-    yield endpoint
-    server.shutdown()
 
 
 def test_bundled_name_and_alias_resolve_to_the_same_spec() -> None:
@@ -112,16 +45,16 @@ def test_unknown_name_suggests_closest_bundled() -> None:
 def test_hub_id_is_fetched_through_huggingface_hub_and_cached(fake_hub: str) -> None:
     spec = hub.resolve_model("someone/tiny-qwen")
     assert spec.model_type == "qwen2" and spec.num_layers == 24
-    assert any("/someone/tiny-qwen/resolve/main/config.json" in r for r in _FakeHub.requests)
+    assert any("/someone/tiny-qwen/resolve/main/config.json" in r for r in FakeHub.requests)
 
 
 def test_offline_mode_uses_cache_and_refuses_network(
         fake_hub: str, monkeypatch: pytest.MonkeyPatch) -> None:
     hub.resolve_model("someone/cached")
-    _FakeHub.requests.clear()
+    FakeHub.requests.clear()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert hub.resolve_model("someone/cached").hidden_size == 896
-    assert _FakeHub.requests == []
+    assert FakeHub.requests == []
     with pytest.raises(UnknownModelError, match="HF_HUB_OFFLINE is set"):
         hub.resolve_model("someone/never-seen")
 
@@ -192,13 +125,13 @@ def test_a_huge_int_passed_as_a_mapping_is_one_line_not_a_value_error() -> None:
 def test_local_only_reads_the_cache_and_makes_no_request(fake_hub: str) -> None:
     with pytest.raises(UnknownModelError, match="hub lookups are off"):
         hub.fetch_hub_config("someone/never-fetched", local_only=True)
-    assert _FakeHub.requests == []
+    assert FakeHub.requests == []
 
 
 def test_a_huge_hub_config_is_refused_before_its_download(fake_hub: str) -> None:
     with pytest.raises(ModelConfigError, match="60,000,000 bytes on the hub"):
         hub.fetch_hub_config("huge/model")
-    assert {r.split()[0] for r in _FakeHub.requests} == {"HEAD"}  # never a GET of the body
+    assert {r.split()[0] for r in FakeHub.requests} == {"HEAD"}  # never a GET of the body
 
 
 def test_the_web_app_reaches_the_hub_only_with_allow_hub(fake_hub: str) -> None:
@@ -211,8 +144,40 @@ def test_the_web_app_reaches_the_hub_only_with_allow_hub(fake_hub: str) -> None:
     assert response.status_code == 422
     assert response.json()["detail"][0]["loc"] == ["body", "model"]
     assert "hub lookups are off" in response.json()["detail"][0]["msg"]
-    assert _FakeHub.requests == []
+    assert FakeHub.requests == []
     opened = TestClient(create_app(allow_hub=True))
     response = opened.post("/api/memory", json={"model": "someone/web-unknown"})
     assert response.status_code == 200, response.text
-    assert any("/someone/web-unknown/" in r for r in _FakeHub.requests)
+    assert any("/someone/web-unknown/" in r for r in FakeHub.requests)
+
+
+@pytest.mark.parametrize("repo", ["nolength/model", "headfails/model", "liar/model"])
+def test_the_download_stops_at_the_byte_cap_whatever_the_head_said(
+        fake_hub: str, repo: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No size (HEAD without Content-Length), no HEAD answer at all, or a HEAD that says 100
+    bytes: the GET of an endless config.json is still cut just past MAX_CONFIG_BYTES."""
+    from huggingface_hub.utils import _http
+
+    from tests.fakehub import ENDLESS_BYTES, hub_requests
+    from tests.waiting import wait_until
+
+    monkeypatch.setattr(_http.time, "sleep", lambda _seconds: None)  # HEAD retries, no waits
+    with pytest.raises(ModelConfigError, match="larger than 2,000,000 bytes; the download was "
+                                               "stopped"):
+        hub.fetch_hub_config(repo)
+    path = f"/{repo}/resolve/main/config.json"
+    wait_until(lambda: path in FakeHub.streamed, "the fake hub's endless answer to end")
+    assert hub.MAX_CONFIG_BYTES < FakeHub.streamed[path] < ENDLESS_BYTES // 10
+    assert [r.split()[0] for r in hub_requests(repo)].count("GET") == 1
+    assert not hub.hub_cache_dir().exists() or not any(hub.hub_cache_dir().iterdir())
+
+
+def test_a_fetched_config_is_kept_and_read_back_offline(
+        fake_hub: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.fakehub import hub_requests
+
+    first = hub.fetch_hub_config("someone/kept")
+    assert (hub.hub_cache_dir() / "someone--kept.json").read_bytes() == RECORDED_CONFIG
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hub.fetch_hub_config("someone/kept") == first
+    assert len(hub_requests("someone/kept")) == 2  # the HEAD and the GET of the first fetch

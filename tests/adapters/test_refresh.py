@@ -229,7 +229,7 @@ def test_a_refresh_killed_mid_write_leaves_the_database_identical(
     root = Path(__file__).resolve().parents[2]
     child = subprocess.Popen([sys.executable, "-c", _KILLED_SCRIPT, str(store.path), str(marker)],
                              cwd=root, env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                 [str(root), os.environ.get("PYTHONPATH", "")])})
+                                 [str(root), str(root / "src"), os.environ.get("PYTHONPATH", "")])})
     try:
         wait_until(lambda: marker.exists() or child.poll() is not None,
                    "the child reaching the middle of its write")

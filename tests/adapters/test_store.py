@@ -120,7 +120,8 @@ def test_a_killed_writer_leaves_the_database_row_for_row_identical(tmp_path: Pat
     """)
     root = Path(__file__).parents[2]
     child = subprocess.Popen([sys.executable, "-c", script], cwd=root, stdout=subprocess.PIPE,
-                             text=True, env={**os.environ, "PYTHONPATH": str(root)})
+                             text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                 [str(root), str(root / "src"), os.environ.get("PYTHONPATH", "")])})
     assert child.stdout is not None and child.stdout.readline().strip() == "half"
     os.kill(child.pid, signal.SIGKILL)
     child.wait(timeout=HANG_GUARD_S)
@@ -186,3 +187,84 @@ def test_one_offer_by_id_is_the_same_as_in_the_full_listing(tmp_path: Path) -> N
         wanted = listed[len(listed) // 2]
         assert store.offer(wanted.id) == wanted
         assert store.offer("no-such-offer") is None
+
+
+# ---- the stamp, and queries in SQL ---------------------------------------------------------
+
+def test_every_write_changes_the_stamp_and_reads_do_not(empty: CatalogStore) -> None:
+    token, generation = empty.stamp()
+    assert len(token) == 16 and generation == 0
+    empty.offers()
+    assert empty.stamp() == (token, 0)  # reading writes nothing
+    seen = {empty.stamp()}
+    empty.replace_source("a", [offer(1), offer(2)], T0)  # refresh and import write like this
+    seen.add(empty.stamp())
+    empty.replace_source("a", [offer(3)], T0 + timedelta(days=1))
+    seen.add(empty.stamp())
+    empty.remove_source("a")
+    seen.add(empty.stamp())
+    with sqlite3.connect(empty.path) as connection:  # even a write behind the store's back
+        connection.execute("INSERT INTO snapshots(source, fetched_at, row_count, is_current) "
+                           "VALUES ('x', '2026-01-01T00:00:00+00:00', 0, 0)")
+    seen.add(empty.stamp())
+    assert len(seen) == 5 and all(t == token for t, _ in seen)
+    generations = sorted(g for _, g in seen)
+    assert generations == sorted(set(generations)) and generations[0] == 0
+
+
+def test_another_file_has_another_token(tmp_path: Path) -> None:
+    with CatalogStore.open(tmp_path / "a.sqlite", seed=False) as a, \
+            CatalogStore.open(tmp_path / "b.sqlite", seed=False) as b:
+        assert a.stamp()[0] != b.stamp()[0] and a.stamp()[1] == b.stamp()[1] == 0
+
+
+def _core_reference(store: CatalogStore, query: OfferFilter, sort: OfferSort) -> list[str]:
+    """What the SQL must equal: every current row through the core's filter, the newest copy
+    of each id among those passing, then the core's sort (ties by id, as the SQL's are)."""
+    from tuneplan.adapters.store import _COLUMNS, _offer
+    from tuneplan.core.catalog.offers import sort_offers
+
+    rows = store.connection.execute(
+        f"SELECT {','.join('o.' + c for c in _COLUMNS)} FROM offers o JOIN snapshots s ON "
+        "s.id=o.snapshot_id WHERE s.is_current=1 ORDER BY s.id, o.rowid").fetchall()
+    newest: dict[str, Offer] = {}
+    for row in rows:
+        found = _offer(row, store.path)
+        kept = newest.get(found.id)
+        if query.accepts(found) and (kept is None or found.fetched_at >= kept.fetched_at):
+            newest[found.id] = found
+    by_id = sorted(newest.values(), key=lambda o: o.id)
+    return [o.id for o in sort_offers(by_id, sort, spot=query.spot)]
+
+
+@pytest.mark.parametrize("query", [
+    OfferFilter(), OfferFilter(gpu="H100"), OfferFilter(gpu="a100", gpu_count=8),
+    OfferFilter(spot=True, max_price_per_hour=Decimal("3")),
+    OfferFilter(max_price_per_hour=Decimal("2.45")),       # a price boundary, exactly
+    OfferFilter(providers=("aws", "RunPod", "lambda labs")), OfferFilter(region="us-"),
+    OfferFilter(region="EUROPE-WEST4-A", spot=True),        # a zone, another case
+    OfferFilter(min_gpu_memory_bytes=80 * 10**9, providers=("gcp",)),
+    OfferFilter(gpu="no such gpu"),
+])
+def test_sql_filtering_and_sorting_equal_the_core_rules(tmp_path: Path,
+                                                        query: OfferFilter) -> None:
+    with CatalogStore.open(tmp_path / "c.sqlite") as store:
+        store.replace_source("dupes", [  # the same ids again, newer, one cheaper one dearer
+            replace(o, fetched_at=datetime(2026, 12, 1, tzinfo=UTC), source="dupes",
+                    price_per_hour=None if o.price_per_hour is None else
+                    o.price_per_hour * Decimal("0.5" if i % 2 else "3"))
+            for i, o in enumerate(store.offers(OfferFilter(gpu="H100"))[:40])],
+            datetime(2026, 12, 1, tzinfo=UTC))
+        for sort in OfferSort:
+            assert [o.id for o in store.offers(query, sort=sort)] == \
+                _core_reference(store, query, sort), sort
+
+
+def test_pages_partition_the_sorted_list_and_count_it(tmp_path: Path) -> None:
+    with CatalogStore.open(tmp_path / "c.sqlite") as store:
+        whole = store.offers(OfferFilter(gpu="H100"), sort=OfferSort.PRICE_PER_GPU)
+        pages = [store.offer_page(OfferFilter(gpu="H100"), sort=OfferSort.PRICE_PER_GPU,
+                                  limit=97, offset=start) for start in range(0, 1000, 97)]
+    assert [o.id for p in pages for o in p.offers] == [o.id for o in whole]
+    assert {p.total for p in pages} == {len(whole)} and len(whole) > 300
+    assert pages[-1].offers == []  # past the end: empty, still counted

@@ -2,7 +2,9 @@
 
 All reading of config files happens here (size-limited, strict UTF-8, strict JSON); the
 parsing of keys into dimensions is ``core.models.parse_model_config``. Hub downloads go through
-``huggingface_hub`` (its cache; ``HF_HUB_OFFLINE=1`` honoured).
+``huggingface_hub``'s HTTP session, streamed and capped (``fetch_hub_config``), and are kept in
+tuneplan's own cache; offline (``HF_HUB_OFFLINE=1`` or the web without --allow-hub) that cache and
+huggingface_hub's are read.
 """
 
 from __future__ import annotations
@@ -187,24 +189,28 @@ def _hub_endpoint() -> str | None:
 
 def fetch_hub_config(repo_id: str, *, local_only: bool = False,
                      timeout_s: float = 10.0) -> dict[str, Any]:
-    """Download (or read from the local cache) ``config.json`` of a hub repository.
+    """Download (or read from a local cache) ``config.json`` of a hub repository.
 
-    ``local_only``: the cache only, never a network request (the web app without --allow-hub).
-    Before a download, the file's size is asked with a metadata (HEAD) request and a file
-    over MAX_CONFIG_BYTES is refused unread, so the download itself is bounded.
+    ``local_only``: the caches only, never a network request (the web app without
+    --allow-hub). Online, the file's size is first asked with a metadata (HEAD) request (a
+    file over MAX_CONFIG_BYTES is refused unread); then the GET is streamed and stopped past
+    MAX_CONFIG_BYTES and past ``timeout_s`` in all, so the download is bounded even when the
+    HEAD fails, gives no size, or lies. A fetched config is kept in tuneplan's own cache
+    (``hub_cache_dir``); offline, that cache is read, then huggingface_hub's.
     """
-    endpoint = _hub_endpoint()
     try:
         from huggingface_hub import errors as hub_errors
-        from huggingface_hub import hf_hub_download
     except ImportError as exc:  # pragma: no cover - a core dependency
         raise UnknownModelError(f"{repo_id}: huggingface_hub is not installed") from exc
     offline = hub_offline() or local_only
+    if offline:
+        why = ("it is not cached and hub lookups are off" if local_only
+               else "HF_HUB_OFFLINE is set and it is not cached")
+        return _cached_config(repo_id, why)
+    endpoint = _hub_endpoint()
     try:
-        if not offline:
-            _check_remote_size(repo_id, endpoint, timeout_s)
-        local = hf_hub_download(repo_id, "config.json", endpoint=endpoint,
-                                local_files_only=offline, etag_timeout=timeout_s)
+        _check_remote_size(repo_id, endpoint, timeout_s)
+        data = _download_capped(repo_id, endpoint, timeout_s)
     except hub_errors.GatedRepoError as exc:
         raise UnknownModelError(
             f"{repo_id} is gated on the hub: accept its licence and set HF_TOKEN, or pass a local "
@@ -212,17 +218,98 @@ def fetch_hub_config(repo_id: str, *, local_only: bool = False,
     except (hub_errors.RepositoryNotFoundError, hub_errors.RevisionNotFoundError) as exc:
         raise UnknownModelError(
             f"{repo_id} is not on the hub (or is private){_suggestions(repo_id)}") from exc
-    # LocalEntryNotFoundError subclasses EntryNotFoundError: it must be caught first.
-    except hub_errors.LocalEntryNotFoundError as exc:
-        why = ("it is not cached and hub lookups are off" if local_only
-               else "HF_HUB_OFFLINE is set and it is not cached" if offline
-               else "the hub is unreachable")
-        raise UnknownModelError(f"cannot fetch {repo_id}: {why}{_suggestions(repo_id)}") from exc
     except hub_errors.EntryNotFoundError as exc:
         raise UnknownModelError(f"{repo_id} has no config.json on the hub") from exc
-    except (hub_errors.HfHubHTTPError, OSError, ValueError) as exc:
+    except hub_errors.HfHubHTTPError as exc:
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UnknownModelError(f"cannot fetch {repo_id} from the hub: {first_line}") from exc
+    except _Unreachable as exc:  # the cached copy, if any, rather than nothing
+        return _cached_config(repo_id, f"the hub is unreachable ({exc})")
+    config = parse_config_bytes(data, origin=f"{repo_id} config.json from the hub")
+    _keep_config(repo_id, data)
+    return config
+
+
+class _Unreachable(Exception):
+    """The hub could not be reached (connection, timeout): not an answer from it."""
+
+
+def _download_capped(repo_id: str, endpoint: str | None, timeout_s: float) -> bytes:
+    """GET the hub's config.json through huggingface_hub's HTTP session (its headers, token,
+    proxies and redirects), reading at most MAX_CONFIG_BYTES + 1 bytes (decoded) and for at
+    most ``timeout_s`` seconds in all. Raises ModelConfigError past the cap, the hub's own
+    errors (``hf_raise_for_status``), or _Unreachable."""
+    import time
+
+    from huggingface_hub import errors as hub_errors
+    from huggingface_hub import get_session, hf_hub_url, hf_raise_for_status
+    from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
+
+    url = hf_hub_url(repo_id, "config.json", endpoint=endpoint)
+    deadline = time.monotonic() + timeout_s
+    received = bytearray()
+    try:
+        with get_session().stream("GET", url, headers=build_hf_headers(), timeout=timeout_s,
+                                  follow_redirects=True) as response:
+            if response.status_code >= 400:
+                response.read()  # the hub's error headers and body, for hf_raise_for_status
+                hf_raise_for_status(response)
+            for chunk in response.iter_bytes():
+                received += chunk
+                if len(received) > MAX_CONFIG_BYTES:
+                    raise ModelConfigError(
+                        f"{repo_id}: config.json on the hub is larger than "
+                        f"{MAX_CONFIG_BYTES:,} bytes; the download was stopped there")
+                if time.monotonic() > deadline:
+                    raise _Unreachable(f"download slower than {timeout_s:g} s in all")
+    except (ModelConfigError, hub_errors.HfHubHTTPError, _Unreachable):
+        raise
+    except Exception as exc:  # connection refused, reset, timeout: the transport's errors
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise _Unreachable(first_line[:200]) from exc
+    return bytes(received)
+
+
+def hub_cache_dir() -> Path:
+    """Where fetched hub configs are kept: ``hub-configs/`` beside the catalog."""
+    from tuneplan.adapters.store import default_path
+
+    return default_path().parent / "hub-configs"
+
+
+def _cache_file(repo_id: str) -> Path:
+    # repo_id passed _HUB_ID (or the web's stricter check): org/name of [\w.-] only
+    return hub_cache_dir() / (repo_id.replace("/", "--") + ".json")
+
+
+def _keep_config(repo_id: str, data: bytes) -> None:
+    """Write a fetched config to the cache, atomically; a cache that cannot be written is
+    skipped (the fetch itself succeeded)."""
+    target = _cache_file(repo_id)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_bytes(data)
+        partial.replace(target)
+    except OSError:
+        return
+
+
+def _cached_config(repo_id: str, why: str) -> dict[str, Any]:
+    """A config.json from tuneplan's cache, else huggingface_hub's (no network request);
+    UnknownModelError saying ``why`` when neither has it."""
+    from huggingface_hub import errors as hub_errors
+    from huggingface_hub import hf_hub_download
+
+    kept = _cache_file(repo_id)
+    if kept.is_file():
+        return load_config_path(kept)
+    try:
+        local = hf_hub_download(repo_id, "config.json", local_files_only=True)
+    except (hub_errors.LocalEntryNotFoundError, hub_errors.HfHubHTTPError, OSError,
+            ValueError) as exc:
+        raise UnknownModelError(f"cannot fetch {repo_id}: {why}{_suggestions(repo_id)}"
+                                ) from exc
     return load_config_path(Path(local))
 
 

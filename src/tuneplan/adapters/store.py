@@ -2,7 +2,15 @@
 
 Path: ``$TUNEPLAN_HOME/catalog.sqlite`` if set, else ``platformdirs.user_data_dir("tuneplan")``.
 A new file is seeded from the bundled SkyPilot snapshot. ``replace_source`` writes a whole
-snapshot in one transaction; older snapshots stay as price history. Queries use the core filter.
+snapshot in one transaction; older snapshots stay as price history. Queries filter, de-duplicate,
+sort and page in SQL with the core's rules (``OfferFilter``, ``sort_offers``): GPU, provider and
+region names are matched in Python against the few distinct stored values; money is ordered and
+compared exactly, by decimal sort keys written with each row (``_price_key``), never as floats.
+
+Every write to ``snapshots`` (each write of the store makes one) and every update or delete of
+``offers`` bumps a generation counter (SQL triggers, so no write path can forget it); with the
+file's random token it is the catalog's ``stamp``, which caches key on (a changed stamp means a
+changed catalog).
 """
 
 from __future__ import annotations
@@ -18,10 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from tuneplan.core.catalog.gpu_names import CANONICAL_GPUS, gpu_matches
-from tuneplan.core.catalog.offers import Offer, OfferFilter, OfferSort, sort_offers
+from tuneplan.core.catalog.offers import (
+    Offer,
+    OfferFilter,
+    OfferSort,
+    provider_matches,
+    region_matches,
+)
 from tuneplan.errors import CatalogError, InvalidValueError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 STALE_AFTER_S = 7 * 86_400
 _MAX_SQLITE_INT = 2**63 - 1
 _MIGRATIONS: dict[int, str] = {
@@ -49,7 +63,41 @@ _MIGRATIONS: dict[int, str] = {
         gpu TEXT, versions TEXT NOT NULL, measured TEXT NOT NULL, origin TEXT NOT NULL);
     CREATE INDEX probes_gpu ON probes(gpu, device);
     """,
+    # The catalog's stamp: a random token per file and a generation every write bumps (every
+    # write of the store inserts, updates or deletes snapshots; offers rows are inserted only
+    # with their snapshot, so a per-row insert trigger there would only slow a refresh down).
+    # Sort keys of the prices (``_price_key``), written with each row, so SQL orders and
+    # compares money as exact decimals with plain text comparisons.
+    3: """
+    ALTER TABLE offers ADD COLUMN price_key TEXT;
+    ALTER TABLE offers ADD COLUMN spot_price_key TEXT;
+    ALTER TABLE offers ADD COLUMN price_per_gpu_key TEXT;
+    ALTER TABLE offers ADD COLUMN spot_price_per_gpu_key TEXT;
+    UPDATE offers SET price_key = tp_price_key(price_per_hour, 1),
+        spot_price_key = tp_price_key(spot_price_per_hour, 1),
+        price_per_gpu_key = tp_price_key(price_per_hour, gpu_count),
+        spot_price_per_gpu_key = tp_price_key(spot_price_per_hour, gpu_count);
+    CREATE TABLE catalog_stamp (
+        id INTEGER PRIMARY KEY CHECK (id = 1), token TEXT NOT NULL,
+        generation INTEGER NOT NULL);
+    INSERT INTO catalog_stamp VALUES (1, lower(hex(randomblob(8))), 0);
+    CREATE TRIGGER offers_update_bumps AFTER UPDATE ON offers BEGIN
+        UPDATE catalog_stamp SET generation = generation + 1; END;
+    CREATE TRIGGER offers_delete_bumps AFTER DELETE ON offers BEGIN
+        UPDATE catalog_stamp SET generation = generation + 1; END;
+    CREATE TRIGGER snapshots_insert_bumps AFTER INSERT ON snapshots BEGIN
+        UPDATE catalog_stamp SET generation = generation + 1; END;
+    CREATE TRIGGER snapshots_update_bumps AFTER UPDATE ON snapshots BEGIN
+        UPDATE catalog_stamp SET generation = generation + 1; END;
+    CREATE TRIGGER snapshots_delete_bumps AFTER DELETE ON snapshots BEGIN
+        UPDATE catalog_stamp SET generation = generation + 1; END;
+    CREATE INDEX snapshots_current ON snapshots(is_current, id);
+    CREATE INDEX offers_offer_id ON offers(offer_id, fetched_at);
+    """,
 }
+# Which of several current rows with one offer id is "the" offer: newest fetch, then newest
+# snapshot, then the row written last.
+_NEWEST = "o.fetched_at DESC, s.id DESC, o.rowid DESC"
 _COLUMNS = ("offer_id", "provider", "instance_type", "gpu", "gpu_count", "gpu_memory_bytes",
             "vcpus", "ram_bytes", "disk_bytes", "region", "zone", "price_per_hour",
             "spot_price_per_hour", "currency", "interconnect", "fetched_at", "source",
@@ -66,6 +114,15 @@ class SourceStatus:
     snapshots: int
     age_s: float
     stale: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OfferPage:
+    """One page of a query's offers, how many match in all, and the catalog stamp it read."""
+
+    offers: list[Offer]
+    total: int
+    stamp: tuple[str, int]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,6 +168,8 @@ class CatalogStore:
     def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
         self._db = connection
         self.path = path
+        # for the migration that adds the key columns to rows written before them
+        connection.create_function("tp_price_key", 2, _stored_price_key, deterministic=True)
 
     @property
     def connection(self) -> sqlite3.Connection:
@@ -119,9 +178,11 @@ class CatalogStore:
         return self._db
 
     @classmethod
-    def open(cls, path: str | Path | None = None, *, seed: bool = True) -> CatalogStore:
+    def open(cls, path: str | Path | None = None, *, seed: bool = True,
+             check_same_thread: bool = True) -> CatalogStore:
         """Open (creating and migrating) the catalog; a new, empty one is seeded from the
-        bundled SkyPilot snapshot unless ``seed`` is False. Raises CatalogError."""
+        bundled SkyPilot snapshot unless ``seed`` is False. ``check_same_thread=False``: the
+        caller serialises use across threads itself. Raises CatalogError."""
         target = Path(path) if path is not None else default_path()
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -132,7 +193,8 @@ class CatalogStore:
         # builds it instead of reading a half-made file; each re-checks the schema inside.
         with _setup_lock(target):
             try:
-                connection = sqlite3.connect(target, timeout=30, isolation_level=None)
+                connection = sqlite3.connect(target, timeout=30, isolation_level=None,
+                                             check_same_thread=check_same_thread)
             except (OSError, sqlite3.Error) as exc:
                 raise CatalogError(f"cannot open catalog {target}: {exc}") from exc
             store = cls(connection, target)
@@ -172,9 +234,8 @@ class CatalogStore:
                 continue
             try:
                 # Statement by statement: executescript would COMMIT the open transaction.
-                for statement in _MIGRATIONS[step].split(";"):
-                    if statement.strip():
-                        self._db.execute(statement)
+                for statement in _statements(_MIGRATIONS[step]):
+                    self._db.execute(statement)
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
@@ -249,9 +310,10 @@ class CatalogStore:
             "INSERT INTO snapshots(source, fetched_at, row_count, is_current) VALUES (?,?,0,0)",
             (source, stamp))
         snapshot_id = cursor.lastrowid
-        placeholders = ",".join("?" * (len(_COLUMNS) + 1))
+        columns = (*_COLUMNS, *_KEY_COLUMNS)
+        placeholders = ",".join("?" * (len(columns) + 1))
         self._db.executemany(
-            f"INSERT INTO offers(snapshot_id,{','.join(_COLUMNS)}) VALUES ({placeholders})",
+            f"INSERT INTO offers(snapshot_id,{','.join(columns)}) VALUES ({placeholders})",
             ((snapshot_id, *_row(offer)) for offer in offers))
         written = self._count("SELECT COUNT(*) FROM offers WHERE snapshot_id=?", snapshot_id)
         self._db.execute("UPDATE snapshots SET is_current=0 WHERE source=? AND is_current=1",
@@ -293,42 +355,127 @@ class CatalogStore:
                ) -> list[Offer]:
         """Current offers passing ``query`` (all when None), sorted by ``sort`` if given.
 
-        When two current sources list the same offer id, the newest ``fetched_at`` wins.
+        When current rows share an offer id, the newest ``fetched_at`` of those passing the
+        filter wins (on a tie the newer snapshot, then the row written last).
         Raises CatalogError when the file or a row is corrupt.
         """
+        return self.offer_page(query, sort=sort).offers
+
+    def offer_page(self, query: OfferFilter | None = None, *, sort: OfferSort | None = None,
+                   limit: int | None = None, offset: int = 0) -> OfferPage:
+        """``offers`` in SQL, one page: at most ``limit`` offers (all when None) after skipping
+        ``offset``, the number matching in all, and the stamp read in the same transaction.
+
+        The order is ``sort_offers``'s (price used, exact; ties by provider, instance, region,
+        zone) then the offer id, so pages never overlap; without ``sort`` it is the offer id
+        when paging, else the store's. Raises CatalogError.
+        """
         query = query or OfferFilter()
-        where: list[str] = ["s.is_current=1"]
+        try:
+            self._db.execute("BEGIN")  # one read snapshot: stamp, names, rows and count agree
+        except sqlite3.Error as exc:
+            raise CatalogError(f"catalog {self.path} is unreadable ({exc})") from exc
+        try:
+            stamp = self._stamp()
+            paged = limit is not None or offset > 0
+            sql, args = self._offer_sql(query, sort, paged=paged)
+            rows = self._safe(sql, [*args, -1 if limit is None else limit, offset])
+            if not paged:
+                total = len(rows)
+            elif rows:
+                total = int(rows[0][-1])
+            elif offset:
+                total = self._count(f"SELECT COUNT(*) FROM ({sql})", *args, -1, 0)
+            else:
+                total = 0
+        finally:
+            self._db.execute("COMMIT")
+        return OfferPage(offers=[_offer(row[:-1], self.path) for row in rows], total=total,
+                         stamp=stamp)
+
+    def _offer_sql(self, query: OfferFilter, sort: OfferSort | None, *, paged: bool
+                   ) -> tuple[str, list[object]]:
+        """SELECT of the current offers passing ``query`` (newest passing copy per id), each
+        row ending with the total match count when ``paged`` (else with 0); its last two
+        parameters are LIMIT and OFFSET."""
+        price = "spot_price_per_hour" if query.spot else "price_per_hour"
+        key, per_gpu_key = (("spot_price_key", "spot_price_per_gpu_key") if query.spot else
+                            ("price_key", "price_per_gpu_key"))
+        # conditions on a row {o} of a current snapshot {s}: written once, used for the row
+        # and for the newer copies of it that would hide it
+        where = ["{s}.is_current=1", f"{{o}}.{price} IS NOT NULL"]
         args: list[object] = []
         if query.gpu is not None:
             where.append(_gpu_clause(query.gpu, args))
         if query.gpu_count is not None:
-            where.append("o.gpu_count=?")
+            where.append("{o}.gpu_count=?")
             args.append(query.gpu_count)
         if query.min_gpu_memory_bytes is not None:
-            where.append("o.gpu_memory_bytes>=?")
+            where.append("{o}.gpu_memory_bytes>=?")
             args.append(query.min_gpu_memory_bytes)
-        if query.spot:
-            where.append("o.spot_price_per_hour IS NOT NULL")
-        sql = (f"SELECT {','.join('o.' + c for c in _COLUMNS)} FROM offers o "
-               f"JOIN snapshots s ON s.id=o.snapshot_id WHERE {' AND '.join(where)}")
-        newest: dict[str, Offer] = {}
-        for row in self._safe(sql, args):
-            offer = _offer(row, self.path)
-            if not query.accepts(offer):
-                continue
-            # The id column holds ``offer.id`` (written by ``_row``): not hashed again here.
-            key = str(row[0])
-            kept = newest.get(key)
-            if kept is None or offer.fetched_at > kept.fetched_at:
-                newest[key] = offer
-        found = list(newest.values())
-        return sort_offers(found, sort, spot=query.spot) if sort else found
+        if query.providers:
+            names = [p for p in self._current_values("provider")
+                     if any(provider_matches(q, p) for q in query.providers)]
+            where.append(_in("{o}.provider", names, args))
+        if query.region is not None:
+            wanted = query.region
+            regions = [r for r in self._current_values("region")
+                       if region_matches(wanted, r, None)]
+            zones = [z for z in self._current_values("zone") if region_matches(wanted, "", z)]
+            where.append(f"({_in('{o}.region', regions, args)} OR "
+                         f"{_in('{o}.zone', zones, args)})")
+        if query.max_price_per_hour is not None:
+            ceiling = query.max_price_per_hour
+            if ceiling < 0:
+                where.append("0")
+            elif ceiling < _KEY_LIMIT:  # above it every stored price passes
+                where.append(f"{{o}}.{key} <= ?")
+                args.append(_price_key(ceiling, 1))
+        tie = "o.provider, o.instance_type, o.region, COALESCE(o.zone, ''), o.offer_id"
+        if sort is OfferSort.PRICE:
+            order: str | None = f"o.{key}, {tie}"
+        elif sort is OfferSort.PRICE_PER_GPU:
+            order = f"o.{per_gpu_key}, {tie}"
+        elif sort is OfferSort.MEMORY:
+            order = f"o.gpu_memory_bytes * o.gpu_count DESC, o.{key}, {tie}"
+        else:
+            order = "o.offer_id" if paged else None
+        mine = " AND ".join(where).format(o="o", s="s")
+        newer = " AND ".join(where).format(o="n", s="t")
+        # A row is kept unless a newer current copy of its id also passes (``_NEWEST``'s
+        # order as a row-value comparison; the offer_id index finds the copies).
+        sql = (f"SELECT {','.join('o.' + c for c in _COLUMNS)}, "
+               f"{'COUNT(*) OVER ()' if paged else '0'} "
+               "FROM offers o JOIN snapshots s ON s.id=o.snapshot_id "
+               f"WHERE {mine} AND NOT EXISTS (SELECT 1 FROM offers n JOIN snapshots t ON "
+               f"t.id=n.snapshot_id WHERE n.offer_id=o.offer_id AND {newer} AND "
+               "(n.fetched_at, t.id, n.rowid) > (o.fetched_at, s.id, o.rowid))"
+               f"{f' ORDER BY {order}' if order else ''} LIMIT ? OFFSET ?")
+        return sql, [*args, *args]  # the conditions' values, for the row then for its copies
+
+    def _current_values(self, column: str) -> list[str]:
+        """The distinct non-null values of ``column`` among current offers (a few hundred)."""
+        rows = self._safe(f"SELECT DISTINCT o.{column} FROM offers o JOIN snapshots s ON "
+                          f"s.id=o.snapshot_id WHERE s.is_current=1 AND o.{column} IS NOT NULL")
+        return [str(row[0]) for row in rows]
+
+    def stamp(self) -> tuple[str, int]:
+        """(token, generation): the file's random token and its write count. Equal stamps mean
+        the same catalog; any committed write to offers or snapshots changes it."""
+        return self._stamp()
+
+    def _stamp(self) -> tuple[str, int]:
+        rows = self._safe("SELECT token, generation FROM catalog_stamp WHERE id=1")
+        if not rows:
+            raise CatalogError(f"catalog {self.path} has no stamp row; delete it to rebuild it "
+                               "from the bundled snapshot")
+        return str(rows[0][0]), int(rows[0][1])
 
     def offer(self, offer_id: str) -> Offer | None:
         """The current offer with this ``id`` (newest ``fetched_at`` across sources), or None."""
         sql = (f"SELECT {','.join('o.' + c for c in _COLUMNS)} FROM offers o "
                "JOIN snapshots s ON s.id=o.snapshot_id WHERE s.is_current=1 AND o.offer_id=? "
-               "ORDER BY o.fetched_at DESC LIMIT 1")
+               f"ORDER BY {_NEWEST} LIMIT 1")
         rows = self._safe(sql, [offer_id])
         return _offer(rows[0], self.path) if rows else None
 
@@ -357,7 +504,7 @@ class CatalogStore:
         rows = self._safe(
             "SELECT o.gpu, s.source, s.fetched_at, o.gpu_count, o.price_per_hour, "
             "o.spot_price_per_hour, s.id FROM offers o JOIN snapshots s ON s.id=o.snapshot_id "
-            f"WHERE {_gpu_clause(gpu, args)}", args)
+            f"WHERE {_gpu_clause(gpu, args, 'o.gpu')}", args)
         points: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
         for row in rows:
             points.setdefault((row[0], row[6]), []).append(row)
@@ -399,12 +546,51 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     return "locked" in text or "busy" in text
 
 
-def _gpu_clause(query: str, args: list[object]) -> str:
-    """SQL condition on ``o.gpu`` for a ``--gpu`` query: the family match (``gpu_matches``) is
+def _gpu_clause(query: str, args: list[object], column: str = "{o}.gpu") -> str:
+    """SQL condition on ``column`` for a ``--gpu`` query: the family match (``gpu_matches``) is
     resolved once against the canonical names, then SQLite filters; appends the names to args."""
-    names = [name for name in CANONICAL_GPUS if gpu_matches(query, name)]
-    args.extend(names)
-    return f"o.gpu IN ({','.join('?' * len(names))})" if names else "0"
+    return _in(column, [name for name in CANONICAL_GPUS if gpu_matches(query, name)], args)
+
+
+def _in(column: str, values: Sequence[str], args: list[object]) -> str:
+    """``column IN (?, ...)`` over ``values`` (appended to args); false when there are none."""
+    args.extend(values)
+    return f"{column} IN ({','.join('?' * len(values))})" if values else "0"
+
+
+def _statements(script: str) -> Iterator[str]:
+    """The SQL statements of a migration, whole (a trigger body's ``;`` does not end one)."""
+    buffer = ""
+    for piece in script.split(";"):
+        buffer += piece + ";"
+        if sqlite3.complete_statement(buffer):
+            if buffer.strip(" \n;"):
+                yield buffer.strip()
+            buffer = ""
+
+
+_KEY_COLUMNS = ("price_key", "spot_price_key", "price_per_gpu_key", "spot_price_per_gpu_key")
+_KEY_LIMIT = Decimal(10) ** 19  # the keys hold amounts below this (prices are capped far lower)
+
+
+def _price_key(price: Decimal, divisor: int) -> str:
+    """``price / divisor`` (the Decimal division ``sort_offers`` does) as text that sorts as
+    the number does: fixed width, 19 digits and 40 decimals, exact for every quotient of a
+    price of at most 28 significant digits down to 1e-12 USD. Stored with each row, so SQL
+    orders and compares money as Decimal does, with plain text comparisons."""
+    value = price / divisor
+    if not value.is_finite() or not 0 <= value < _KEY_LIMIT:
+        raise CatalogError(f"price {str(price)[:40]} cannot be stored as a sort key")
+    return f"{value:061.40f}"
+
+
+def _stored_price_key(text: object, divisor: object) -> str | None:
+    """SQL ``tp_price_key`` over stored text: the key, or NULL for a value that is none (the
+    row is refused when it is read)."""
+    try:
+        return None if text is None else _price_key(Decimal(str(text)), int(str(divisor)))
+    except (ArithmeticError, ValueError, CatalogError):
+        return None
 
 
 def _price_point(rows: list[tuple[Any, ...]], path: Path) -> PricePoint:
@@ -440,10 +626,13 @@ def _row(offer: Offer) -> tuple[object, ...]:
                           ("disk_bytes", offer.disk_bytes)):
         if number is not None and not -_MAX_SQLITE_INT - 1 <= number <= _MAX_SQLITE_INT:
             raise CatalogError(f"offer {offer.id}: {label} is beyond SQLite's 64-bit INTEGER")
+    keys = (None if p is None else _price_key(p, count) for p, count in (
+        (offer.price_per_hour, 1), (offer.spot_price_per_hour, 1),
+        (offer.price_per_hour, offer.gpu_count), (offer.spot_price_per_hour, offer.gpu_count)))
     return (offer.id, offer.provider, offer.instance_type, offer.gpu, offer.gpu_count,
             offer.gpu_memory_bytes, offer.vcpus, offer.ram_bytes, offer.disk_bytes, offer.region,
             offer.zone, *money, offer.currency, offer.interconnect, _iso(offer.fetched_at),
-            offer.source, int(offer.attachable), offer.notes)
+            offer.source, int(offer.attachable), offer.notes, *keys)
 
 
 def _offer(row: tuple[object, ...], path: Path) -> Offer:

@@ -55,17 +55,74 @@ def offer_filter(*, gpu: str | None = None, min_gpu_memory: str | None = None,
 
 @dataclass(frozen=True, slots=True)
 class OfferSearch:
-    offers: list[Offer]            # every match, sorted
+    offers: list[Offer]            # the matches, sorted (one page when a limit was given)
     statuses: list[SourceStatus]   # the catalog's sources and their ages
+    total: int = 0                 # how many match in all
+    stamp: tuple[str, int] = ("", 0)  # the catalog stamp the offers were read at
 
 
 def find_offers(query: OfferFilter, sort: OfferSort = OfferSort.PRICE,
-                store_path: str | Path | None = None) -> OfferSearch:
-    """Offers of the catalog matching ``query``, sorted, with the catalog's source ages."""
+                store_path: str | Path | None = None, *, limit: int | None = None,
+                offset: int = 0) -> OfferSearch:
+    """Offers of the catalog matching ``query``, sorted, with the catalog's source ages: at
+    most ``limit`` (all when None) after the first ``offset``, filtered and paged in SQL."""
     from tuneplan.adapters.store import CatalogStore
 
     with CatalogStore.open(store_path) as store:
-        return OfferSearch(offers=store.offers(query, sort=sort), statuses=store.status())
+        page = store.offer_page(query, sort=sort, limit=limit, offset=offset)
+        return OfferSearch(offers=page.offers, statuses=store.status(), total=page.total,
+                           stamp=page.stamp)
+
+
+class CatalogWatch:
+    """The catalog's stamp, read cheaply and often (a server checks it on every request).
+
+    Keeps one connection open (thread-safe, under a lock) and reopens it when the file at
+    ``store_path`` is replaced (deleted and rebuilt: another inode). A cache keyed on
+    ``stamp()`` never serves a catalog older than the last committed write.
+    """
+
+    def __init__(self, store_path: str | Path | None = None) -> None:
+        import threading
+
+        self._path = store_path
+        self._lock = threading.Lock()
+        self._store: Any = None
+        self._inode: tuple[int, int] | None = None
+
+    @property
+    def is_open(self) -> bool:
+        """True once the file has been opened (the next ``stamp`` creates nothing)."""
+        return self._store is not None
+
+    def stamp(self) -> tuple[str, int]:
+        """(token, generation) of the catalog now; raises CatalogError."""
+        import os
+
+        from tuneplan.adapters.store import CatalogStore
+
+        with self._lock:
+            if self._store is not None:
+                try:
+                    info = os.stat(self._store.path)
+                    same = (info.st_dev, info.st_ino) == self._inode
+                except OSError:
+                    same = False
+                if not same:
+                    self._store.close()
+                    self._store = None
+            if self._store is None:
+                store = CatalogStore.open(self._path, check_same_thread=False)
+                info = os.stat(store.path)
+                self._store, self._inode = store, (info.st_dev, info.st_ino)
+            stamp: tuple[str, int] = self._store.stamp()
+            return stamp
+
+    def close(self) -> None:
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
 
 
 def offers_document(offers: list[Offer]) -> list[dict[str, Any]]:

@@ -50,6 +50,9 @@ class JobFlagError(InvalidValueError):
         super().__init__(message)
         self.flag = flag
 
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses from a worker process intact
+        return (type(self), (self.flag, str(self)))
+
 
 class Group(StrEnum):
     """Which commands take a flag: every job command takes ``strategy``; the others add what

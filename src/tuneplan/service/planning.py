@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from tuneplan.core.catalog.offers import Offer
 from tuneplan.core.job.strategy import Job
 from tuneplan.core.models import ModelSpec
 from tuneplan.core.planner.fit import FitReport
@@ -19,11 +20,39 @@ from tuneplan.errors import InfeasibleJobError, InvalidValueError
 def plan_job(job: Job, model: ModelSpec, *, store_path: str | Path | None = None,
              now: datetime | None = None) -> PlanResult:
     """Ranked plans for ``job`` over the catalog at ``store_path`` (default: the user's)."""
-    from tuneplan.adapters.plans import plan
-    from tuneplan.adapters.store import load_catalog
+    return plan_job_stamped(job, model, store_path=store_path, now=now)[0]
 
-    return plan(job, model=model, offers=load_catalog(path=store_path),
-                now=now or datetime.now(UTC))
+
+def plan_job_stamped(job: Job, model: ModelSpec, *, store_path: str | Path | None = None,
+                     now: datetime | None = None) -> tuple[PlanResult, tuple[str, int]]:
+    """``plan_job`` and the stamp of the catalog it planned over (``CatalogStore.stamp``)."""
+    from tuneplan.adapters.plans import plan
+
+    stamp, offers = current_offers(store_path)
+    return plan(job, model=model, offers=offers, now=now or datetime.now(UTC)), stamp
+
+
+_CURRENT: dict[str, tuple[tuple[str, int], list[Offer]]] = {}
+
+
+def current_offers(store_path: str | Path | None = None
+                   ) -> tuple[tuple[str, int], list[Offer]]:
+    """(stamp, every current offer) of the catalog at ``store_path``: read once and kept while
+    the stamp holds, so a process that plans many times (a server's planning worker) reads the
+    ~4,700 offers once per catalog change, not once per plan. Callers must not mutate the list.
+    """
+    from tuneplan.adapters.store import CatalogStore
+
+    with CatalogStore.open(store_path) as store:
+        key = str(store.path)
+        kept = _CURRENT.get(key)
+        if kept is not None and kept[0] == store.stamp():
+            return kept
+        page = store.offer_page()
+    if len(_CURRENT) >= 4:  # a process plans over one catalog, a test over a few
+        _CURRENT.clear()
+    _CURRENT[key] = (page.stamp, page.offers)
+    return _CURRENT[key]
 
 
 def plan_json(result: PlanResult, top: int, *, store_path: str | Path | None = None,

@@ -7,22 +7,29 @@ naming the field, catalog trouble → 503). No computing here.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp
 
 from tuneplan.errors import BadInputError, CatalogError, TuneplanError
 from tuneplan.service.jsondoc import dumps
 from tuneplan.web.inputs import MAX_BODY_BYTES, FieldError
+
+if TYPE_CHECKING:
+    from tuneplan.web.capacity import PlanPool
+    from tuneplan.web.inputs import HubGate
 
 HERE = Path(__file__).parent
 _CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -86,26 +93,48 @@ async def _too_large(limit: int, send: Send) -> None:
 
 
 def create_app(store_path: str | Path | None = None, *, allow_hub: bool = False,
-               allowed_hosts: list[str] | None = None) -> FastAPI:
+               allowed_hosts: list[str] | None = None, plan_pool: PlanPool | None = None,
+               hub_gate: HubGate | None = None) -> FastAPI:
     """The web app. ``store_path`` is the catalog file (default: the CLI's catalog).
 
-    ``allow_hub``: hub ids not in the local cache are fetched from the hub (bounded: see
-    ``inputs.resolve_web_model``); off by default, so a request never makes the server reach
-    the network. ``allowed_hosts`` (``tuneplan serve`` passes the bound host and the
-    localhost names): other Host headers get 400, and a POST whose Origin names another host
-    gets 403 (cross-site form posts); None checks neither.
+    ``allow_hub``: hub ids not in the local cache are fetched from the hub (bounded by
+    ``hub_gate``, default ``inputs.HubGate()``: per-address rate, concurrency, timeout, byte
+    cap); off by default, so a request never makes the server reach the network.
+    ``allowed_hosts`` (``tuneplan serve`` passes the bound host and the localhost names): other
+    Host headers get 400, and a POST whose Origin names another host gets 403 (cross-site form
+    posts); None checks neither. ``plan_pool`` runs the planner (default: one process per CPU,
+    a bounded queue, results kept by canonical request and catalog stamp).
     """
     from tuneplan import __version__
+    from tuneplan.service.catalog import CatalogWatch
     from tuneplan.web.api import router as api_router
+    from tuneplan.web.capacity import OFFER_CACHE_BYTES, OFFER_CACHE_ENTRIES, LruCache
+    from tuneplan.web.capacity import PlanPool as DefaultPool
+    from tuneplan.web.inputs import HubGate as DefaultGate
     from tuneplan.web.pages import router as page_router
+
+    watch = CatalogWatch(store_path)
+    pool = plan_pool or DefaultPool()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        pool.close()
+        watch.close()
 
     # FastAPI's own /docs pages load Swagger UI from a CDN; ours (pages.api_docs) is served
     # from the package and reads the same OpenAPI document (/openapi.json).
     app = FastAPI(title="tuneplan", version=__version__, docs_url=None, redoc_url=None,
+                  lifespan=lifespan,
                   description="Plan LLM fine-tuning jobs on rented GPUs. Every page has a "
                               "JSON twin under /api that mirrors the CLI's --json output.")
     app.state.store_path = None if store_path is None else Path(store_path)
     app.state.allow_hub = allow_hub
+    app.state.hub_gate = hub_gate or DefaultGate()
+    app.state.catalog_watch = watch
+    app.state.offers_cache = LruCache(OFFER_CACHE_ENTRIES, OFFER_CACHE_BYTES,
+                                      lambda found: len(found.body))
+    app.state.plan_pool = pool
     app.state.templates = Jinja2Templates(directory=str(HERE / "templates"))
     app.state.templates.env.autoescape = True  # every .html is escaped; also any other name
     app.state.plans = OrderedDict()  # plan results for detail pages (bounded in pages)
@@ -113,12 +142,12 @@ def create_app(store_path: str | Path | None = None, *, allow_hub: bool = False,
     app.include_router(api_router)
     app.include_router(page_router)
     app.add_middleware(BodyLimit)
-    app.middleware("http")(_security_headers)
+    app.add_middleware(SecurityHeaders)
     if allowed_hosts is not None:
         from starlette.middleware.trustedhost import TrustedHostMiddleware
 
         hosts = list(allowed_hosts)
-        app.middleware("http")(_same_origin(hosts))
+        app.add_middleware(SameOrigin, hosts=hosts)
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=hosts)
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(TuneplanError, _tuneplan_error)  # type: ignore[arg-type]
@@ -126,30 +155,48 @@ def create_app(store_path: str | Path | None = None, *, allow_hub: bool = False,
     return app
 
 
-def _same_origin(hosts: list[str]) -> Callable[..., Awaitable[Response]]:
-    """Refuse a POST whose Origin (or, without one, Referer) names a host not in ``hosts``."""
-    from urllib.parse import urlsplit
+class SameOrigin:
+    """Refuse a POST whose Origin (or, without one, Referer) names a host not in ``hosts``
+    (403, the one error shape). Plain ASGI: no per-request task, unlike ``app.middleware``."""
 
-    async def check(request: Request,
-                    call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        if request.method == "POST":
+    def __init__(self, app: ASGIApp, hosts: list[str]) -> None:
+        self.app, self.hosts = app, hosts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        from urllib.parse import urlsplit
+
+        if scope["type"] == "http" and scope.get("method") == "POST":
+            request = Request(scope)
             source = request.headers.get("origin") or request.headers.get("referer")
-            if source and urlsplit(source).hostname not in hosts:
-                return error_response(request, 403, [{
+            if source and urlsplit(source).hostname not in self.hosts:
+                refusal = error_response(request, 403, [{
                     "loc": ["header", "origin"], "msg": "cross-site POST refused",
                     "type": "cross_site"}])
-        return await call_next(request)
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
-    return check
 
+class SecurityHeaders:
+    """CSP, nosniff and no-referrer on every response that does not set its own."""
 
-async def _security_headers(request: Request,
-                            call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-    response = await call_next(request)
-    response.headers.setdefault("Content-Security-Policy", _CSP)
-    response.headers.setdefault("X-Content-Type-Options", "nosniff")
-    response.headers.setdefault("Referrer-Policy", "no-referrer")
-    return response
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                headers.setdefault("Content-Security-Policy", _CSP)
+                headers.setdefault("X-Content-Type-Options", "nosniff")
+                headers.setdefault("Referrer-Policy", "no-referrer")
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 def problems_of(exc: Exception) -> list[dict[str, Any]]:
@@ -193,6 +240,14 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> Response
 
 
 async def _tuneplan_error(request: Request, exc: TuneplanError) -> Response:
+    from tuneplan.web.capacity import RateLimitedError, ServerBusyError
+
+    if isinstance(exc, ServerBusyError):  # 503 busy / 429 rate-limited, with Retry-After
+        kind = "rate_limited" if isinstance(exc, RateLimitedError) else "busy"
+        response = error_response(request, exc.status, [{"loc": [], "msg": str(exc),
+                                                         "type": kind}])
+        response.headers["Retry-After"] = str(exc.retry_after_s)
+        return response
     if isinstance(exc, BadInputError):
         return error_response(request, 422, problems_of(exc))
     status = 503 if isinstance(exc, CatalogError) else 500

@@ -6,6 +6,7 @@ it. No estimating or filtering logic lives here: that is the core's and the adap
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -29,10 +30,42 @@ def offer_filter(query: OfferQuery) -> OfferFilter:
 
 def offers_document(query: OfferQuery, store_path: Path | None) -> list[dict[str, Any]]:
     """``tuneplan offers --json``: the filtered, sorted offers (at most ``limit``)."""
+    return offers_page(query, store_path)[0]
+
+
+def offers_page(query: OfferQuery, store_path: Path | None
+                ) -> tuple[list[dict[str, Any]], int, tuple[str, int]]:
+    """(records of one page, how many match in all, the catalog stamp read): filtered, sorted
+    and paged (``limit``/``offset``) in SQL."""
     from tuneplan.service import catalog
 
-    found = catalog.find_offers(offer_filter(query), OfferSort(query.sort), store_path)
-    return catalog.offers_document(found.offers[:query.limit])
+    found = catalog.find_offers(offer_filter(query), OfferSort(query.sort), store_path,
+                                limit=query.limit, offset=query.offset)
+    return catalog.offers_document(found.offers), found.total, found.stamp
+
+
+@dataclass(frozen=True, slots=True)
+class OffersJson:
+    """One page of ``/api/offers`` rendered once, kept by (query, catalog stamp)."""
+
+    body: bytes
+    count: int
+    total: int
+    stamp: tuple[str, int]
+
+
+def offers_key(query: OfferQuery) -> tuple[Any, ...]:
+    """The canonical offers query (parsed filter, sort, page): equal meanings share a key."""
+    return (offer_filter(query), query.sort, query.limit, query.offset)
+
+
+def offers_json(query: OfferQuery, store_path: Path | None) -> OffersJson:
+    """``offers_page`` as the JSON body the API sends (the CLI's encoder)."""
+    from tuneplan.service.jsondoc import dumps
+
+    records, total, stamp = offers_page(query, store_path)
+    return OffersJson(body=dumps(records).encode("utf-8"), count=len(records), total=total,
+                      stamp=stamp)
 
 
 def catalog_document(store_path: Path | None) -> dict[str, Any]:

@@ -7,8 +7,11 @@ field and the reason. A model is a bundled name/alias or a hub id, or an uploade
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
+import time
+from collections.abc import Callable, Iterator
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -16,9 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_mod
 
 from tuneplan.core.job.stack import Stack
 from tuneplan.core.models import ModelSpec
-from tuneplan.errors import BadInputError, CatalogError
+from tuneplan.errors import BadInputError
 from tuneplan.service.jobflags import PLANNER_SEARCHES, PLANNER_SEARCHES_HELP, Flag, flags_for
 from tuneplan.service.jobs import JobRequest
+from tuneplan.web.capacity import ClientRate, ServerBusyError
 
 MAX_UPLOAD_BYTES = 1_000_000  # a real config.json is a few KB
 MAX_BODY_BYTES = 2_000_000   # whole request (JSON body or multipart form)
@@ -43,6 +47,9 @@ class FieldError(BadInputError):
         super().__init__(message)
         self.field = field
 
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses from a planning worker intact
+        return (type(self), (self.field, str(self)))
+
 
 class OfferQuery(BaseModel):
     """Filters of ``tuneplan offers`` (same names, same meaning)."""
@@ -57,7 +64,9 @@ class OfferQuery(BaseModel):
     spot: bool = False
     max_price: float | None = Field(None, ge=0, le=100_000, description="USD/h per instance")
     sort: Literal["price", "price-per-gpu", "memory"] = "price"
-    limit: int = Field(500, ge=1, le=5000)
+    limit: int = Field(500, ge=1, le=5000, description="at most this many offers (one page)")
+    offset: int = Field(0, ge=0, le=1_000_000, description="skip this many (the next page: "
+                        "offset + limit; the total is in the X-Total-Count header)")
 
 
 def _form_default(flag: Flag) -> Any:
@@ -140,20 +149,50 @@ def job_request(form: BaseModel, command: str, model_name: str) -> JobRequest:
 
 HUB_CONCURRENCY = 4  # hub lookups in flight at once when --allow-hub; more get 503
 HUB_TIMEOUT_S = 10.0  # seconds per hub request: a config.json is a few KB; slower means a stuck hub
-_hub_slots = threading.BoundedSemaphore(HUB_CONCURRENCY)
+HUB_PER_CLIENT = 20  # hub lookups per client address per HUB_WINDOW_S; more get 429
+HUB_WINDOW_S = 60.0
 
 
-class HubBusyError(CatalogError):
+class HubBusyError(ServerBusyError):
     """Too many hub lookups in flight (the app answers 503 in the one error shape)."""
 
 
+class HubGate:
+    """The bounds on hub lookups (``--allow-hub``): ``per_client`` per address per
+    ``window_s`` (429), then ``concurrency`` in flight at once (503), each Retry-After."""
+
+    def __init__(self, *, concurrency: int = HUB_CONCURRENCY, per_client: int = HUB_PER_CLIENT,
+                 window_s: float = HUB_WINDOW_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.concurrency = concurrency
+        self._slots = threading.BoundedSemaphore(concurrency)
+        self.rate = ClientRate(per_client, window_s, clock=clock)
+
+    @contextlib.contextmanager
+    def lookup(self, client: str) -> Iterator[None]:
+        """Hold one lookup slot for ``client``; raises RateLimitedError or HubBusyError."""
+        self.rate.take(client, "hub lookups")
+        if not self._slots.acquire(blocking=False):
+            raise HubBusyError(f"too many hub lookups in flight (at most {self.concurrency}); "
+                               "try again shortly", 2)
+        try:
+            yield
+        finally:
+            self._slots.release()
+
+
+_DEFAULT_GATE = HubGate()
+
+
 def resolve_web_model(name: str | None, config: dict[str, Any] | None,
-                      upload: bytes | None = None, *, allow_hub: bool = False) -> ModelSpec:
+                      upload: bytes | None = None, *, allow_hub: bool = False,
+                      client: str = "", gate: HubGate | None = None) -> ModelSpec:
     """A ModelSpec from an upload, a config object, a bundled name or a hub id — never a path.
 
     A hub id is read from the local cache only unless ``allow_hub`` (``tuneplan serve
-    --allow-hub``): then at most HUB_CONCURRENCY lookups run at once, each with a timeout and
-    a size check before the download. Raises FieldError naming ``config`` or ``model``.
+    --allow-hub``): then ``gate`` (the app's; default one per process) bounds the lookups per
+    ``client`` address and in flight, and each has a timeout and a byte cap on the download.
+    Raises FieldError naming ``config`` or ``model``, RateLimitedError or HubBusyError.
     """
     from tuneplan.adapters.hub import find_bundled, load_bundled_config, parse_config_bytes
     from tuneplan.core.models import parse_model_config
@@ -182,13 +221,8 @@ def resolve_web_model(name: str | None, config: dict[str, Any] | None,
 
         if not allow_hub:
             return parse_model_config(fetch_hub_config(name, local_only=True), name=name)
-        if not _hub_slots.acquire(blocking=False):
-            raise HubBusyError(f"too many hub lookups in flight (at most {HUB_CONCURRENCY}); "
-                               "try again shortly")
-        try:
+        with (gate or _DEFAULT_GATE).lookup(client):
             raw = fetch_hub_config(name, timeout_s=HUB_TIMEOUT_S)
-        finally:
-            _hub_slots.release()
         return parse_model_config(raw, name=name)
     except BadInputError as exc:
         raise _attributed("model", exc) from exc

@@ -26,7 +26,8 @@ from tuneplan.core.job.strategy import (
 )
 from tuneplan.units import format_duration
 from tuneplan.web.app import html
-from tuneplan.web.documents import catalog_document, models_document, offers_document
+from tuneplan.web.documents import catalog_document, models_document
+from tuneplan.web.documents import offers_page as find_offers_page
 from tuneplan.web.inputs import MAX_UPLOAD_BYTES, FieldError, OfferQuery, PlanInput
 from tuneplan.web.offers_view import COLUMNS, offer_rows
 
@@ -58,12 +59,18 @@ def offers_page(request: Request) -> HTMLResponse:
     """The catalog as a filterable, sortable table with its age and sources."""
     query = _validated(OfferQuery, list(request.query_params.multi_items()))
     store = request.app.state.store_path
-    everything = query.model_copy(update={"limit": 5000})
-    records = offers_document(everything, store)
+    records, matched, _ = find_offers_page(query, store)
     catalog = catalog_document(store)
-    rows = offer_rows(records[:query.limit], catalog)
+    rows = offer_rows(records, catalog)
+    following = None
+    if query.offset + len(records) < matched:
+        from urllib.parse import urlencode
+
+        params = dict(request.query_params) | {"offset": str(query.offset + len(records))}
+        following = f"/offers?{urlencode(params)}"
     return html(request, "offers.html", {
-        "query": query, "rows": rows, "matched": len(records), "catalog": catalog,
+        "query": query, "rows": rows, "matched": matched, "catalog": catalog,
+        "next_page": following,
         "stale_sources": [s for s in catalog["sources"] if s["stale"]],
         "columns": COLUMNS, "page": "offers",
         "oldest_age": format_duration(max((s["age_s"] for s in catalog["sources"]), default=0))})
@@ -95,17 +102,22 @@ async def plan_submit(request: Request,
     """Run the planner on the submitted job and show ranked plans with both charts."""
     from starlette.concurrency import run_in_threadpool
 
+    from tuneplan.web.api import catalog_stamp, hub_access
     from tuneplan.web.inputs import resolve_web_model
-    from tuneplan.web.planning import plan_view, run_plan
+    from tuneplan.web.planning import build_job, plan_key, plan_result, plan_view
 
     form = await request.form()
     pairs = [(k, v) for k, v in form.multi_items() if isinstance(v, str)]
     job = _validated(PlanInput, pairs)
     upload = await _read_upload(config_file)
-    model = resolve_web_model(job.model, job.config, upload,
-                              allow_hub=request.app.state.allow_hub)
-    # Planning takes a second or so of CPU: off the event loop, like the sync API routes.
-    result = await run_in_threadpool(run_plan, job, model, request.app.state.store_path)
+    model = await run_in_threadpool(
+        lambda: resolve_web_model(job.model, job.config, upload, **hub_access(request)))
+    # Planning takes a second or so of CPU: in the app's planning pool, off the event loop.
+    built = build_job(job, model)
+    state = request.app.state
+    result = await state.plan_pool.run(plan_key("result", built, model, 0,
+                                                await catalog_stamp(request)),
+                                       plan_result, built, model, state.store_path)
     key = _keep(request, (result, job))
     context = _form_context(job.model_dump(mode="json")) | {
         "view": plan_view(result, job.top), "key": key, "model_name": model.name,

@@ -7,8 +7,11 @@ The model comes already resolved (``inputs.resolve_web_model``: never a path); t
 
 from __future__ import annotations
 
+import copyreg
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from pydantic import BaseModel
@@ -32,6 +35,49 @@ def run_plan(form: BaseModel, model: ModelSpec, store_path: Path | None) -> Plan
     from tuneplan.service.planning import plan_job
 
     return plan_job(build_job(form, model), model, store_path=store_path)
+
+
+# ---- in the planning pool (web.capacity.PlanPool): picklable functions and their keys ----
+
+def _mapping_proxy(items: dict[str, Any]) -> MappingProxyType[str, Any]:
+    return MappingProxyType(items)
+
+
+# A PlanResult holds read-only mappings (memory assumptions); they cross to the server process
+# as copies. Registered wherever this module is imported: the server and every worker.
+copyreg.pickle(MappingProxyType, lambda proxy: (_mapping_proxy, (dict(proxy),)))
+
+PlanKey = tuple[str, str, int, tuple[str, int]]
+
+
+def plan_key(kind: str, job: Job, model: ModelSpec, top: int, stamp: tuple[str, int]
+             ) -> PlanKey:
+    """The canonical request: what is returned (``kind``), the normalised job (defaults
+    applied, so equal jobs from different forms meet), the model, ``top``, and the catalog
+    stamp. The job and model go in by a digest of their dataclass repr."""
+    digest = hashlib.sha256(f"{job!r}\n{model!r}".encode()).hexdigest()
+    return (kind, digest, top, stamp)
+
+
+def plan_document_bytes(job: Job, model: ModelSpec, top: int, store_path: Path | None
+                        ) -> tuple[PlanKey, bytes]:
+    """(key, ``tuneplan plan --json`` as UTF-8 JSON) of a job: run in a planning worker, so
+    only ~200 KB of text comes back, not the whole result."""
+    from tuneplan.service.jsondoc import dumps
+    from tuneplan.service.planning import plan_job_stamped, plan_json
+
+    result, stamp = plan_job_stamped(job, model, store_path=store_path)
+    document = plan_json(result, top, store_path=store_path)
+    return plan_key("json", job, model, top, stamp), dumps(document).encode("utf-8")
+
+
+def plan_result(job: Job, model: ModelSpec, store_path: Path | None
+                ) -> tuple[PlanKey, PlanResult]:
+    """(key, the typed result) of a job, for the pages' views and detail pages."""
+    from tuneplan.service.planning import plan_job_stamped
+
+    result, stamp = plan_job_stamped(job, model, store_path=store_path)
+    return plan_key("result", job, model, 0, stamp), result
 
 
 def plan_document(result: PlanResult, top: int, store_path: Path | None) -> dict[str, Any]:

@@ -31,7 +31,7 @@ __all__ = [
     "CANONICAL_GPUS", "GPU_ALIASES", "MAX_PRICE_PER_GPU_HOUR", "OFFER_RECORD_FIELDS", "Offer",
     "OfferFilter", "OfferSort",
     "Provider", "filter_offers", "gpu_matches", "normalise_gpu_name", "normalise_provider_name",
-    "offer_from_record", "offer_record", "provider_matches", "sort_offers",
+    "offer_from_record", "offer_record", "provider_matches", "region_matches", "sort_offers",
 ]
 
 #: Sanity cap: no GPU rents for more than this per GPU-hour (B300 on-demand is ~18 USD/GPU-h).
@@ -180,17 +180,18 @@ class OfferFilter:
             or offer.gpu_memory_bytes >= self.min_gpu_memory_bytes,
             self.gpu_count is None or offer.gpu_count == self.gpu_count,
             not self.providers or any(provider_matches(p, offer.provider) for p in self.providers),
-            self.region is None or _region_matches(self.region, offer),
+            self.region is None or region_matches(self.region, offer.region, offer.zone),
             self.max_price_per_hour is None or (price is not None
                                                 and price <= self.max_price_per_hour),
         )
         return all(checks)
 
 
-def _region_matches(prefix: str, offer: Offer) -> bool:
+def region_matches(prefix: str, region: str, zone: str | None) -> bool:
+    """The ``--region`` rule: a case-insensitive prefix of the region or of the zone."""
     wanted = prefix.lower()
-    return offer.region.lower().startswith(wanted) or (
-        offer.zone is not None and offer.zone.lower().startswith(wanted))
+    return region.lower().startswith(wanted) or (
+        zone is not None and zone.lower().startswith(wanted))
 
 
 def filter_offers(offers: Iterable[Offer], query: OfferFilter) -> list[Offer]:
