@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.waiting import HANG_GUARD_S
 from tuneplan.adapters.bundled import SNAPSHOT_DIR, list_snapshot_files, read_data_text
 from tuneplan.adapters.importers.snapshot import load_sky_catalog
 from tuneplan.core.catalog.offers import Offer
@@ -281,7 +282,8 @@ def _store(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProces
     full = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}",
             "TUNEPLAN_CHECKPOINT_DIR": str(tmp_path / "ckpt"), **env}
     return subprocess.run(["bash", STORE_SCRIPT, *args], cwd=tmp_path, env=full,
-                          capture_output=True, text=True, check=False, timeout=60)
+                          capture_output=True, text=True, check=False,
+                          timeout=HANG_GUARD_S)
 
 
 def _spec_stub() -> LaunchSpec:
@@ -311,11 +313,21 @@ def test_store_script_pulls_then_pushes_after_the_sigterm_save(tmp_path: Path) -
         env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
              "TUNEPLAN_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "TUNEPLAN_SYNC_URL": url,
              "TUNEPLAN_SYNC_EVERY_S": "30", "TUNEPLAN_PREEMPTED_FILE": str(flag)})
-    import time
+    from tests.waiting import wait_until
 
-    time.sleep(0.5)
+    def sleeping() -> bool:  # the loop's `sleep` runs: the TERM trap is set
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                name, rest = stat.read_text().rsplit(")", 1)
+            except OSError:
+                continue
+            if name.endswith("(sleep") and rest.split()[1] == str(proc.pid):
+                return True
+        return False
+
+    wait_until(sleeping, "the store loop to start sleeping")
     proc.terminate()
-    assert proc.wait(timeout=30) == 0
+    assert proc.wait(timeout=HANG_GUARD_S) == 0
     calls = (tmp_path / "aws.log").read_text().splitlines()
     ckpt = tmp_path / "ckpt"
     assert calls == [f"s3 sync {url} {ckpt} --only-show-errors",
