@@ -253,7 +253,8 @@ def _row_spot(stdout: str, plan_id: str) -> str:
 
 def test_spot_table_order_column_and_words_quote_the_ranked_figure(
         run_cli: Run, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("COLUMNS", "250")  # why-lines unwrapped, every column shown
+    # why-lines (risks and ranges too) unwrapped, every column shown
+    monkeypatch.setenv("COLUMNS", "1000")
     args = ("plan", "llama-3.1-8b", "--method", "qlora", "--tokens", "200M", "--spot",
             "--top", "10")
     doc = run_cli(*args, "--json").ok_json()

@@ -259,3 +259,13 @@ def test_the_planner_keeps_a_fixed_optimizer_and_loss_out_of_its_lean_steps() ->
                 strategy=replace(LONG, loss=Loss.STANDARD, optimizer=Optimizer.ADAMW))
     assert all(p.strategy.loss is Loss.STANDARD and p.strategy.optimizer is Optimizer.ADAMW
                for p in fixed.plans)
+
+
+def test_on_risk_the_same_offer_runs_a_smaller_micro_batch_with_headroom() -> None:
+    pair = [offer("L40S", 2, "1.80")]
+    tight = run(LLAMA8B, "qlora", pair).plans[0]
+    roomy = run(LLAMA8B, "qlora", pair, objective=Objective.RISK).plans[0]
+    assert tight.risk is not None and roomy.risk is not None
+    assert tight.risk.memory_fill > 0.90 > 0.80 > roomy.risk.memory_fill
+    assert roomy.strategy.batch_size < tight.strategy.batch_size
+    assert roomy.best_cost > tight.best_cost and roomy.risk_cost < tight.risk_cost

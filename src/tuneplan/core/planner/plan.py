@@ -348,7 +348,7 @@ def strategy_search(model: ModelSpec, job: Job, a: PlanAssumptions) -> StrategyS
         margin=a.memory_margin, max_micro_batch_log2=max(
             0, (a.max_micro_batch_tokens // job.strategy.seq_len).bit_length() - 1),
         memory_assumptions=a.memory, throughput_assumptions=a.throughput,
-        fixed=frozenset(job.fixed))
+        fixed=frozenset(job.fixed), headroom=job.objective is Objective.RISK)
 
 
 def offer_node(offer: Offer, gpu: GpuSpec, *, nodes: int = 1,
@@ -755,7 +755,7 @@ def _why(p: Plan, rank: int, total: int, on_front: bool, job: Job,
 SEARCHED_FLAGS = {"batch_size": "--batch-size", "gpus": "--gpus", "nodes": "--nodes",
                   "sharding": "--sharding", "offload": "--offload",
                   "checkpointing": "--gradient-checkpointing/--offload-activations",
-                  "precision": "--precision"}
+                  "precision": "--precision", "loss": "--loss", "optimizer": "--optimizer"}
 
 
 def fixed_values(job: Job) -> dict[str, object]:

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
 from tuneplan.core.job.strategy import Checkpointing, Offload, Sharding
-from tuneplan.core.planner.search import Candidate
 from tuneplan.units import GB
+
+if TYPE_CHECKING:  # the search imports this module's memory_penalty
+    from tuneplan.core.planner.search import Candidate
 
 #: Below this share of usable memory a peak is comfortable: the memory estimate's held-out
 #: median |error| is 6.1 % over 87 published peaks (benchmarks/README.md, accuracy.py), and
@@ -38,8 +41,7 @@ NO_NOTICE_PENALTY = 0.10
 #: V100 more).
 CALIBRATED_TIME_ERROR = {"A100 80GB SXM4": 0.052, "L40S": 0.193, "V100 SXM2 16GB": 0.179}
 UNCALIBRATED_TIME_ERROR = 0.20
-TIME_ERROR_SOURCE = ("the throughput model's held-out median |error| on {where} "
-                     "(benchmarks/README.md)")
+TIME_ERROR_SOURCE = "throughput model's held-out median error on {where}, benchmarks/README.md"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,12 +86,17 @@ class Risk:
                 "time_error_source": self.time_error_source, "reasons": list(self.reasons)}
 
 
+def memory_penalty(fill: float) -> float:
+    """The memory part of a plan's risk at ``fill`` = whole-device peak / usable memory."""
+    return max(0.0, fill - MEMORY_COMFORT) * MEMORY_PENALTY_SLOPE
+
+
 def time_error(gpu: str) -> tuple[float, str]:
     """(+- fraction, where it comes from) of a time estimate on ``gpu``."""
     if gpu in CALIBRATED_TIME_ERROR:
         return CALIBRATED_TIME_ERROR[gpu], TIME_ERROR_SOURCE.format(where=gpu)
     return UNCALIBRATED_TIME_ERROR, TIME_ERROR_SOURCE.format(
-        where=f"a GPU with no calibration row ({gpu} has none)")
+        where=f"GPUs without a calibration row, as {gpu}")
 
 
 def host_bytes_per_step(c: Candidate) -> float:
@@ -115,7 +122,7 @@ def assess(c: Candidate, *, link: str, capacity_bytes: int, gpu: str, on_spot: b
     s, t = c.strategy, c.throughput
     reasons: list[str] = []
     fill = c.device_total_bytes / capacity_bytes if capacity_bytes else 1.0
-    memory = max(0.0, fill - MEMORY_COMFORT) * MEMORY_PENALTY_SLOPE
+    memory = memory_penalty(fill)
     if memory > 0:
         reasons.append(f"memory at {fill:.0%} of usable: little headroom for fragmentation "
                        "or a longer sample (the estimate's held-out median error is 6.1 %)")

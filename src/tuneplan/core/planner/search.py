@@ -38,6 +38,7 @@ from tuneplan.core.memory import MemoryAssumptions, MemoryEstimate, estimate_mem
 from tuneplan.core.memory.overheads import reserve_term, workspace_term
 from tuneplan.core.models import ModelSpec
 from tuneplan.core.planner.caveats import card_problem, precision_on
+from tuneplan.core.planner.risk import memory_penalty
 from tuneplan.errors import TuneplanError
 
 AUTO_METHODS = (Method.FULL, Method.LORA, Method.QLORA)
@@ -149,6 +150,9 @@ class StrategySearch:
     memory_assumptions: MemoryAssumptions = field(default_factory=MemoryAssumptions)
     throughput_assumptions: ThroughputAssumptions = field(default_factory=ThroughputAssumptions)
     fixed: frozenset[str] = frozenset()   # Strategy fields kept as ``base`` has them
+    # --objective risk: a micro-batch below the largest that fits is tried too, and the kept
+    # candidate trades speed against memory headroom (``_merit``)
+    headroom: bool = False
     _memory: dict[tuple[Strategy, str | None], MemoryEstimate | Refused] = field(
         default_factory=dict)
     _batches: dict[tuple[Strategy, int], MemoryEstimate | Refused] = field(default_factory=dict)
@@ -268,8 +272,16 @@ class StrategySearch:
                     if fitted:
                         break
             if fitted:
-                out.best[method] = max(fitted, key=lambda c: c.throughput.tokens_per_second)
+                out.best[method] = max(fitted, key=lambda c: self._merit(c, node))
         return out
+
+    def _merit(self, c: Candidate, node: Node) -> float:
+        """What picks the candidate kept per method: tokens/s; with ``headroom`` (``--objective
+        risk``), tokens/s discounted by the memory risk (``risk.memory_penalty``)."""
+        speed = c.throughput.tokens_per_second
+        if not self.headroom:
+            return speed
+        return speed / (1 + memory_penalty(c.device_total_bytes / node.capacity_bytes))
 
     def lean_settings(self, method: Method, gpu: GpuSpec) -> list[dict[str, object]]:
         """The settings an engineer reaches for, in turn, when the job's own do not fit,
@@ -397,14 +409,18 @@ class StrategySearch:
             return []
         batch = family.batch_size if fixed_batch else 2**largest_fitting(
             fits, 0, self.max_micro_batch_log2)
-        est = self.at_batch(family, batch)
-        assert not isinstance(est, Refused)
-        strategy = self._precision_for(replace(family, batch_size=batch), node.gpu)
-        found = evaluate_strategy(self, node, strategy, memory=est)
-        if isinstance(found, Refused):
-            out.refusals.append(found.reason)
-            return []
-        return [found]
+        batches = [batch] + ([batch // 2] if self.headroom and batch > 1 else [])
+        kept: list[Candidate] = []
+        for size in batches:
+            est = self.at_batch(family, size)
+            assert not isinstance(est, Refused)
+            strategy = self._precision_for(replace(family, batch_size=size), node.gpu)
+            found = evaluate_strategy(self, node, strategy, memory=est)
+            if isinstance(found, Refused):
+                out.refusals.append(found.reason)
+                return kept
+            kept.append(found)
+        return kept
 
 
 def evaluate_strategy(search: StrategySearch, node: Node, strategy: Strategy, *,
