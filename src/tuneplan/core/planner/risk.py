@@ -51,7 +51,8 @@ class Risk:
     memory_fill: float             # whole-device peak / usable memory per GPU
     memory: float
     fabric: float
-    fabric_gb_per_step: float      # sharding traffic per GPU per step over PCIe (GB, 10^9)
+    fabric_gb_per_step: float      # sharding traffic per GPU per step over PCIe or across
+                                   # nodes (GB, 10^9)
     fabric_share: float            # exposed share of the step spent on it
     streaming: float
     host_gb_per_step: float        # bytes moved host<->GPU per GPU per step (GB, 10^9)
@@ -128,7 +129,8 @@ def assess(c: Candidate, *, link: str, capacity_bytes: int, gpu: str, on_spot: b
                        "or a longer sample (the estimate's held-out median error is 6.1 %)")
     step_s = t.step_seconds or 1.0
     fabric = gb = share = 0.0
-    if link == "pcie" and s.world_size > 1 and s.sharding in (
+    over = "PCIe" if link == "pcie" else "the inter-node fabric" if s.nodes > 1 else None
+    if over and s.world_size > 1 and s.sharding in (
             Sharding.ZERO3, Sharding.FSDP, Sharding.HYBRID):
         exposed = t.step.get("step/communication-exposed")
         exposed_s = float(exposed.value) if exposed is not None else t.comm_seconds_per_step
@@ -138,7 +140,7 @@ def assess(c: Candidate, *, link: str, capacity_bytes: int, gpu: str, on_spot: b
         hidden = ("all of it hidden behind compute in the estimate" if exposed_s < 0.05
                   else f"{exposed_s:.1f} s of the {step_s:.1f} s step not hidden ({share:.0%})")
         reasons.append(f"{s.sharding.value} all-gathers {gb:,.1f} GB per GPU per step over "
-                       f"PCIe: {t.comm_seconds_per_step:.1f} s of traffic, {hidden}")
+                       f"{over}: {t.comm_seconds_per_step:.1f} s of traffic, {hidden}")
     host = host_bytes_per_step(c)
     streaming = 0.0
     if host:

@@ -2,11 +2,14 @@
 
 ``StrategySearch`` enumerates, for a GPU type, GPUs per node and node count, the methods,
 checkpointing, sharding and offload, finds the largest micro-batch that fits by bisection, and
-keeps the fastest strategy per method. A field the person fixed (``fixed``: micro-batch,
-sharding, offload, checkpointing, precision) is not searched: every candidate keeps its
-value, so a plan never silently changes what was asked for. Memory estimates are cached by
-(strategy, GPU generation) so offers that share a GPU share the work. Pure: no catalog,
-prices or I/O.
+keeps the fastest strategy per method (under ``--objective risk`` the fastest once its memory
+risk is priced in, half the largest micro-batch tried too). Where the job's own settings fit
+nothing, the lean settings an engineer reaches for are tried in turn (``lean_settings``:
+chunked loss, 8-bit AdamW, activation offload), then optimizer/parameter offload. A field the
+person fixed (``fixed``: micro-batch, sharding, offload, checkpointing, precision, loss,
+optimizer) is not searched: every candidate keeps its value, so a plan never silently changes
+what was asked for. Memory estimates are cached by (strategy, GPU generation) so offers that
+share a GPU share the work. Pure: no catalog, prices or I/O.
 """
 
 from __future__ import annotations
