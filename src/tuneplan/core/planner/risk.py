@@ -161,8 +161,8 @@ def assess(c: Candidate, *, link: str, capacity_bytes: int, gpu: str, on_spot: b
                                                           else NO_NOTICE_PENALTY)
         reasons.append(f"spot: interruptions add {spot_extra:.0%} wall time in expectation"
                        + ("" if spot_notice else
-                          "; no notice period, so each one loses the work since the last "
-                          "checkpoint"))
+                          "; no notice long enough to write a checkpoint, so each one "
+                          "loses the work since the last"))
     err, source = time_error(gpu)
     return Risk(memory_fill=fill, memory=memory, fabric=fabric, fabric_gb_per_step=gb,
                 fabric_share=share, streaming=streaming, host_gb_per_step=host / GB, spot=spot,
