@@ -92,6 +92,9 @@ def test_70b_full_on_cost_the_pcie_plan_says_what_its_all_gathers_cost() -> None
     dollars = pcie.best_cost * Decimal(str(round(pcie.risk.fabric_share, 4)))
     assert f"about ${dollars:,.2f} of this plan's ${pcie.best_cost:,.2f}" in risks
     assert "vs #1" in result.plans[1].why[2]   # the NVSwitch plan says what it costs more
+    # and #1 says what it wins by, and what it gives up
+    assert any(line.startswith("vs #2: $") and "less" in line and "slower" in line
+               for line in pcie.why)
 
 
 MOE = "mistralai/Mixtral-8x7B-v0.1"

@@ -647,8 +647,10 @@ def _explain(ranked: list[Plan], front: tuple[str, ...], job: Job, a: PlanAssump
         if p.uses_spot and (provider is None or not provider.spot_notice_s):
             p = replace(p, warnings=(*p.warnings, "spot without a notice period: an "
                                      "interruption loses the work since the last checkpoint"))
+        # each plan against #1; #1 against #2 (what it wins by)
+        other = out[0] if out else ranked[1] if len(ranked) > 1 else None
         out.append(replace(p, why=tuple(_why(p, rank, len(ranked), p.id in front, job,
-                                             lead=out[0] if out else None))))
+                                             lead=other))))
     return out
 
 
@@ -661,8 +663,9 @@ def _money(value: Decimal) -> str:
     return f"${value:,.2f}" if value.is_finite() else "no price"
 
 
-def _rank_reason(p: Plan, lead: Plan | None, objective: Objective) -> str | None:
-    """Why ``p`` ranks below ``lead`` (the #1 plan), in the objective's terms."""
+def _rank_reason(p: Plan, lead: Plan | None, objective: Objective, rank: int) -> str | None:
+    """How ``p`` compares with ``lead``: the #1 plan, or for #1 itself the #2, in the
+    objective's terms."""
     if lead is None:
         return None
     dcost = p.best_cost - lead.best_cost
@@ -671,7 +674,7 @@ def _rank_reason(p: Plan, lead: Plan | None, objective: Objective) -> str | None
              f"{abs(dh):.1f} h {'slower' if dh >= 0 else 'faster'}"]
     if objective is Objective.RISK and p.risk is not None and lead.risk is not None:
         parts.append(f"risk-priced {_money(p.risk_cost)} vs {_money(lead.risk_cost)}")
-    return "vs #1: " + ", ".join(parts)
+    return f"vs #{2 if rank == 1 else 1}: " + ", ".join(parts)
 
 
 def _risk_lines(p: Plan) -> list[str]:
@@ -738,7 +741,7 @@ def _why(p: Plan, rank: int, total: int, on_front: bool, job: Job,
         f"{p.candidate.device_total_bytes / GiB:.1f}"
         f" of {p.capacity_bytes / GiB:.1f} GiB usable per GPU "
         f"({p.gpu.memory_bytes / GiB:g} GiB nominal)")
-    reason = _rank_reason(p, lead, job.objective)
+    reason = _rank_reason(p, lead, job.objective, rank)
     if reason:
         lines.append(reason)
     if job.strategy.method is Method.AUTO and s.method in TRADE_OFFS:
