@@ -253,7 +253,8 @@ def _row_spot(stdout: str, plan_id: str) -> str:
 
 def test_spot_table_order_column_and_words_quote_the_ranked_figure(
         run_cli: Run, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("COLUMNS", "250")  # why-lines unwrapped, every column shown
+    # why-lines (risks and ranges too) unwrapped, every column shown
+    monkeypatch.setenv("COLUMNS", "1000")
     args = ("plan", "llama-3.1-8b", "--method", "qlora", "--tokens", "200M", "--spot",
             "--top", "10")
     doc = run_cli(*args, "--json").ok_json()
@@ -316,3 +317,22 @@ def test_gemma2_is_planned_with_eager_attention_unless_sdpa_is_asked_for(run_cli
     plain = run_cli("plan", "Qwen/Qwen2.5-0.5B", "--method", "lora", "--tokens", "10M",
                     "--top", "1", "--json").ok_json()
     assert plain["notes"] == [] and plain["plans"][0]["strategy"]["attention"] == "sdpa"
+
+
+def test_objective_risk_ranks_by_the_risk_priced_cost_and_says_each_risk(run_cli: Run) -> None:
+    doc = run_cli("plan", "llama-3.1-8b", "--method", "qlora", "--tokens", "50M",
+                  "--objective", "risk", "--top", "20", "--json").ok_json()
+    assert doc["objective"] == "risk"
+    priced = [Decimal(p["risk"]["risk_priced_usd"]) for p in doc["plans"]]
+    assert priced == sorted(priced)
+    for p in doc["plans"]:
+        r = p["risk"]
+        ranked = Decimal(p["cost"]["ranked_usd"])
+        assert Decimal(r["risk_priced_usd"]) == ranked * (1 + Decimal(str(r["penalty"])))
+        assert r["penalty"] == pytest.approx(r["memory"] + r["fabric"] + r["streaming"]
+                                             + r["spot"] + r["time_error"], abs=1e-3)
+        low, high = r["hours_range"]
+        assert low < p["cost"]["hours"] <= high or p["cost"]["uses_spot"]
+        assert any(line.startswith("risks: ") for line in p["why"])
+        assert any(line.startswith("range: ") for line in p["why"])
+    assert doc["plans"][0]["why"][0].startswith("#1 lowest cost with its risks priced in")

@@ -133,16 +133,17 @@ def _reference_offer(search: StrategySearch, job: Job, offer: Offer,
         if key not in prices:
             prices[key] = unit_cost(candidate, provider, job, a.cost)
         cost, spot = scaled_costs(prices[key], offer, candidate.strategy.nodes)
-        out.append(Plan(id=plan_id(offer, candidate.strategy), offer=offer, gpu=gpu,
-                        candidate=candidate, link=link, capacity_bytes=capacity,
-                        hours=prices[key].wall_hours, cost_usd=cost, spot_usd=spot,
-                        spot_hours=prices[key].spot_expected_hours,
-                        spot_may_win=job.spot is True,
-                        best_cost=ranking_cost(cost, spot, job.spot is True),
-                        storage=storage_note(provider),
-                        warnings=tuple(plan_warnings(
-                            candidate, offer, gpu, provider, link, now=now,
-                            stale_after_s=a.stale_after_s))))
+        plan = Plan(id=plan_id(offer, candidate.strategy), offer=offer, gpu=gpu,
+                    candidate=candidate, link=link, capacity_bytes=capacity,
+                    hours=prices[key].wall_hours, cost_usd=cost, spot_usd=spot,
+                    spot_hours=prices[key].spot_expected_hours,
+                    spot_may_win=job.spot is True,
+                    best_cost=ranking_cost(cost, spot, job.spot is True),
+                    storage=storage_note(provider),
+                    warnings=tuple(plan_warnings(
+                        candidate, offer, gpu, provider, link, now=now,
+                        stale_after_s=a.stale_after_s)))
+        out.append(replace(plan, risk=planner.plan_risk(plan, provider, a.cost)))
     return out or next(iter(short.values()))
 
 

@@ -32,6 +32,15 @@ def spot_part(p: Plan) -> dict[str, Any] | None:
     return out
 
 
+def risk_part(p: Plan) -> dict[str, Any] | None:
+    """A plan's risks (``core.planner.risk``): each part a fraction of its cost, their reasons,
+    the time range and the risk-priced cost ``--objective risk`` ranks by."""
+    if p.risk is None:
+        return None
+    low, high = p.risk.hours_range(p.best_hours)
+    return {**p.risk.as_dict(), "hours_range": [low, high], "risk_priced_usd": p.risk_cost}
+
+
 def plan_entry(p: Plan, result: PlanResult) -> dict[str, Any]:
     """One plan as docs/CLI.md's ``plans[]`` entry."""
     c, t = p.candidate, p.candidate.throughput
@@ -69,7 +78,7 @@ def plan_entry(p: Plan, result: PlanResult) -> dict[str, Any]:
         "throughput": {"tokens_per_second": t.tokens_per_second,
                        "tokens_per_second_per_gpu": t.tokens_per_second_per_gpu,
                        "step_seconds": t.step_seconds, "mfu": t.mfu, "training_hours": t.hours},
-        "cost": cost, "pareto": p.id in result.pareto_ids,
+        "cost": cost, "pareto": p.id in result.pareto_ids, "risk": risk_part(p),
         "fixed": sorted(fixed_values(result.job)),
         "why": list(p.why), "warnings": list(p.warnings),
     }

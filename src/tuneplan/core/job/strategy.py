@@ -190,6 +190,7 @@ class Objective(StrEnum):
     COST = "cost"
     TIME = "time"
     PARETO = "pareto"
+    RISK = "risk"          # cost with memory, fabric, host-streaming and spot risks priced in
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

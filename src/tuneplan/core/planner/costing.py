@@ -25,7 +25,8 @@ from tuneplan.core.cost.estimate import (
     checkpoint_bytes,
     estimate_cost,
 )
-from tuneplan.core.job.strategy import Job, Sharding
+from tuneplan.core.job.recipes import Recipe
+from tuneplan.core.job.strategy import Job, Loss, Sharding
 from tuneplan.core.planner.caveats import card_notes
 from tuneplan.core.planner.search import Candidate
 from tuneplan.errors import TuneplanError
@@ -210,6 +211,12 @@ def plan_warnings(c: Candidate, offer: Offer, gpu: GpuSpec, provider: Provider |
     if "consumer" in gpu.form_factor.lower() and s.gpus > 1 and link != "nvswitch":
         out.append(f"consumer card ({gpu.name}) without NVLink: GPUs talk through PCIe "
                    "(and peer-to-peer may be disabled by the driver)")
+    if s.loss is Loss.CHUNKED and s.recipe is Recipe.HF:
+        # transformers TrainingArguments.use_liger_kernel (Liger's fused linear cross-entropy
+        # among its kernels); the bundled launch/train.py does not set it.
+        out.append("chunked loss: the launch files' train.py runs the standard loss; set "
+                   "TrainingArguments(use_liger_kernel=True) (pip install liger-kernel) or "
+                   "another fused linear cross-entropy, or the plan will not fit")
     out += card_notes(s, gpu)
     age_s = (now - offer.fetched_at).total_seconds()
     if age_s > stale_after_s:

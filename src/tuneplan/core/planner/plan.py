@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
@@ -20,9 +20,23 @@ from tuneplan.core.catalog.hardware import GpuSpec, card_capacity_bytes
 from tuneplan.core.catalog.offers import Offer, gpu_matches, provider_matches
 from tuneplan.core.catalog.providers import Provider
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
-from tuneplan.core.cost.estimate import CostAssumptions, CostEstimate, billed_total
+from tuneplan.core.cost.estimate import (
+    CostAssumptions,
+    CostEstimate,
+    billed_total,
+    checkpoint_bytes,
+)
 from tuneplan.core.job.methods import Method
-from tuneplan.core.job.strategy import Interconnect, Job, Objective, Offload, Precision, Strategy
+from tuneplan.core.job.strategy import (
+    Checkpointing,
+    Interconnect,
+    Job,
+    Loss,
+    Objective,
+    Offload,
+    Precision,
+    Strategy,
+)
 from tuneplan.core.memory import MemoryAssumptions
 from tuneplan.core.models import ModelSpec
 from tuneplan.core.planner.caveats import card_problem, model_defaults
@@ -43,6 +57,7 @@ from tuneplan.core.planner.infeasible import (
     budget_and_deadline,
     ordered,
 )
+from tuneplan.core.planner.risk import Risk, assess
 from tuneplan.core.planner.search import (
     AUTO_METHODS,
     DEFAULT_MEMORY_MARGIN,
@@ -119,10 +134,17 @@ class Plan:
     spot: CostEstimate | None = None
     why: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    risk: Risk | None = None          # what the plan risks beyond its estimate (``risk.assess``)
 
     @property
     def strategy(self) -> Strategy:
         return self.candidate.strategy
+
+    @property
+    def risk_cost(self) -> Decimal:
+        """``best_cost`` with the plan's risks priced in (``Risk.adjusted``): what
+        ``--objective risk`` ranks by."""
+        return self.best_cost if self.risk is None else self.risk.adjusted(self.best_cost)
 
     @property
     def uses_spot(self) -> bool:
@@ -326,7 +348,7 @@ def strategy_search(model: ModelSpec, job: Job, a: PlanAssumptions) -> StrategyS
         margin=a.memory_margin, max_micro_batch_log2=max(
             0, (a.max_micro_batch_tokens // job.strategy.seq_len).bit_length() - 1),
         memory_assumptions=a.memory, throughput_assumptions=a.throughput,
-        fixed=frozenset(job.fixed))
+        fixed=frozenset(job.fixed), headroom=job.objective is Objective.RISK)
 
 
 def offer_node(offer: Offer, gpu: GpuSpec, *, nodes: int = 1,
@@ -415,20 +437,28 @@ def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[s
         node = replace(node, nodes=nodes, inter_node_bytes_per_s=inter)
     outcome = search.search(node)
     short = _host_ram_short(outcome.best.values(), offer)
-    if len(short) == len(outcome.best) and job.multi_node and _multi_node_ok(provider) and (
-            not job.is_fixed("nodes")):
-        bigger = _more_nodes(search, job, node, inter, a, offer)
-        if bigger is not None:
-            outcome, short = bigger, {}
-    if not outcome.best:
+    candidates = list(outcome.best.values())
+    if job.multi_node and _multi_node_ok(provider) and not job.is_fixed("nodes"):
+        if len(short) == len(outcome.best):
+            bigger = _more_nodes(search, job, node, inter, a, offer)
+            if bigger is not None:
+                outcome, short = bigger, {}
+                candidates = list(bigger.best.values())
+        elif (want := _nodes_may_pay(job, [c for c in candidates if id(c) not in short])):
+            # One node fits, but leaning on host offload or missing the deadline: more
+            # nodes may be cheaper or in time, so they are plans beside it (ranked alike).
+            more = _more_nodes(search, job, node, inter, a, offer, want=want)
+            if more is not None:
+                candidates += list(more.best.values())
+    if not candidates:
         need = outcome.smallest_need_bytes
         batch = job.strategy.batch_size if job.is_fixed("batch_size") else 1
         return Refused(_why_not(need, outcome.refusals, capacity, a, batch=batch),
                        kind="memory" if need is not None else "estimate")
     # A candidate the card cannot run (bitsandbytes without a kernel for it) is skipped too.
-    short |= {id(c): why for c in outcome.best.values() if (why := card_problem(c.strategy, gpu))}
+    short |= {id(c): why for c in candidates if (why := card_problem(c.strategy, gpu))}
     options: list[_Option] = []
-    for candidate in outcome.best.values():
+    for candidate in candidates:
         if id(candidate) in short:
             continue
         # Money scales with the price: one cost-model run per candidate and provider.
@@ -448,10 +478,28 @@ def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[s
                   options=tuple(options))
 
 
+def plan_risk(p: Plan, provider: Provider | None, a: CostAssumptions) -> Risk:
+    """``risk.assess`` for a plan: spot's extra wall time over on-demand when it runs on spot,
+    and whether the provider's notice is long enough to write a checkpoint (``a``'s write
+    rate, as the cost model has it)."""
+    c = p.candidate
+    extra = (p.spot_hours / p.hours - 1) if p.uses_spot and p.spot_hours and p.hours else 0.0
+    notice = provider.spot_notice_s if provider else None
+    saves = False
+    if notice:
+        s, mem = c.strategy, c.memory
+        with_opt, _ = checkpoint_bytes(method=s.method, precision=s.precision,
+                                       optimizer=s.optimizer, total_params=mem.total_params,
+                                       trainable_params=mem.trainable_params)
+        saves = notice >= with_opt / a.checkpoint_write_bytes_per_s
+    return assess(c, link=p.link, capacity_bytes=p.capacity_bytes, gpu=p.gpu.name,
+                  on_spot=p.uses_spot, spot_extra=extra, spot_notice=saves)
+
+
 def _build_plan(p: _Priced, job: Job, now: datetime, a: PlanAssumptions) -> Plan:
     option, shape, offer = p.option, p.shape, p.offer
     candidate = option.candidate
-    return Plan(id=plan_id(offer, candidate.strategy), offer=offer, gpu=shape.gpu,
+    plan = Plan(id=plan_id(offer, candidate.strategy), offer=offer, gpu=shape.gpu,
                 candidate=candidate, link=shape.link, capacity_bytes=shape.capacity,
                 hours=option.hours, cost_usd=p.cost, spot_usd=p.spot,
                 spot_hours=option.unit.spot_expected_hours, spot_may_win=p.may_spot,
@@ -459,6 +507,7 @@ def _build_plan(p: _Priced, job: Job, now: datetime, a: PlanAssumptions) -> Plan
                 warnings=tuple(plan_warnings(candidate, offer, shape.gpu, shape.provider,
                                              shape.link, now=now,
                                              stale_after_s=a.stale_after_s)))
+    return replace(plan, risk=plan_risk(plan, shape.provider, a.cost))
 
 
 def _wanted(job: Job, offer: Offer) -> bool:
@@ -513,18 +562,39 @@ def _multi_node_ok(provider: Provider | None) -> bool:
 
 
 def _more_nodes(search: StrategySearch, job: Job, node: Node, inter: float | None,
-                a: PlanAssumptions, offer: Offer) -> SearchOutcome | None:
+                a: PlanAssumptions, offer: Offer,
+                want: Callable[[Candidate], bool] | None = None) -> SearchOutcome | None:
     """The fewest nodes (2, 4, 8 ...) on which something fits (within the instance's RAM
-    when offloading), up to --max-gpus; None when no count works."""
+    when offloading) and, given ``want``, passes it, up to --max-gpus; None when no count
+    works. Only the candidates that pass are returned."""
     nodes = 2
     limit = job.max_gpus or a.max_nodes * node.gpus_per_node
     while nodes <= a.max_nodes and nodes * node.gpus_per_node <= limit:
         outcome = search.search(replace(node, nodes=nodes, inter_node_bytes_per_s=inter))
         short = _host_ram_short(outcome.best.values(), offer)
-        if outcome.best and len(short) < len(outcome.best):
-            return SearchOutcome(best={m: c for m, c in outcome.best.items()
-                                       if id(c) not in short})
+        kept = {m: c for m, c in outcome.best.items()
+                if id(c) not in short and (want is None or want(c))}
+        if kept:
+            return SearchOutcome(best=kept)
         nodes *= 2
+    return None
+
+
+def _nodes_may_pay(job: Job, fitted: Sequence[Candidate]
+                   ) -> Callable[[Candidate], bool] | None:
+    """What more nodes must do to be worth a plan when one node already fits ``fitted``:
+    meet the deadline none of them meets, or run without the host offload all of them
+    need (streaming weights over PCIe is slower than a second node); None when one node is
+    enough."""
+    if not fitted:
+        return None
+    if job.deadline_s is not None and all(
+            (c.throughput.hours or 0.0) * HOUR_S > job.deadline_s for c in fitted):
+        deadline = job.deadline_s
+        return lambda c: (c.throughput.hours or 0.0) * HOUR_S <= deadline
+    if not job.is_fixed("offload") and all(c.strategy.offload is not Offload.NONE
+                                           for c in fitted):
+        return lambda c: c.strategy.offload is Offload.NONE
     return None
 
 
@@ -553,6 +623,8 @@ def rank_plans(plans: list[Plan], objective: Objective,
     ids = tuple(p.id for p in front)
     if objective is Objective.TIME:
         return sorted(plans, key=lambda p: (p.best_hours, p.best_cost, p.id)), ids
+    if objective is Objective.RISK:
+        return sorted(plans, key=lambda p: (p.risk_cost, p.best_hours, p.id)), ids
     by_cost = sorted(plans, key=lambda p: (p.best_cost, p.best_hours, p.id))
     if objective is Objective.PARETO:
         on = set(ids)
@@ -575,14 +647,85 @@ def _explain(ranked: list[Plan], front: tuple[str, ...], job: Job, a: PlanAssump
         if p.uses_spot and (provider is None or not provider.spot_notice_s):
             p = replace(p, warnings=(*p.warnings, "spot without a notice period: an "
                                      "interruption loses the work since the last checkpoint"))
-        out.append(replace(p, why=tuple(_why(p, rank, len(ranked), p.id in front, job))))
+        # each plan against #1; #1 against #2 (what it wins by)
+        other = out[0] if out else ranked[1] if len(ranked) > 1 else None
+        out.append(replace(p, why=tuple(_why(p, rank, len(ranked), p.id in front, job,
+                                             lead=other))))
     return out
 
 
-def _why(p: Plan, rank: int, total: int, on_front: bool, job: Job) -> list[str]:
+RANK_WORDS = {Objective.COST: "cheapest", Objective.TIME: "fastest",
+              Objective.PARETO: "best cost/time trade-off",
+              Objective.RISK: "lowest cost with its risks priced in"}
+
+
+def _money(value: Decimal) -> str:
+    return f"${value:,.2f}" if value.is_finite() else "no price"
+
+
+def _rank_reason(p: Plan, lead: Plan | None, objective: Objective, rank: int) -> str | None:
+    """How ``p`` compares with ``lead``: the #1 plan, or for #1 itself the #2, in the
+    objective's terms."""
+    if lead is None:
+        return None
+    dcost = p.best_cost - lead.best_cost
+    dh = p.best_hours - lead.best_hours
+    parts = [f"{_money(abs(dcost))} {'more' if dcost >= 0 else 'less'}",
+             f"{abs(dh):.1f} h {'slower' if dh >= 0 else 'faster'}"]
+    if objective is Objective.RISK and p.risk is not None and lead.risk is not None:
+        parts.append(f"risk-priced {_money(p.risk_cost)} vs {_money(lead.risk_cost)}")
+    return f"vs #{2 if rank == 1 else 1}: " + ", ".join(parts)
+
+
+def _risk_lines(p: Plan) -> list[str]:
+    """The plan's risks and its time and cost range, in words (every objective)."""
+    r = p.risk
+    if r is None:
+        return []
+    low, high = r.hours_range(p.best_hours)
+    reasons = list(r.reasons)
+    if r.fabric_share and p.best_cost.is_finite():
+        # the exposed share of the step is that share of the compute bill
+        share = Decimal(str(round(r.fabric_share, 4)))
+        reasons.append(f"the exposed all-gathers are about {_money(p.best_cost * share)} of "
+                       f"this plan's {_money(p.best_cost)}")
+    lines = [f"risks: {'; '.join(reasons)}"] if reasons else [
+        f"risks: none beyond the estimate (memory at {r.memory_fill:.0%} of usable)"]
+    text = f"range: {low:.1f}-{high:.1f} h"
+    if p.best_cost.is_finite():
+        err = Decimal(str(r.time_error))
+        text += f", {_money(p.best_cost * (1 - err))}-{_money(p.best_cost * (1 + err))}"
+    text += f" (+-{r.time_error:.0%}: {r.time_error_source})"
+    if p.uses_spot and p.spot is not None and p.spot.spot is not None:
+        sp = p.spot.spot
+        text += (f"; spot P50-P90 {sp.p50_hours:.1f}-{sp.p90_hours:.1f} h, "
+                 f"{_money(sp.p50_cost)}-{_money(sp.p90_cost)} (Monte Carlo of interruptions)")
+    lines.append(text)
+    return lines
+
+
+def _chosen_settings(p: Plan, job: Job) -> list[str]:
+    """Settings the search changed from the job's own to make the plan fit (each one said)."""
+    s, base = p.strategy, job.strategy
+    out: list[str] = []
+    if s.loss is Loss.CHUNKED and base.loss is not Loss.CHUNKED:
+        out.append("chunked loss (--loss chunked: the logits are never materialised whole; "
+                   "set it in the trainer, e.g. a fused linear cross-entropy): these settings "
+                   "fit only with it")
+    if s.optimizer is not base.optimizer:
+        out.append(f"--optimizer {s.optimizer.value} (8-bit optimizer state): these settings "
+                   "fit only with it")
+    if s.checkpointing is Checkpointing.OFFLOAD and base.checkpointing is not (
+            Checkpointing.OFFLOAD):
+        out.append("activation checkpoints offloaded to host RAM: these settings fit only "
+                   "with them off the GPU")
+    return out
+
+
+def _why(p: Plan, rank: int, total: int, on_front: bool, job: Job,
+         lead: Plan | None = None) -> list[str]:
     s = p.strategy
-    word = {Objective.COST: "cheapest", Objective.TIME: "fastest",
-            Objective.PARETO: "best cost/time trade-off"}[job.objective]
+    word = RANK_WORDS[job.objective]
     lines = [f"#{rank} {word} of {total} feasible plans" + (
         " (on the cost/time Pareto front)" if on_front else "")]
 
@@ -598,8 +741,12 @@ def _why(p: Plan, rank: int, total: int, on_front: bool, job: Job) -> list[str]:
         f"{p.candidate.device_total_bytes / GiB:.1f}"
         f" of {p.capacity_bytes / GiB:.1f} GiB usable per GPU "
         f"({p.gpu.memory_bytes / GiB:g} GiB nominal)")
+    reason = _rank_reason(p, lead, job.objective, rank)
+    if reason:
+        lines.append(reason)
     if job.strategy.method is Method.AUTO and s.method in TRADE_OFFS:
         lines.append(TRADE_OFFS[s.method])
+    lines += _chosen_settings(p, job) + _risk_lines(p)
     if p.uses_spot and p.spot_usd is not None:
         lines.append(f"spot expected ${p.spot_usd:,.2f} vs on-demand "
                      + (f"${p.cost_usd:,.2f}" if p.cost_usd is not None else "none offered"))
@@ -611,7 +758,7 @@ def _why(p: Plan, rank: int, total: int, on_front: bool, job: Job) -> list[str]:
 SEARCHED_FLAGS = {"batch_size": "--batch-size", "gpus": "--gpus", "nodes": "--nodes",
                   "sharding": "--sharding", "offload": "--offload",
                   "checkpointing": "--gradient-checkpointing/--offload-activations",
-                  "precision": "--precision"}
+                  "precision": "--precision", "loss": "--loss", "optimizer": "--optimizer"}
 
 
 def fixed_values(job: Job) -> dict[str, object]:

@@ -2,16 +2,19 @@
 
 ``StrategySearch`` enumerates, for a GPU type, GPUs per node and node count, the methods,
 checkpointing, sharding and offload, finds the largest micro-batch that fits by bisection, and
-keeps the fastest strategy per method. A field the person fixed (``fixed``: micro-batch,
-sharding, offload, checkpointing, precision) is not searched: every candidate keeps its
-value, so a plan never silently changes what was asked for. Memory estimates are cached by
-(strategy, GPU generation) so offers that share a GPU share the work. Pure: no catalog,
-prices or I/O.
+keeps the fastest strategy per method (under ``--objective risk`` the fastest once its memory
+risk is priced in, half the largest micro-batch tried too). Where the job's own settings fit
+nothing, the lean settings an engineer reaches for are tried in turn (``lean_settings``:
+chunked loss, 8-bit AdamW, activation offload), then optimizer/parameter offload. A field the
+person fixed (``fixed``: micro-batch, sharding, offload, checkpointing, precision, loss,
+optimizer) is not searched: every candidate keeps its value, so a plan never silently changes
+what was asked for. Memory estimates are cached by (strategy, GPU generation) so offers that
+share a GPU share the work. Pure: no catalog, prices or I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from tuneplan.core.catalog.hardware import GpuSpec
@@ -24,11 +27,21 @@ from tuneplan.core.compute.throughput import (
     model_shape_from_spec,
 )
 from tuneplan.core.job.methods import Method
-from tuneplan.core.job.strategy import Checkpointing, Offload, Sharding, Strategy
+from tuneplan.core.job.recipes import Recipe
+from tuneplan.core.job.strategy import (
+    Checkpointing,
+    Loss,
+    Offload,
+    Optimizer,
+    Sharding,
+    Strategy,
+    Task,
+)
 from tuneplan.core.memory import MemoryAssumptions, MemoryEstimate, estimate_memory
 from tuneplan.core.memory.overheads import reserve_term, workspace_term
 from tuneplan.core.models import ModelSpec
-from tuneplan.core.planner.caveats import precision_on
+from tuneplan.core.planner.caveats import card_problem, precision_on
+from tuneplan.core.planner.risk import memory_penalty
 from tuneplan.errors import TuneplanError
 
 AUTO_METHODS = (Method.FULL, Method.LORA, Method.QLORA)
@@ -140,6 +153,9 @@ class StrategySearch:
     memory_assumptions: MemoryAssumptions = field(default_factory=MemoryAssumptions)
     throughput_assumptions: ThroughputAssumptions = field(default_factory=ThroughputAssumptions)
     fixed: frozenset[str] = frozenset()   # Strategy fields kept as ``base`` has them
+    # --objective risk: a micro-batch below the largest that fits is tried too, and the kept
+    # candidate trades speed against memory headroom (``_merit``)
+    headroom: bool = False
     _memory: dict[tuple[Strategy, str | None], MemoryEstimate | Refused] = field(
         default_factory=dict)
     _batches: dict[tuple[Strategy, int], MemoryEstimate | Refused] = field(default_factory=dict)
@@ -236,11 +252,61 @@ class StrategySearch:
         for method in self.methods():
             if method is Method.QLORA and Method.LORA in out.best:
                 continue  # where LoRA fits it is faster, hence cheaper: QLoRA cannot win
-            fitted = self._fit_method(method, node, limit, generation, out, offload=False)
+            fitted: list[Candidate] = []
+            leans = self.lean_settings(method, node.gpu)
+            for lean in leans:
+                more = self._fit_method(method, node, limit, generation, out, offload=False,
+                                        lean=lean)
+                if fitted or (more and "batch_size" in self.fixed):
+                    fitted += more
+                    break
+                fitted = more
+                # A fit only at micro-batch 1 is tight: the next lean step is tried too, as
+                # it may fit a larger, faster micro-batch (the faster of them is kept).
+                if fitted and max(c.strategy.batch_size for c in fitted) > 1:
+                    break
             if not fitted and node.gpus_per_node * node.nodes > 1 and "offload" not in self.fixed:
-                fitted = self._fit_method(method, node, limit, generation, out, offload=True)
+                # DeepSpeed's CPU Adam replaces the optimizer: offload keeps the job's own
+                # optimizer and checkpoints; the chunked loss is tried when it alone fails.
+                chunked = {k: v for k, v in leans[-1].items() if k == "loss"}
+                for lean in ({}, chunked) if chunked else ({},):
+                    fitted = self._fit_method(method, node, limit, generation, out,
+                                              offload=True, lean=lean)
+                    if fitted:
+                        break
             if fitted:
-                out.best[method] = max(fitted, key=lambda c: c.throughput.tokens_per_second)
+                out.best[method] = max(fitted, key=lambda c: self._merit(c, node))
+        return out
+
+    def _merit(self, c: Candidate, node: Node) -> float:
+        """What picks the candidate kept per method: tokens/s; with ``headroom`` (``--objective
+        risk``), tokens/s discounted by the memory risk (``risk.memory_penalty``)."""
+        speed = c.throughput.tokens_per_second
+        if not self.headroom:
+            return speed
+        return speed / (1 + memory_penalty(c.device_total_bytes / node.capacity_bytes))
+
+    def lean_settings(self, method: Method, gpu: GpuSpec) -> list[dict[str, object]]:
+        """The settings an engineer reaches for, in turn, when the job's own do not fit,
+        each step keeping the ones before: a chunked loss (same numerics, the logits never
+        whole), an 8-bit AdamW for full fine-tuning (where bitsandbytes runs on the card),
+        activation checkpoints in host RAM. Only fields left free (``fixed``) change; the
+        first entry is the job's own settings."""
+        base, fixed = self.base, self.fixed
+        out: list[dict[str, object]] = [{}]
+        step: dict[str, object] = {}
+        if ("loss" not in fixed and base.loss is not Loss.CHUNKED
+                and base.task is Task.CAUSAL_LM and base.recipe is Recipe.HF):
+            step = {**step, "loss": Loss.CHUNKED}
+            out.append(step)
+        if (method is Method.FULL and "optimizer" not in fixed
+                and base.optimizer is Optimizer.ADAMW):
+            probe = replace(base, method=method, optimizer=Optimizer.ADAMW8BIT)
+            if card_problem(probe, gpu) is None:
+                step = {**step, "optimizer": Optimizer.ADAMW8BIT}
+                out.append(step)
+        if "checkpointing" not in fixed and base.checkpointing is Checkpointing.FULL:
+            out.append({**step, "checkpointing": Checkpointing.OFFLOAD})
         return out
 
     def exact(self, candidate: Candidate, gpu: GpuSpec) -> Candidate:
@@ -254,7 +320,8 @@ class StrategySearch:
                        host_ram_bytes=found.host_ram_bytes, exact=True)
 
     def _fit_method(self, method: Method, node: Node, limit: int, generation: str,
-                    out: SearchOutcome, *, offload: bool) -> list[Candidate]:
+                    out: SearchOutcome, *, offload: bool,
+                    lean: Mapping[str, object] | None = None) -> list[Candidate]:
         """Fitting candidates over sharding x offload x checkpointing, pruned where a choice
         cannot win: heavier sharding once a lighter one reaches the largest micro-batch (more
         traffic, no larger batch); ZeRO-3 unless FSDP is refused (same traffic, more memory);
@@ -264,7 +331,7 @@ class StrategySearch:
         top = 2**self.max_micro_batch_log2
         fsdp_refused = False
         free_sharding = "sharding" not in self.fixed
-        for family in self.families(method, node, offload=offload):
+        for family in self.families(method, node, offload=offload, lean=lean):
             if (free_sharding and family.sharding is Sharding.ZERO3 and not offload
                     and not fsdp_refused):
                 continue  # ZeRO-3 needs more memory than FSDP for the same traffic
@@ -284,11 +351,15 @@ class StrategySearch:
                 break
         return fitted
 
-    def families(self, method: Method, node: Node, *, offload: bool) -> Iterable[Strategy]:
+    def families(self, method: Method, node: Node, *, offload: bool,
+                 lean: Mapping[str, object] | None = None) -> Iterable[Strategy]:
         """Strategies at micro-batch 1 (the fixed one, when given) with checkpointing (the
-        fixed setting, when given), for every sharding / offload left free."""
+        fixed setting, when given), for every sharding / offload left free; ``lean`` (one of
+        ``lean_settings``) overrides free fields of the job's strategy."""
         world = node.gpus_per_node * node.nodes
         base, fixed = self.base, self.fixed
+        if lean:
+            base = replace(base, **lean)  # type: ignore[arg-type]
         if "offload" in fixed and base.offload is not Offload.NONE:
             # Offloading needs a ZeRO or FSDP sharding, on one GPU too (core.memory.refusals).
             shardings: tuple[Sharding, ...] = (Sharding.ZERO2, Sharding.FSDP, Sharding.ZERO3)
@@ -341,14 +412,18 @@ class StrategySearch:
             return []
         batch = family.batch_size if fixed_batch else 2**largest_fitting(
             fits, 0, self.max_micro_batch_log2)
-        est = self.at_batch(family, batch)
-        assert not isinstance(est, Refused)
-        strategy = self._precision_for(replace(family, batch_size=batch), node.gpu)
-        found = evaluate_strategy(self, node, strategy, memory=est)
-        if isinstance(found, Refused):
-            out.refusals.append(found.reason)
-            return []
-        return [found]
+        batches = [batch] + ([batch // 2] if self.headroom and batch > 1 else [])
+        kept: list[Candidate] = []
+        for size in batches:
+            est = self.at_batch(family, size)
+            assert not isinstance(est, Refused)
+            strategy = self._precision_for(replace(family, batch_size=size), node.gpu)
+            found = evaluate_strategy(self, node, strategy, memory=est)
+            if isinstance(found, Refused):
+                out.refusals.append(found.reason)
+                return kept
+            kept.append(found)
+        return kept
 
 
 def evaluate_strategy(search: StrategySearch, node: Node, strategy: Strategy, *,

@@ -1,0 +1,169 @@
+"""What a plan risks beyond its point estimate, in numbers and words: memory headroom, the
+fabric its sharding leans on, weights streamed from host RAM, spot interruptions, and the
+uncertainty range of its time (and so its cost).
+
+Each risk is a fraction of the plan's cost that a person should expect to put at stake (a
+crude but stated price): ``--objective risk`` ranks by ``cost x (1 + penalty)``, and every
+objective's why-lines quote the reasons. Pure: reads a fitted candidate, the node's link, the
+card's usable memory and the provider's spot notice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import TYPE_CHECKING
+
+from tuneplan.core.job.strategy import Checkpointing, Offload, Sharding
+from tuneplan.units import GB
+
+if TYPE_CHECKING:  # the search imports this module's memory_penalty
+    from tuneplan.core.planner.search import Candidate
+
+#: Below this share of usable memory a peak is comfortable: the memory estimate's held-out
+#: median |error| is 6.1 % over 87 published peaks (benchmarks/README.md, accuracy.py), and
+#: allocator fragmentation and a long sample add to it.
+MEMORY_COMFORT = 0.80
+#: Penalty per unit of fill above ``MEMORY_COMFORT`` (0.28 at 94 % of usable): the chance
+#: that an out-of-memory error at step N costs a restart and a smaller micro-batch.
+MEMORY_PENALTY_SLOPE = 2.0
+#: Share of the exposed PCIe all-gather / host-streaming time counted as risk: those rates
+#: are assumptions (ring bandwidth, pinned host copies), and peer-to-peer over PCIe may be
+#: disabled by the driver on consumer cards; half the time they take is what may go wrong.
+LINK_RISK_SHARE = 0.5
+#: A spot run without a notice long enough to save a checkpoint loses the work since the
+#: last one at each interruption: the expected loss is priced in, its spread is not.
+NO_NOTICE_PENALTY = 0.10
+
+#: The throughput model's held-out median |error| of tokens/s per GPU it was calibrated on
+#: (leave-one-GPU-out, benchmarks/README.md, throughput_accuracy.py); a GPU with no
+#: calibration row takes ``UNCALIBRATED_TIME_ERROR`` (transfers miss the L40S by ~19 % and the
+#: V100 more).
+CALIBRATED_TIME_ERROR = {"A100 80GB SXM4": 0.052, "L40S": 0.193, "V100 SXM2 16GB": 0.179}
+UNCALIBRATED_TIME_ERROR = 0.20
+TIME_ERROR_SOURCE = "throughput model's held-out median error on {where}, benchmarks/README.md"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Risk:
+    """A plan's risks: each part a fraction of its cost (``penalty`` sums them)."""
+
+    memory_fill: float             # whole-device peak / usable memory per GPU
+    memory: float
+    fabric: float
+    fabric_gb_per_step: float      # sharding traffic per GPU per step over PCIe or across
+                                   # nodes (GB, 10^9)
+    fabric_share: float            # exposed share of the step spent on it
+    streaming: float
+    host_gb_per_step: float        # bytes moved host<->GPU per GPU per step (GB, 10^9)
+    spot: float
+    time_error: float              # +- fraction of hours (and of compute cost)
+    time_error_source: str
+    reasons: tuple[str, ...]
+
+    @property
+    def penalty(self) -> float:
+        """The fraction of cost at stake beyond the estimate (the time range's upper end
+        included)."""
+        return self.memory + self.fabric + self.streaming + self.spot + self.time_error
+
+    def adjusted(self, cost: Decimal) -> Decimal:
+        """``cost`` with the risks priced in: what ``--objective risk`` ranks by."""
+        if not cost.is_finite():
+            return cost
+        return cost * (1 + Decimal(str(round(self.penalty, 4))))
+
+    def hours_range(self, hours: float) -> tuple[float, float]:
+        return hours * (1 - self.time_error), hours * (1 + self.time_error)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"penalty": round(self.penalty, 4), "memory_fill": round(self.memory_fill, 4),
+                "memory": round(self.memory, 4), "fabric": round(self.fabric, 4),
+                "fabric_gb_per_step": round(self.fabric_gb_per_step, 3),
+                "fabric_share_of_step": round(self.fabric_share, 4),
+                "streaming": round(self.streaming, 4),
+                "host_gb_per_step": round(self.host_gb_per_step, 3),
+                "spot": round(self.spot, 4), "time_error": self.time_error,
+                "time_error_source": self.time_error_source, "reasons": list(self.reasons)}
+
+
+def memory_penalty(fill: float) -> float:
+    """The memory part of a plan's risk at ``fill`` = whole-device peak / usable memory."""
+    return max(0.0, fill - MEMORY_COMFORT) * MEMORY_PENALTY_SLOPE
+
+
+def time_error(gpu: str) -> tuple[float, str]:
+    """(+- fraction, where it comes from) of a time estimate on ``gpu``."""
+    if gpu in CALIBRATED_TIME_ERROR:
+        return CALIBRATED_TIME_ERROR[gpu], TIME_ERROR_SOURCE.format(where=gpu)
+    return UNCALIBRATED_TIME_ERROR, TIME_ERROR_SOURCE.format(
+        where=f"GPUs without a calibration row, as {gpu}")
+
+
+def host_bytes_per_step(c: Candidate) -> float:
+    """Bytes per GPU per optimizer step that cross the host link: the weights streamed each
+    pass under ``--offload optimizer+params`` (the step model's own term), or, under
+    optimizer offload, bf16 gradients down and updated bf16 weights up once per step."""
+    s = c.strategy
+    if s.offload is Offload.OPTIMIZER_PARAMS:
+        term = c.throughput.step.get("micro-batch/param-offload")
+        if term is not None:
+            inputs = term.inputs
+            return float(inputs.get("bytes", 0.0)) * float(inputs.get("grad_accum", 1))
+    if s.offload is not Offload.NONE:
+        return 2.0 * 2 * c.memory.trainable_params / s.world_size
+    return 0.0
+
+
+def assess(c: Candidate, *, link: str, capacity_bytes: int, gpu: str, on_spot: bool,
+           spot_extra: float, spot_notice: bool) -> Risk:
+    """The risks of candidate ``c`` on a node whose GPUs talk over ``link`` (``costing.
+    node_link``'s words), with ``capacity_bytes`` usable per card; ``spot_extra`` is spot's
+    expected wall time over on-demand's, as a fraction (0 when the plan runs on-demand)."""
+    s, t = c.strategy, c.throughput
+    reasons: list[str] = []
+    fill = c.device_total_bytes / capacity_bytes if capacity_bytes else 1.0
+    memory = memory_penalty(fill)
+    if memory > 0:
+        reasons.append(f"memory at {fill:.0%} of usable: little headroom for fragmentation "
+                       "or a longer sample (the estimate's held-out median error is 6.1 %)")
+    step_s = t.step_seconds or 1.0
+    fabric = gb = share = 0.0
+    over = "PCIe" if link == "pcie" else "the inter-node fabric" if s.nodes > 1 else None
+    if over and s.world_size > 1 and s.sharding in (
+            Sharding.ZERO3, Sharding.FSDP, Sharding.HYBRID):
+        exposed = t.step.get("step/communication-exposed")
+        exposed_s = float(exposed.value) if exposed is not None else t.comm_seconds_per_step
+        gb = t.comm_bytes_per_step_per_gpu / GB
+        share = exposed_s / step_s
+        fabric = share * LINK_RISK_SHARE
+        hidden = ("all of it hidden behind compute in the estimate" if exposed_s < 0.05
+                  else f"{exposed_s:.1f} s of the {step_s:.1f} s step not hidden ({share:.0%})")
+        reasons.append(f"{s.sharding.value} all-gathers {gb:,.1f} GB per GPU per step over "
+                       f"{over}: {t.comm_seconds_per_step:.1f} s of traffic, {hidden}")
+    host = host_bytes_per_step(c)
+    streaming = 0.0
+    if host:
+        term = t.step.get("micro-batch/param-offload")
+        moved_s = float(term.value) if term is not None else 0.0
+        streaming = moved_s / step_s * LINK_RISK_SHARE
+        what = ("weights streamed from host RAM every forward and backward pass"
+                if s.offload is Offload.OPTIMIZER_PARAMS
+                else "gradients to host and updated weights back (optimizer on the CPU)")
+        reasons.append(f"{what}: {host / GB:,.1f} GB per GPU per step over PCIe"
+                       + (f", {moved_s:.1f} s of the {step_s:.1f} s step" if moved_s else ""))
+    if s.checkpointing is Checkpointing.OFFLOAD:
+        reasons.append("activation checkpoints kept in host RAM: their copies are assumed "
+                       "hidden behind compute")
+    spot = 0.0
+    if on_spot:
+        spot = max(0.0, spot_extra) * LINK_RISK_SHARE + (0.0 if spot_notice
+                                                          else NO_NOTICE_PENALTY)
+        reasons.append(f"spot: interruptions add {spot_extra:.0%} wall time in expectation"
+                       + ("" if spot_notice else
+                          "; no notice long enough to write a checkpoint, so each one "
+                          "loses the work since the last"))
+    err, source = time_error(gpu)
+    return Risk(memory_fill=fill, memory=memory, fabric=fabric, fabric_gb_per_step=gb,
+                fabric_share=share, streaming=streaming, host_gb_per_step=host / GB, spot=spot,
+                time_error=err, time_error_source=source, reasons=tuple(reasons))
