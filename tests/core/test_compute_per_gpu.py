@@ -63,15 +63,19 @@ def test_each_gpu_gets_its_own_ceiling_not_its_architectures() -> None:
 
 
 def test_an_unmeasured_card_borrows_a_sibling_through_the_power_rule() -> None:
-    a6000 = load_gpu_spec("RTX A6000")
-    ceiling = matmul_ceiling(a6000, 154.8e12, A)
-    assert ceiling.basis == "sibling" and "A40" in ceiling.source  # same GA102 die
-    ratio = (300 / 154.8) / (300 / 149.7)
-    assert ceiling.fraction == pytest.approx(122.29 / 149.7 * ratio ** (1 / 3), rel=1e-6)
-    # the RTX 3090 (350 W for a 71 TFLOP/s half rate) has power to spare: capped at 1
-    assert matmul_ceiling(load_gpu_spec("RTX 3090"), 71e12, A).fraction == 1.0
+    a10 = load_gpu_spec("A10")  # GA102 at 150 W for 125 TFLOP/s
+    ceiling = matmul_ceiling(a10, 125e12, A)
+    # same die, nearest in power per peak FLOP: the RTX A6000 (300 W for 154.8)
+    assert ceiling.basis == "sibling" and ceiling.source.startswith("RTX A6000")
+    ratio = (150 / 125) / (300 / 154.8)
+    assert ceiling.fraction == pytest.approx(123.34 / 154.8 * ratio ** (1 / 3), rel=1e-6)
     # a lower power limit per FLOP sustains less clock: H100 PCIe below the SXM's fraction
     assert matmul_ceiling(load_gpu_spec("H100 PCIe"), 756e12, A).fraction < 794.5 / 989.5
+    # power to spare never lifts a rule-derived ceiling above the rated rate
+    assert matmul_ceiling(load_gpu_spec("L40"), 181e12, A).fraction <= 1.0
+    # no measured card of the architecture: the default fraction
+    t4 = matmul_ceiling(load_gpu_spec("T4"), 65e12, A)
+    assert (t4.basis, t4.fraction) == ("default", A.matmul_fraction_default)
 
 
 def test_compute_bound_job_faster_on_the_4090_only_where_physics_says_so() -> None:

@@ -56,7 +56,8 @@ MEASURED_MATMUL_TFLOPS: tuple[MeasuredMatmul, ...] = (
     ("Gaudi 3", "Gaudi", "2 dies", 1243.0, 1835, 900, _MAMF + ": Gaudi 3 1243.0"),
     ("L40S", "Ada", "AD102", 269.15, 362, 350,
      _TPT.format(card="NVIDIA L40S", torch="torch 2.8.0+cu128",
-                 dtype="BF16 269.15 of 362 (350 W: the clock falls under sustained load)")),
+                 dtype="BF16 269.15 of 362 (350 W: the clock falls under sustained load; "
+                       "columns FP32, FP16, BF16)")),
     ("RTX 4090", "Ada", "AD102", 164.81, 165.2, 450,
      _TPT.format(card="RTX 4090", torch="torch 2.7.0+cu128",
                  dtype="BF16 164.81 of its 165.2 FP32-accumulate rate (half rate: the 450 W "
@@ -65,6 +66,14 @@ MEASURED_MATMUL_TFLOPS: tuple[MeasuredMatmul, ...] = (
      _TPT.format(card="RTX 5090", torch="torch 2.7.0+cu128",
                  dtype="BF16 240.05, above the 209.5 FP32-accumulate half rate gpu_specs.csv "
                        "assumes for it")),
+    ("RTX 3090", "Ampere", "GA102", 76.58, 71, 350,
+     _TPT.format(card="RTX 3090", torch="torch 2.5.1+cu124",
+                 dtype="BF16 76.58, above its rated 71 FP32-accumulate rate (GeForce boost "
+                       "clocks run past the rated one where power allows; columns FP32, "
+                       "FP16, BF16)")),
+    ("RTX A6000", "Ampere", "GA102", 123.34, 154.8, 300,
+     _TPT.format(card="NVIDIA RTX A6000", torch="torch 2.8.0+cu128",
+                 dtype="BF16 123.34 of 154.8 (columns FP32, FP16, BF16)")),
     ("A40", "Ampere", "GA102", 122.29, 149.7, 300,
      _TPT.format(card="NVIDIA A40", torch="torch 2.11.0+cu128", dtype="BF16 122.29 of 149.7")),
     ("L4", "Ada", "AD104", 70.89, 121, 72,

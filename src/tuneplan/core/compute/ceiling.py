@@ -9,6 +9,7 @@ FP32-accumulate rate (half their FP16-accumulate rate), as gpu_specs.csv stores 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tuneplan.core.catalog.hardware import GpuSpec
@@ -40,7 +41,8 @@ def matmul_ceiling(gpu: GpuSpec, peak: float, a: ThroughputAssumptions) -> Matmu
     """The matmul ceiling of ``gpu`` at its mixed-precision dense rate ``peak`` (FLOP/s).
 
     Its own measurement when ``a.measured_matmul_tflops`` lists it; else the measured
-    fraction of a sibling (same die first, then same architecture word) times
+    fraction of a sibling (same die first, then same architecture word; among those the
+    nearest in board power per peak FLOP) times
     ((TDP / peak here) / (TDP / peak there)) ** ``sustained_clock_power_exponent``, capped at
     1; else ``matmul_fraction_default``. FP32 runs on CUDA cores and keeps its own constant.
     """
@@ -51,12 +53,15 @@ def matmul_ceiling(gpu: GpuSpec, peak: float, a: ThroughputAssumptions) -> Matmu
                              basis="measured", source=own[6])
     word, die = _word(gpu.architecture), _die(gpu.architecture)
     best = None
-    for row in a.measured_matmul_tflops:
-        if row[1] != word:
-            continue
-        rank = 0 if die and row[2] == die else 1
-        if best is None or rank < best[0]:
-            best = (rank, row)
+    if gpu.tdp_w and gpu.bf16_flops_per_s:
+        mine = gpu.tdp_w / (gpu.bf16_flops_per_s / 1e12)
+        for row in a.measured_matmul_tflops:
+            if row[1] != word:
+                continue
+            # same die first, then the nearest power per peak FLOP
+            key = (0 if die and row[2] == die else 1, abs(math.log(mine * row[4] / row[5])))
+            if best is None or key < best[0]:
+                best = (key, row)
     if best is not None and gpu.tdp_w and gpu.bf16_flops_per_s:
         name, _, _, tflops, their_peak, their_watts, source = best[1]
         theirs = tflops / their_peak
