@@ -9,9 +9,15 @@ How a fitted constant (marked ``fitted`` below) is fitted: it minimises the medi
 tokens/s over the calibration rows its ``THROUGHPUT_WHY`` entry names, the other constants held,
 one constant after another, repeated (``benchmarks/loso.py``). ``benchmarks/throughput_accuracy.py``
 repeats that fit and scores it leave-one-source-out and leave-one-GPU-out. The reproduction does
-not land on every value here: ``hidden_size_half_efficiency`` comes out near 980 rather than 450
-(it trades off against the Ampere efficiency on the same rows), ``compile_speedup`` near 1.37;
+not land on every value here: ``hidden_size_half_efficiency`` comes out near 860 rather than 450
+(it trades off against ``matmul_step_share`` on the same rows), ``compile_speedup`` near 1.39;
 benchmarks/README.md has the figures. The values here are kept until someone decides otherwise.
+
+The matmul-bound time is per GPU, from physics rather than per architecture: each card's
+matmul ceiling is a published measurement of the dense matmul rate it sustains
+(``MEASURED_MATMUL_TFLOPS``) or a measured sibling's fraction moved by the power rule
+(``core.compute.ceiling``), and one fitted ``matmul_step_share`` says how much of that ceiling
+a training step's matmuls reach on every GPU.
 """
 
 from __future__ import annotations
@@ -239,7 +245,9 @@ THROUGHPUT_WHY: dict[str, str] = {
         "sequence in a batch: tokens computed / real tokens when "
         "--no-packing and --avg-tokens are given (capped at --seq-len)"),
     "dequant_bytes_per_param": (
-        "QLoRA dequantizes every base weight each pass: read 0.5 B (4-bit) + write 2 B (bf16)"),
+        "LLM.int8 (lora8bit) dequantizes every base weight each pass: read 0.5 B + write 2 B, "
+        "plus 0.5 B more for the 1-byte int8 weight; the 4-bit formats count their bytes "
+        "exactly (0.5 B packed + absmax constants + the compute-dtype write)"),
     "dequant_bandwidth_efficiency": (
         "GPTQ int4 (auto-gptq QuantLinear): share of HBM bandwidth its dequantize-then-GEMM "
         "path reaches in training (per-layer kernels, fp16 unpacking of int32 words); fitted "
