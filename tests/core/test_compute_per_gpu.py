@@ -188,3 +188,13 @@ def test_the_json_states_mfu_bound_and_assumptions() -> None:
     assert "RTX 4090" in doc["assumptions"]["measured_matmul_tflops"]["value"]
     matmul = result.step.get("micro-batch/matmul")
     assert matmul is not None and matmul.inputs["efficiency_entry"] == "ceiling measured"
+
+
+def test_each_measurement_names_a_catalogued_gpu_with_its_peak_and_power() -> None:
+    # the peak and board power recorded with a measurement are the catalogue's own figures
+    for name, word, _, tflops, peak, watts, source in A.measured_matmul_tflops:
+        gpu = load_gpu_spec(name)
+        assert gpu.architecture.split()[0] == word, name
+        assert gpu.bf16_flops_per_s == pytest.approx(peak * 1e12), name
+        assert gpu.tdp_w == watts, name
+        assert 0 < tflops and source, name

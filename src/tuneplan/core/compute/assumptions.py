@@ -49,6 +49,10 @@ MEASURED_MATMUL_TFLOPS: tuple[MeasuredMatmul, ...] = (
      _MAMF + ": H100 SXM 794.5 of 989, torch 2.7.0+cu126"),
     ("H200 SXM", "Hopper", "GH100", 794.5, 989.5, 700,
      _MAMF + ": 'H200 is the same' as its H100 SXM row"),
+    ("GH200 (96GB HBM3)", "Hopper", "", 828.6, 989.5, 1000,
+     _MAMF + ": GH200 SXM 828.6 of 989, the 900 W 141 GiB HBM3e version (the same GH100 "
+             "die; the module's power includes the Grace CPU, so the power rule does not "
+             "apply)"),
     ("B200 (HGX)", "Blackwell", "GB100 dual-die", 1745.0, 2250, 1000,
      _MAMF + ": B200 SXM 1745.0 of 2250, torch 2.7.1+cu128"),
     ("B300 (HGX)", "Blackwell", "dual-die", 1769.0, 2250, 1100,
@@ -58,6 +62,8 @@ MEASURED_MATMUL_TFLOPS: tuple[MeasuredMatmul, ...] = (
     ("MI300X", "CDNA", "", 668.4, 1307.4, 750,
      _MAMF + ": MI300X 668.4 of 1300, PYTORCH_TUNABLEOP_ENABLED=1"),
     ("MI325X", "CDNA", "", 784.9, 1307.4, 1000, _MAMF + ": MI325X 784.9 of 1300, 1000 W"),
+    ("MI355X", "CDNA", "", 1565.0, 2516.6, 1400,
+     _MAMF + ": MI355X 1565.0 (of its 2300 there; gpu_specs_extra.csv gives 2516.6)"),
     ("Gaudi 2", "Gaudi", "", 418.7, 432, 600, _MAMF + ": Gaudi 2 418.7, PT_HPU_LAZY_MODE=1"),
     ("Gaudi 3", "Gaudi", "2 dies", 1243.0, 1835, 900, _MAMF + ": Gaudi 3 1243.0"),
     ("L40S", "Ada", "AD102", 269.15, 362, 350,
