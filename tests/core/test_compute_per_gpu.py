@@ -197,4 +197,4 @@ def test_each_measurement_names_a_catalogued_gpu_with_its_peak_and_power() -> No
         assert gpu.architecture.split()[0] == word, name
         assert gpu.bf16_flops_per_s == pytest.approx(peak * 1e12), name
         assert gpu.tdp_w == watts, name
-        assert 0 < tflops and source, name
+        assert tflops > 0 and source, name
