@@ -189,7 +189,12 @@ def test_an_impossible_budget_and_deadline_name_what_binds_with_a_relaxation(
     assert Decimal(raised) == Decimal(money["amount"]) + 60
     again = run_cli(*IMPOSSIBLE[:6], "--budget", raised, "--deadline", "2h",
                     "--json", "--top", "1000").ok_json()
-    assert money["plan"]["id"] in {p["id"] for p in again["plans"]}
+    # the plan it named, or one tied with it (same instance type and cost in another region:
+    # the relaxation and the plan search may break that tie differently)
+    named = money["plan"]
+    assert named["id"] in {p["id"] for p in again["plans"]} or (
+        named["instance_type"], named["cost_usd"]) in {
+        (p["offer"]["instance_type"], p["cost"]["ranked_usd"]) for p in again["plans"]}
     assert min(Decimal(p["cost"]["ranked_usd"]) for p in again["plans"]) == Decimal(raised)
     # Within budget, the deadline relaxation's plan takes what it says.
     assert float(time["plan"]["cost_usd"]) <= 60

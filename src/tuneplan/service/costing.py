@@ -146,6 +146,7 @@ def _price(model: ModelSpec, job: Job, strategy: Strategy, offer: Offer, a: Plan
                          "gpu_count": offer.gpu_count, "region": offer.region}
     document["throughput"] = {"tokens_per_second": c.throughput.tokens_per_second,
                               "training_hours": c.throughput.hours,
+                              "mfu": c.throughput.mfu, "bound": c.throughput.bound,
                               "notes": list(c.throughput.notes)}
     return document
 

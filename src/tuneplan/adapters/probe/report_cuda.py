@@ -117,5 +117,6 @@ def implied_efficiency(tp: Any, measured_step_s: float, gpu: GpuSpec,
     rest = float(tp.step.total) - matmul
     if matmul < 0.5 * float(tp.step.total) or measured_step_s <= rest:
         return {}
-    efficiency, _ = cal.throughput.matmul_efficiency(gpu.architecture)
+    term = tp.step.get("micro-batch/matmul")
+    efficiency = float(term.inputs["efficiency"]) if term is not None else 0.0
     return {"matmul_efficiency": round(efficiency * matmul / (measured_step_s - rest), 4)}

@@ -9,9 +9,15 @@ How a fitted constant (marked ``fitted`` below) is fitted: it minimises the medi
 tokens/s over the calibration rows its ``THROUGHPUT_WHY`` entry names, the other constants held,
 one constant after another, repeated (``benchmarks/loso.py``). ``benchmarks/throughput_accuracy.py``
 repeats that fit and scores it leave-one-source-out and leave-one-GPU-out. The reproduction does
-not land on every value here: ``hidden_size_half_efficiency`` comes out near 980 rather than 450
-(it trades off against the Ampere efficiency on the same rows), ``compile_speedup`` near 1.37;
+not land on every value here: ``hidden_size_half_efficiency`` comes out near 860 rather than 450
+(it trades off against ``matmul_step_share`` on the same rows), ``compile_speedup`` near 1.39;
 benchmarks/README.md has the figures. The values here are kept until someone decides otherwise.
+
+The matmul-bound time is per GPU, from physics rather than per architecture: each card's
+matmul ceiling is a published measurement of the dense matmul rate it sustains
+(``MEASURED_MATMUL_TFLOPS``) or a measured sibling's fraction moved by the power rule
+(``core.compute.ceiling``), and one fitted ``matmul_step_share`` says how much of that ceiling
+a training step's matmuls reach on every GPU.
 """
 
 from __future__ import annotations
@@ -19,11 +25,74 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-#: GPU architecture word (as in gpu_specs.csv ``architecture``) -> fraction of dense peak that
-#: large transformer matmuls reach in an eager PyTorch training step.
-_MATMUL_EFFICIENCY: tuple[tuple[str, float], ...] = (
-    ("Volta", 0.26), ("Turing", 0.30), ("Ampere", 0.61), ("Ada", 0.54), ("Hopper", 0.44),
-    ("Blackwell", 0.44), ("CDNA", 0.40), ("Gaudi", 0.40),
+_MAMF = ("stas00/ml-engineering, compute/accelerator/README.md, 'Maximum Achievable Matmul "
+         "FLOPS comparison table' (BF16, mean of 100 iterations)")
+_TPT = ("zzc0721/torch-performance-test-data (GitHub), its {card} submission ({torch}): best "
+        "torch.matmul of 1024..10240 squared, {dtype}")
+
+#: Measured dense matmul rate per GPU: (name as gpu_specs.csv has it, architecture word, die,
+#: measured TFLOP/s with BF16 inputs (FP16 on cards without BF16), the card's dense peak and
+#: board power from gpu_specs.csv (the conditions of the measurement), source). A card missing
+#: here takes a measured sibling's fraction moved by the power rule
+#: (``sustained_clock_power_exponent``; ``core.compute.ceiling``).
+MeasuredMatmul = tuple[str, str, str, float, float, float, str]
+MEASURED_MATMUL_TFLOPS: tuple[MeasuredMatmul, ...] = (
+    ("A100 80GB SXM4", "Ampere", "GA100", 271.2, 312, 400,
+     _MAMF + ": A100 SXM 271.2 of 312, torch 2.6.0+cu126"),
+    ("A100 40GB SXM4", "Ampere", "GA100", 271.2, 312, 400,
+     _MAMF + ": A100 SXM 271.2 of 312 (same die and clocks as the 80GB)"),
+    ("A100 80GB PCIe", "Ampere", "GA100", 252.9, 312, 300,
+     _MAMF + ": A100 PCIe 252.9 of 312, torch 2.5.1+cu124"),
+    ("A100 40GB PCIe", "Ampere", "GA100", 252.9, 312, 250,
+     _MAMF + ": A100 PCIe 252.9 of 312"),
+    ("H100 SXM5", "Hopper", "GH100", 794.5, 989.5, 700,
+     _MAMF + ": H100 SXM 794.5 of 989, torch 2.7.0+cu126"),
+    ("H200 SXM", "Hopper", "GH100", 794.5, 989.5, 700,
+     _MAMF + ": 'H200 is the same' as its H100 SXM row"),
+    ("GH200 (96GB HBM3)", "Hopper", "", 828.6, 989.5, 1000,
+     _MAMF + ": GH200 SXM 828.6 of 989, the 900 W 141 GiB HBM3e version (the same GH100 "
+             "die; the module's power includes the Grace CPU, so the power rule does not "
+             "apply)"),
+    ("B200 (HGX)", "Blackwell", "GB100 dual-die", 1745.0, 2250, 1000,
+     _MAMF + ": B200 SXM 1745.0 of 2250, torch 2.7.1+cu128"),
+    ("B300 (HGX)", "Blackwell", "dual-die", 1769.0, 2250, 1100,
+     _MAMF + ": B300 SXM 1769.0 of 2250, torch 2.9.1+cu130"),
+    ("GB200 (per Blackwell GPU)", "Blackwell", "NVL72 rack", 1822.0, 2500, 1200,
+     _MAMF + ": GB200 SXM 1822.0 of 2500"),
+    ("MI300X", "CDNA", "", 668.4, 1307.4, 750,
+     _MAMF + ": MI300X 668.4 of 1300, PYTORCH_TUNABLEOP_ENABLED=1"),
+    ("MI325X", "CDNA", "", 784.9, 1307.4, 1000, _MAMF + ": MI325X 784.9 of 1300, 1000 W"),
+    ("MI355X", "CDNA", "", 1565.0, 2516.6, 1400,
+     _MAMF + ": MI355X 1565.0 (of its 2300 there; gpu_specs_extra.csv gives 2516.6)"),
+    ("Gaudi 2", "Gaudi", "", 418.7, 432, 600, _MAMF + ": Gaudi 2 418.7, PT_HPU_LAZY_MODE=1"),
+    ("Gaudi 3", "Gaudi", "2 dies", 1243.0, 1835, 900, _MAMF + ": Gaudi 3 1243.0"),
+    ("L40S", "Ada", "AD102", 269.15, 362, 350,
+     _TPT.format(card="NVIDIA L40S", torch="torch 2.8.0+cu128",
+                 dtype="BF16 269.15 of 362 (350 W: the clock falls under sustained load; "
+                       "columns FP32, FP16, BF16)")),
+    ("RTX 4090", "Ada", "AD102", 164.81, 165.2, 450,
+     _TPT.format(card="RTX 4090", torch="torch 2.7.0+cu128",
+                 dtype="BF16 164.81 of its 165.2 FP32-accumulate rate (half rate: the 450 W "
+                       "limit does not bind)")),
+    ("RTX 5090", "Blackwell", "GB202", 240.05, 209.5, 575,
+     _TPT.format(card="RTX 5090", torch="torch 2.7.0+cu128",
+                 dtype="BF16 240.05, above the 209.5 FP32-accumulate half rate gpu_specs.csv "
+                       "assumes for it")),
+    ("RTX 3090", "Ampere", "GA102", 76.58, 71, 350,
+     _TPT.format(card="RTX 3090", torch="torch 2.5.1+cu124",
+                 dtype="BF16 76.58, above its rated 71 FP32-accumulate rate (GeForce boost "
+                       "clocks run past the rated one where power allows; columns FP32, "
+                       "FP16, BF16)")),
+    ("RTX A6000", "Ampere", "GA102", 123.34, 154.8, 300,
+     _TPT.format(card="NVIDIA RTX A6000", torch="torch 2.8.0+cu128",
+                 dtype="BF16 123.34 of 154.8 (columns FP32, FP16, BF16)")),
+    ("A40", "Ampere", "GA102", 122.29, 149.7, 300,
+     _TPT.format(card="NVIDIA A40", torch="torch 2.11.0+cu128", dtype="BF16 122.29 of 149.7")),
+    ("L4", "Ada", "AD104", 70.89, 121, 72,
+     _TPT.format(card="NVIDIA L4", torch="torch 2.9.0+cu128", dtype="BF16 70.89 of 121 (72 W)")),
+    ("V100 SXM2 16GB", "Volta", "GV100", 97.36, 125, 300,
+     _TPT.format(card="Tesla V100-SXM2-16GB", torch="torch 2.7.0+cu128",
+                 dtype="FP16 97.36 of 125 (no BF16)")),
 )
 
 
@@ -31,9 +100,17 @@ _MATMUL_EFFICIENCY: tuple[tuple[str, float], ...] = (
 class ThroughputAssumptions:
     """Constants of the speed model; override any of them with ``dataclasses.replace``."""
 
-    # fitted: Ampere (A100 rows), Ada (L40S rows), Volta (V100 fp16 rows); the rest derived
-    matmul_efficiency_by_architecture: tuple[tuple[str, float], ...] = _MATMUL_EFFICIENCY
-    matmul_efficiency_default: float = 0.45
+    # per GPU: the measured matmul rate (MEASURED_MATMUL_TFLOPS) or a sibling's moved by the
+    # power rule, times the share of it an eager training step's matmuls reach
+    measured_matmul_tflops: tuple[MeasuredMatmul, ...] = MEASURED_MATMUL_TFLOPS
+    sustained_clock_power_exponent: float = 1 / 3
+    matmul_fraction_default: float = 0.80
+    # fitted: mixed-precision rows on A100 and L40S (one share for every GPU)
+    matmul_step_share: float = 0.71
+    # fitted: V100 fp16 rows (BERT); applies to Volta and Turing
+    pre_ampere_step_factor: float = 0.68
+    # overrides by architecture word (a probe's calibration prepends one); empty by default
+    matmul_efficiency_by_architecture: tuple[tuple[str, float], ...] = ()
     # fitted: Qwen one-GPU rows at seq-len >= 2048
     hidden_size_half_efficiency: int = 450
     causal_attention_factor: float = 0.5
@@ -51,8 +128,10 @@ class ThroughputAssumptions:
     zero3_hook_s_per_layer_pass: float = 1.76e-3
     padding_factor: float = 1.3
     dequant_bytes_per_param: float = 2.5
-    # fitted: Qwen Q-LoRA rows
+    # fitted: Qwen Q-LoRA rows (GPTQ int4 checkpoints through auto-gptq)
     dequant_bandwidth_efficiency: float = 0.094
+    # bitsandbytes NF4/FP4: a streaming dequantize kernel per linear and pass (derived)
+    nf4_dequant_bandwidth_efficiency: float = 0.6
     int8_matmul_slowdown: float = 1.6
     dora_bytes_per_adapted_param: float = 10.0
     optimizer_bandwidth_efficiency: float = 0.6
@@ -67,19 +146,28 @@ class ThroughputAssumptions:
     overlap_fraction_ddp: float = 0.8
     overlap_fraction_sharded: float = 0.5
     cpu_adam_params_per_s: float = 1.0e9
+    cpu_adam_params_per_s_per_core: float = 2.5e8
     host_link_bytes_per_s: float = 20e9
-    # fitted: Qwen rows on 2-4 GPUs of one node
-    multi_gpu_efficiency: float = 0.89
+    offload_prefetch_overlap: float = 1.0
+    # 1: the collectives model (bytes, latency, overlap per framework) carries multi-GPU cost
+    multi_gpu_efficiency: float = 1.0
     # fitted: Qwen rows on 2 nodes
-    multi_node_efficiency: float = 0.59
+    multi_node_efficiency: float = 0.52
     notes: tuple[str, ...] = field(default=())
 
-    def matmul_efficiency(self, architecture: str) -> tuple[float, str]:
-        """Efficiency for a GPU architecture and which entry gave it (``default`` if none)."""
+    def matmul_override(self, architecture: str) -> tuple[float, str] | None:
+        """A calibrated efficiency (of the dense peak) for this architecture, if one is set."""
         for word, value in self.matmul_efficiency_by_architecture:
             if word.lower() in architecture.lower():
                 return value, word
-        return self.matmul_efficiency_default, "default"
+        return None
+
+    def measured_matmul(self, gpu_name: str) -> MeasuredMatmul | None:
+        """The measurement row of a GPU, if one is listed."""
+        for row in self.measured_matmul_tflops:
+            if row[0] == gpu_name:
+                return row
+        return None
 
     def pcie_bytes_per_s(self, generation: int | None) -> float:
         """One direction of a x16 link of this generation (Gen 4 when unknown)."""
@@ -96,20 +184,38 @@ class ThroughputAssumptions:
 
 def _plain(value: Any) -> Any:
     if isinstance(value, tuple) and value and isinstance(value[0], tuple):
-        return {str(k): v for k, v in value}
+        if len(value[0]) == 2:
+            return {str(k): v for k, v in value}
+        return {str(row[0]): list(row[1:]) for row in value}
     return value
 
 
 THROUGHPUT_WHY: dict[str, str] = {
+    "measured_matmul_tflops": (
+        "the matmul ceiling of each GPU: a published measurement of the largest dense matmul "
+        "rate it sustains (stas00/ml-engineering's MAMF table; torch-performance-test-data "
+        "submissions for L40S, RTX 4090/5090, A40, L4, V100), at the accumulate type training "
+        "uses (GeForce cards: the FP32-accumulate rate, half the FP16-accumulate one)"),
+    "sustained_clock_power_exponent": (
+        "a GPU with no measurement takes the measured fraction of a sibling (same die, else "
+        "same architecture) times ((TDP/peak here) / (TDP/peak there))^this, capped at 1: "
+        "dynamic power is C V^2 f and V rises about linearly with f near the top of the DVFS "
+        "curve, so the clock a power limit sustains goes as power^(1/3)"),
+    "matmul_fraction_default": (
+        "measured fraction for a GPU with no measured sibling: the median of the MAMF table's "
+        "NVIDIA rows (A100 0.87/0.81, H100 0.80, B200 0.78, B300 0.79, GB200 0.73)"),
+    "matmul_step_share": (
+        "share of the matmul ceiling an eager PyTorch training step's matmul-bound part reaches "
+        "(smaller GEMMs, backward layouts, attention): one value for every GPU, fitted to the "
+        "mixed-precision A100 rows (Qwen, torchtune) and L40S rows (PEFT suite): 0.61/0.869 on "
+        "the A100 and 0.54/0.743 on the L40S were the old per-architecture fits"),
+    "pre_ampere_step_factor": (
+        "Volta and Turing on top of the share: no FlashAttention-2 kernels (sm80+), first and "
+        "second generation tensor cores that PyTorch's fused kernels feed poorly, fp16 with "
+        "loss scaling; fitted to the V100 BERT fp16 rows, the only pre-Ampere rows"),
     "matmul_efficiency_by_architecture": (
-        "fraction of the dense tensor peak reached by a large model's matmuls in eager PyTorch; "
-        "Ampere fitted to the A100 calibration cases (Qwen, torchtune), Ada to the L40S PEFT "
-        "cases (power-limited card), Volta to the V100 BERT fp16 cases (small hidden size, tensor "
-        "cores poorly fed); Turing set near Volta. Hopper and Blackwell "
-        "have no calibration case: Ampere's 0.61 x sqrt(change in bandwidth per FLOP), since "
-        "the non-matmul work scales with bandwidth (A100 -> H100 SXM: 1.64x bandwidth for "
-        "3.17x FLOP/s, factor 0.72; B200 about the same); AMD and Gaudi: no data, 0.40"),
-    "matmul_efficiency_default": "GPU architectures not listed above (no calibration data)",
+        "calibrated overrides (fraction of the dense peak) by architecture word, set by a probe "
+        "calibration; empty by default"),
     "hidden_size_half_efficiency": (
         "efficiency x h/(h + this): small hidden sizes give small GEMMs that reach less of the "
         "peak (fitted: Qwen 1.8B vs 7B vs 14B at long sequences)"),
@@ -126,8 +232,9 @@ THROUGHPUT_WHY: dict[str, str] = {
         "GPU and host time combine as (gpu^p + host^p)^(1/p): the slower one dominates, with a "
         "soft corner where they are equal"),
     "multi_node_efficiency": (
-        "per-GPU speed across nodes relative to one node, beyond bytes moved; fitted to Qwen's "
-        "only multi-node rows (2 x 2 A100, about 56 % of one GPU's speed at every length)"),
+        "per-GPU speed across nodes relative to one node, beyond bytes moved and collective "
+        "latency; fitted to Qwen's only multi-node rows (2 x 2 A100, ZeRO-2 LoRA): the one "
+        "flat factor left (multi_gpu_efficiency is 1), with no physical model behind it"),
     "host_overhead_s_per_layer_pass": (
         "kernel launches and Python per transformer block per pass (forward, recompute, "
         "backward counted as two) in eager mode; fitted to the Qwen seq-256 cases, where a "
@@ -144,10 +251,20 @@ THROUGHPUT_WHY: dict[str, str] = {
         "sequence in a batch: tokens computed / real tokens when "
         "--no-packing and --avg-tokens are given (capped at --seq-len)"),
     "dequant_bytes_per_param": (
-        "QLoRA dequantizes every base weight each pass: read 0.5 B (4-bit) + write 2 B (bf16)"),
+        "LLM.int8 (lora8bit) dequantizes every base weight each pass: read 0.5 B + write 2 B, "
+        "plus 0.5 B more for the 1-byte int8 weight; the 4-bit formats count their bytes "
+        "exactly (0.5 B packed + absmax constants + the compute-dtype write)"),
     "dequant_bandwidth_efficiency": (
-        "share of HBM bandwidth the per-layer dequantize kernels reach (small launches); fitted "
-        "to Qwen QLoRA vs LoRA at equal settings: about 0.2 s extra per 8B params per micro-batch"),
+        "GPTQ int4 (auto-gptq QuantLinear): share of HBM bandwidth its dequantize-then-GEMM "
+        "path reaches in training (per-layer kernels, fp16 unpacking of int32 words); fitted "
+        "to Qwen's Q-LoRA rows, which train the GPTQ Int4 checkpoints through auto-gptq: "
+        "about 0.2 s extra per 8B params per micro-batch"),
+    "nf4_dequant_bandwidth_efficiency": (
+        "bitsandbytes NF4/FP4 (bitsandbytes functional.dequantize_4bit, called by "
+        "MatMul4Bit in forward and backward): one streaming kernel per linear and pass that "
+        "reads the packed 0.5 B + absmax and writes the compute-dtype weight; derived as the "
+        "same share of bandwidth as a foreach optimizer kernel (optimizer_bandwidth_efficiency), "
+        "not fitted: no calibration row uses bitsandbytes 4-bit"),
     "int8_matmul_slowdown": "LLM.int8 (lora8bit) matmuls with outlier decomposition vs bf16",
     "dora_bytes_per_adapted_param": (
         "DoRA recomputes ||W + BA|| each pass: read W (2 B), write and read the fp32 sum (8 B)"),
@@ -165,9 +282,22 @@ THROUGHPUT_WHY: dict[str, str] = {
     "collective_latency_s": "fixed cost of one NCCL collective (launch + ring latency)",
     "overlap_fraction_ddp": "share of backward time DDP's bucketed all-reduce hides behind",
     "overlap_fraction_sharded": "share of compute ZeRO/FSDP prefetch hides gathers behind",
-    "cpu_adam_params_per_s": "DeepSpeed CPU Adam update rate per rank with optimizer offload",
+    "cpu_adam_params_per_s": (
+        "DeepSpeed CPU Adam update rate per rank when the host's vCPUs are not known "
+        "(4 cores' worth of cpu_adam_params_per_s_per_core)"),
+    "cpu_adam_params_per_s_per_core": (
+        "DeepSpeed CPUAdam (csrc/adam/cpu_adam_impl.cpp, AVX2/AVX-512) is memory-bound: about "
+        "28 B per parameter (fp32 weight, grad, m, v read; weight, m, v written) at the ~7 GB/s "
+        "one server core streams from DRAM: 2.5e8 parameters/s per core, times the vCPUs one "
+        "rank gets (NodeLinks.host_vcpus / GPUs per node); derived, low confidence"),
     "host_link_bytes_per_s": "effective GPU<->host copy rate for offloaded states (pinned)",
+    "offload_prefetch_overlap": (
+        "share of compute that hides parameter copies from the host: DeepSpeed ZeRO-Infinity and "
+        "FSDP prefetch the next block's parameters while this one computes "
+        "(stage3_prefetch_bucket_size; FSDP backward_prefetch), so only the excess shows"),
     "multi_gpu_efficiency": (
-        "per-GPU speed with more than one GPU relative to one GPU, beyond communication "
-        "(stragglers, synchronisation); fitted to the Qwen multi-GPU cases"),
+        "flat per-GPU factor with more than one GPU, beyond the collectives model; 1 (none): "
+        "communication is timed as bytes over the slowest ring hop plus a latency per "
+        "collective, with each framework's overlap, and fitting this factor on the Qwen "
+        "multi-GPU rows would hide errors of that model rather than measure anything"),
 }

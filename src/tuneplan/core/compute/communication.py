@@ -24,15 +24,19 @@ KNOWN_SHARDING = frozenset({"ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-grad
 class NodeLinks:
     """Hardware facts of the node a job runs on that the GPU's spec does not hold: ``intra``
     forces the link between its GPUs (``auto``, ``nvlink`` or ``pcie``), and the fabric
-    between nodes in bytes/s (None: ``ThroughputAssumptions.inter_node_bytes_per_s``)."""
+    between nodes in bytes/s (None: ``ThroughputAssumptions.inter_node_bytes_per_s``), and
+    the vCPUs of one node's host where the offer states them (CPU Adam under offload)."""
 
     intra: str = "auto"
     inter_node_bytes_per_s: float | None = None
+    host_vcpus: int | None = None
 
     def __post_init__(self) -> None:
         if self.intra not in ("auto", "nvlink", "pcie"):
             raise UnsupportedError(f"unknown link inside a node {self.intra!r}: "
                                    "use auto, nvlink or pcie")
+        if self.host_vcpus is not None and self.host_vcpus < 1:
+            raise UnsupportedError(f"host vCPUs must be at least 1, got {self.host_vcpus}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -87,13 +87,36 @@ def trainable_params(model: ModelShape, strategy: Strategy) -> int:
     return found
 
 
+PRE_AMPERE = ("Volta", "Turing")
+
+
+def matmul_efficiency(gpu: GpuSpec, precision: Precision, peak: float,
+                      a: ThroughputAssumptions) -> tuple[float, dict[str, object]]:
+    """Fraction of the dense ``peak`` a training step's matmuls reach on ``gpu`` (before the
+    hidden-size factor), and what it rests on: fp32 its own constant; a calibrated override
+    by architecture; else the GPU's matmul ceiling (``core.compute.ceiling``) times
+    ``matmul_step_share`` (and ``pre_ampere_step_factor`` on Volta and Turing)."""
+    if precision is Precision.FP32:
+        return a.fp32_matmul_efficiency, {"efficiency_entry": "fp32 (CUDA cores)"}
+    override = a.matmul_override(gpu.architecture)
+    if override is not None:
+        return override[0], {"efficiency_entry": f"calibrated ({override[1]})"}
+    from tuneplan.core.compute.ceiling import matmul_ceiling
+
+    ceiling = matmul_ceiling(gpu, peak, a)
+    old = gpu.architecture.split()[0] in PRE_AMPERE if gpu.architecture else False
+    factor = a.pre_ampere_step_factor if old else 1.0
+    return ceiling.fraction * a.matmul_step_share * factor, {
+        "efficiency_entry": f"ceiling {ceiling.basis}", "ceiling_flops_per_s": ceiling.flops_per_s,
+        "ceiling_fraction": round(ceiling.fraction, 4), "ceiling_source": ceiling.source,
+        "step_share": a.matmul_step_share, "pre_ampere_factor": factor}
+
+
 def _micro_batch_terms(model: ModelShape, s: Strategy, gpu: GpuSpec,
                        a: ThroughputAssumptions, peak: float, flops: float) -> list[Term]:
-    if s.precision is Precision.FP32:
-        eff, which, size = a.fp32_matmul_efficiency, "fp32 (CUDA cores)", 1.0
-    else:
-        eff, which = a.matmul_efficiency(gpu.architecture)
-        size = model.hidden_size / (model.hidden_size + a.hidden_size_half_efficiency)
+    eff, basis = matmul_efficiency(gpu, s.precision, peak, a)
+    size = 1.0 if s.precision is Precision.FP32 else (
+        model.hidden_size / (model.hidden_size + a.hidden_size_half_efficiency))
     speed = peak * eff * size * (a.compile_speedup if s.compile else 1.0)
     if s.method is Method.LORA8BIT:
         speed /= a.int8_matmul_slowdown
@@ -105,43 +128,76 @@ def _micro_batch_terms(model: ModelShape, s: Strategy, gpu: GpuSpec,
         Term(path="micro-batch/matmul", value=matmul_s, unit="s",
              formula="FLOPs per micro-batch / (peak x efficiency x h/(h+h0))",
              inputs={"flops": flops, "peak_flops_per_s": peak, "efficiency": eff,
-                     "efficiency_entry": which, "size_factor": round(size, 4)},
-             source="compute-bound matmuls and attention"),
+                     **basis, "size_factor": round(size, 4)},
+             source="compute-bound matmuls and attention: the GPU's matmul ceiling (measured "
+                    "or by the power rule) x the share a training step reaches"),
         Term(path="micro-batch/host-overhead-exposed", value=exposed, unit="s",
              formula="(matmul^p + host^p)^(1/p) - matmul", inputs={**host_inputs, "p": p},
              source="the CPU launches kernels while the GPU runs earlier ones: host time shows "
                     "only where it exceeds GPU time (small micro-batches)"),
     ]
-    return terms + _memory_bound_terms(model, s, gpu, a)
+    offload = offload_term(model, s, a, matmul_s + exposed)
+    return terms + ([offload] if offload else []) + _memory_bound_terms(model, s, gpu, a)
+
+
+def stored_weight_bytes(model: ModelShape, s: Strategy) -> float:
+    """Bytes of all parameters as stored on the GPU between uses: the blocks' linears at the
+    quantized width under QLoRA/LoRA-8bit (4-bit: 0.5 B + absmax constants; int8: 1 B + one
+    fp32 scale per row, counted as 1 B), everything else in the compute dtype."""
+    dtype = compute_dtype_bytes(s.precision)
+    quant = effective_quant(s)
+    if quant is None:
+        return float(model.total_params * dtype)
+    base = model.stored_block_params
+    per = 1.0 if quant is Quant.INT8 else 0.5 + _quant_constant_bytes(s)
+    return base * per + (model.total_params - base) * dtype
+
+
+def _quant_constant_bytes(s: Strategy) -> float:
+    """Bytes per 4-bit weight of its scaling constants: bitsandbytes blocks of 64 weights with
+    an fp32 absmax (4/64 B), or with --double-quant an 8-bit absmax plus an fp32 per 256
+    blocks (1/64 + 4/16384 B) (bitsandbytes functional.quantize_4bit, blocksize 64); GPTQ
+    group 128: an fp16 scale and a packed 4-bit zero per group ((2 + 0.5)/128 B)."""
+    if effective_quant(s) is Quant.GPTQ_INT4:
+        return 2.5 / 128
+    return 1 / 64 + 4 / 16384 if s.double_quant else 4 / 64
 
 
 def _memory_bound_terms(model: ModelShape, s: Strategy, gpu: GpuSpec,
                         a: ThroughputAssumptions) -> list[Term]:
-    """Per micro-batch phases limited by memory links: dequantization, DoRA norms, and
-    parameters streamed from the host under ``--offload optimizer+params``."""
+    """Per micro-batch phases limited by memory links: the quantized weights' kernels, DoRA
+    norms (parameters streamed from the host are ``offload_terms``)."""
     terms: list[Term] = []
-    if s.offload is Offload.OPTIMIZER_PARAMS:
-        moved = 2 * model.total_params * compute_dtype_bytes(s.precision) / s.world_size
-        terms.append(Term(
-            path="micro-batch/param-offload", value=moved / a.host_link_bytes_per_s, unit="s",
-            formula="2 passes x param bytes / ranks / host link",
-            inputs={"bytes": moved}, source="ZeRO-Infinity/FSDP offload streams parameters "
-                                            "from host memory in forward and backward"))
     bandwidth = float(gpu.memory_bandwidth_bytes_per_s or 1e12)
-    if s.method in (Method.QLORA, Method.LORA8BIT):
+    quant = effective_quant(s)
+    if s.method in (Method.QLORA, Method.LORA8BIT) and quant is not None:
         dq_passes = 3 if recomputes(s) else 2
         base = model.stored_block_params
-        # the assumption reads 0.5 B per 4-bit weight; an int8 weight is 1 B (bnb int8 rows)
-        per_param = a.dequant_bytes_per_param + (0.5 if effective_quant(s) is Quant.INT8
-                                                 else 0.0)
+        dtype = compute_dtype_bytes(s.precision)
+        if quant is Quant.INT8:
+            # the assumption reads 0.5 B per 4-bit weight; an int8 weight is 1 B (bnb rows)
+            per_param, eff = a.dequant_bytes_per_param + 0.5, a.dequant_bandwidth_efficiency
+            path, what = "micro-batch/dequantize", "LLM.int8 weights dequantized each pass"
+        elif quant is Quant.GPTQ_INT4:
+            per_param = 0.5 + _quant_constant_bytes(s) + dtype
+            eff = a.dequant_bandwidth_efficiency
+            path = "micro-batch/gptq-int4-kernels"
+            what = ("GPTQ int4 (auto-gptq QuantLinear): packed int32 words and group scales "
+                    "read, unpacked to the compute dtype for the GEMM, forward and backward; "
+                    "efficiency fitted to Qwen's GPTQ Q-LoRA rows")
+        else:
+            per_param = 0.5 + _quant_constant_bytes(s) + dtype
+            eff = a.nf4_dequant_bandwidth_efficiency
+            path = f"micro-batch/{quant.value}-dequantize"
+            what = ("bitsandbytes dequantize_4bit per linear and pass (MatMul4Bit forward and "
+                    "backward): reads 0.5 B + absmax, writes the compute-dtype weight")
         terms.append(Term(
-            path="micro-batch/dequantize",
-            value=dq_passes * base * per_param
-            / (bandwidth * a.dequant_bandwidth_efficiency), unit="s",
+            path=path, value=dq_passes * base * per_param / (bandwidth * eff), unit="s",
             formula="passes x base params x bytes/param / (HBM bandwidth x efficiency)",
             inputs={"passes": dq_passes, "base_params": base, "bandwidth": bandwidth,
-                    "bytes_per_param": per_param},
-            source="4-bit/8-bit weights are dequantized to the compute dtype each pass"))
+                    "bytes_per_param": round(per_param, 5), "efficiency": eff,
+                    "quant": quant.value},
+            source=what))
     if s.method is Method.DORA:
         adapted = _adapted_weight_params(model, s)
         terms.append(Term(
@@ -151,6 +207,26 @@ def _memory_bound_terms(model: ModelShape, s: Strategy, gpu: GpuSpec,
             unit="s", formula="passes x adapted weights x bytes / HBM bandwidth",
             inputs={"adapted_params": adapted}, source="||W + BA|| recomputed each pass"))
     return terms
+
+
+def offload_term(model: ModelShape, s: Strategy, a: ThroughputAssumptions,
+                 compute_s: float) -> Term | None:
+    """Parameters streamed from the host under ``--offload optimizer+params``: the bytes as
+    stored (``stored_weight_bytes``: 4-bit weights move 0.5 B + constants), forward and
+    backward, per rank; prefetched while the previous block computes, so only the excess over
+    ``offload_prefetch_overlap`` x compute shows."""
+    if s.offload is not Offload.OPTIMIZER_PARAMS:
+        return None
+    moved = 2 * stored_weight_bytes(model, s) / s.world_size
+    copy_s = moved / a.host_link_bytes_per_s
+    exposed = max(0.0, copy_s - a.offload_prefetch_overlap * compute_s)
+    return Term(path="micro-batch/param-offload-exposed", value=exposed, unit="s",
+                formula="max(0, 2 passes x stored param bytes / ranks / host link - overlap x "
+                        "compute)",
+                inputs={"bytes": round(moved), "copy_s": copy_s, "compute_s": compute_s,
+                        "overlap": a.offload_prefetch_overlap},
+                source="ZeRO-Infinity/FSDP offload streams parameters from host memory in "
+                       "forward and backward, prefetching the next block's during compute")
 
 
 def _host_seconds(model: ModelShape, s: Strategy,
@@ -178,7 +254,7 @@ def _adapted_weight_params(model: ModelShape, s: Strategy) -> int:
 
 
 def _optimizer_term(model: ModelShape, s: Strategy, gpu: GpuSpec,
-                    a: ThroughputAssumptions) -> Term:
+                    a: ThroughputAssumptions, links: NodeLinks) -> Term:
     trainable = trainable_params(model, s)
     shards = s.world_size if s.sharding is not Sharding.DDP else 1
     per_rank = trainable / shards
@@ -188,10 +264,18 @@ def _optimizer_term(model: ModelShape, s: Strategy, gpu: GpuSpec,
                                                          Optimizer.LION):
         state //= 2  # pure bf16: torch creates the moments in the parameters' dtype
     if s.offload is not Offload.NONE:
-        seconds = per_rank / a.cpu_adam_params_per_s + per_rank * (2 + w) / a.host_link_bytes_per_s
-        return Term(path="step/optimizer-offloaded", value=seconds, unit="s",
+        if links.host_vcpus:
+            cores = links.host_vcpus / s.gpus
+            rate, basis = cores * a.cpu_adam_params_per_s_per_core, f"{cores:g} vCPUs per rank"
+        else:
+            rate, basis = a.cpu_adam_params_per_s, "host vCPUs not stated"
+        cpu_s = per_rank / rate
+        copy_s = per_rank * (2 + w) / a.host_link_bytes_per_s
+        return Term(path="step/optimizer-offloaded", value=cpu_s + copy_s, unit="s",
                     formula="params/rank / CPU Adam rate + (grad + weight bytes) / host link",
-                    inputs={"params_per_rank": per_rank}, source="DeepSpeed CPU Adam")
+                    inputs={"params_per_rank": per_rank, "cpu_adam_params_per_s": rate,
+                            "cpu_basis": basis, "cpu_s": cpu_s, "copy_s": copy_s},
+                    source="DeepSpeed CPU Adam on the host's cores, after the backward")
     touched = 2 * w + compute_dtype_bytes(s.precision) + 2 * state
     bandwidth = float(gpu.memory_bandwidth_bytes_per_s or 1e12)
     seconds = (per_rank * touched * a.optimizer_passes
@@ -214,12 +298,12 @@ def step_time(*, model: ModelShape, strategy: Strategy, links: NodeLinks, gpu: G
                   formula=f"grad_accum x ({t.formula})",
                   inputs={**t.inputs, "grad_accum": s.grad_accum}, source=t.source)
              for t in micro]
-    terms.append(_optimizer_term(model, s, gpu, a))
+    terms.append(_optimizer_term(model, s, gpu, a, links))
     comm_term, comm, comm_s, fabric = _communication(model, s, links, gpu, a,
                                                      float(micro[0].value))
     terms.append(comm_term)
-    if s.world_size > 1:
-        eff = a.multi_gpu_efficiency * (a.multi_node_efficiency if s.nodes > 1 else 1.0)
+    eff = a.multi_gpu_efficiency * (a.multi_node_efficiency if s.nodes > 1 else 1.0)
+    if s.world_size > 1 and eff != 1.0:
         base = sum(t.value for t in terms)
         terms.append(Term(path="step/multi-gpu-sync", value=base * (1 / eff - 1), unit="s",
                           formula="step x (1/efficiency - 1)",
@@ -228,6 +312,16 @@ def step_time(*, model: ModelShape, strategy: Strategy, links: NodeLinks, gpu: G
     notes = [] if s.world_size == 1 else [f"fabric: {fabric.intra} inside a node"
                                           + (f", {s.nodes} nodes" if s.nodes > 1 else "")]
     return Breakdown("s", tuple(terms)), comm, comm_s, notes
+
+
+def gathering_passes(s: Strategy) -> int:
+    """How often a sharded block's parameters are all-gathered per micro-batch: forward and
+    backward, plus the recompute under DeepSpeed ZeRO-3 with activation checkpointing (the
+    recomputed forward fires the module's pre-forward fetch again after the forward released
+    the parameters: deepspeed/runtime/zero/parameter_offload.py, pre_sub_module_forward_function);
+    FSDP recomputes inside the unit's backward, after its pre-backward all-gather, so twice."""
+    deepspeed = s.sharding in (Sharding.ZERO3,)
+    return 3 if deepspeed and recomputes(s) else 2
 
 
 def _communication(model: ModelShape, s: Strategy, links: NodeLinks, gpu: GpuSpec,
@@ -240,11 +334,16 @@ def _communication(model: ModelShape, s: Strategy, links: NodeLinks, gpu: GpuSpe
         inter_node_bytes_per_s=links.inter_node_bytes_per_s, assumptions=a)
     dtype = compute_dtype_bytes(s.precision)
     ranks = s.world_size
+    # gathered parameters move as stored: QLoRA-FSDP shards the packed 4-bit weights
+    # (bitsandbytes quant_storage), so a gather moves 0.5 B + constants per base weight
+    passes = gathering_passes(s)
     comm = communication_per_step(
         sharding=s.sharding, ranks=ranks, grad_accum=s.grad_accum,
-        param_bytes=model.total_params * dtype, grad_bytes=trainable_params(model, s) * dtype)
+        param_bytes=round(stored_weight_bytes(model, s)),
+        grad_bytes=trainable_params(model, s) * dtype, passes_gathering=passes)
     collectives = collectives_per_step(sharding=s.sharding, ranks=ranks,
-                                       grad_accum=s.grad_accum, num_layers=model.num_layers)
+                                       grad_accum=s.grad_accum, num_layers=model.num_layers,
+                                       passes_gathering=passes)
     comm_s = float(comm.total) / fabric.ring_bytes_per_s() + collectives * a.collective_latency_s
     matmul_s = micro_matmul_s * s.grad_accum
     if s.sharding in PER_MICROBATCH_GRADS:

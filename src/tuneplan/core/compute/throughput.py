@@ -23,7 +23,6 @@ from tuneplan.core.job.methods import (
     ESTIMATED_METHODS,
     ESTIMATED_QUANTS,
     Method,
-    Quant,
     context_problem,
     effective_quant,
     fused_qkv_note,
@@ -196,9 +195,6 @@ def _unmodelled(s: Strategy) -> list[str]:
     elif s.method not in ESTIMATED_METHODS:
         out.append(f"--method {s.method.value}: timed as the frozen model with one hidden-size "
                    "vector per block training (memory does not estimate it)")
-    if effective_quant(s) is Quant.GPTQ_INT4:
-        out.append("--quant gptq-int4: dequantization timed as bitsandbytes 4-bit (the same "
-                   "bytes read per weight)")
     if s.recipe.value != "hf":
         out.append(f"--recipe {s.recipe.value}: timed with the same kernels as hf (no "
                    "per-framework speed-ups modelled); the recipe changes memory only")
@@ -309,6 +305,13 @@ def peak_flops_per_s(gpu: GpuSpec, precision: Precision) -> tuple[float, list[st
     return peak, notes
 
 
+#: Which limit each step term belongs to (terms not listed are bandwidth-bound: memory).
+_BOUND_OF = {"micro-batch/matmul": "compute", "step/multi-gpu-sync": "communication",
+             "step/communication-exposed": "communication",
+             "micro-batch/host-overhead-exposed": "host",
+             "micro-batch/param-offload-exposed": "host", "step/optimizer-offloaded": "host"}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Throughput:
     """Speed of one job on one GPU type: every figure named with its unit."""
@@ -328,9 +331,24 @@ class Throughput:
     assumptions: ThroughputAssumptions
     notes: tuple[str, ...] = field(default=())
 
+    @property
+    def bound(self) -> str:
+        """What limits the step: ``compute`` (matmuls), ``memory`` (bandwidth-bound phases:
+        dequantization, DoRA norms, the optimizer), ``communication`` (exposed collectives),
+        or ``host`` (kernel launches, host copies, CPU Adam): the largest share of the step."""
+        return max(self.bound_seconds().items(), key=lambda kv: kv[1])[0]
+
+    def bound_seconds(self) -> dict[str, float]:
+        """Seconds of the step per kind of limit (see ``bound``)."""
+        out = {"compute": 0.0, "memory": 0.0, "communication": 0.0, "host": 0.0}
+        for term in self.step:
+            out[_BOUND_OF.get(term.path, "memory")] += float(term.value)
+        return out
+
     def as_dict(self) -> dict[str, object]:
         """The JSON document of ``tuneplan throughput``."""
         return {
+            "bound": self.bound, "bound_seconds": self.bound_seconds(),
             "tokens_per_second": self.tokens_per_second,
             "tokens_per_second_per_gpu": self.tokens_per_second_per_gpu,
             "step_seconds": self.step_seconds, "mfu": self.mfu,

@@ -1,0 +1,200 @@
+"""Speed per GPU from physics: each card's own matmul ceiling, quant kernels as inputs,
+communication per framework without a flat penalty, offload at the stored width."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tuneplan.adapters.bundled import load_gpu_spec
+from tuneplan.core.compute.assumptions import ThroughputAssumptions
+from tuneplan.core.compute.ceiling import matmul_ceiling
+from tuneplan.core.compute.communication import NodeLinks
+from tuneplan.core.compute.step import gathering_passes, stored_weight_bytes
+from tuneplan.core.compute.throughput import (
+    ModelShape,
+    estimate_throughput,
+    model_shape_from_spec,
+)
+from tuneplan.core.job.methods import Method, Quant
+from tuneplan.core.job.strategy import Checkpointing, Offload, Precision, Sharding, Strategy
+from tuneplan.core.models import LayerSpec, Linear, LinearRole, MlpKind, ModelSpec, NormKind
+
+A = ThroughputAssumptions()
+
+
+def _model(layers: int = 32, hidden: int = 4096, mlp: int = 14336,
+           vocab: int = 128_256) -> ModelShape:
+    linears = tuple(
+        Linear(name=name, in_features=i, out_features=o, bias=False, role=role)
+        for name, i, o, role in (("q_proj", hidden, hidden, LinearRole.ATTENTION),
+                                 ("k_proj", hidden, hidden // 4, LinearRole.ATTENTION),
+                                 ("v_proj", hidden, hidden // 4, LinearRole.ATTENTION),
+                                 ("o_proj", hidden, hidden, LinearRole.ATTENTION),
+                                 ("gate_proj", hidden, mlp, LinearRole.MLP),
+                                 ("up_proj", hidden, mlp, LinearRole.MLP),
+                                 ("down_proj", mlp, hidden, LinearRole.MLP)))
+    block = LayerSpec(kind="decoder", count=layers, linears=linears, norm_params=2 * hidden)
+    spec = ModelSpec(
+        name="llama-like", model_type="llama", hidden_size=hidden, num_layers=layers,
+        num_heads=hidden // 128, num_kv_heads=hidden // 512, head_dim=128,
+        intermediate_size=mlp, vocab_size=vocab, max_position_embeddings=None,
+        tie_word_embeddings=False, norm_kind=NormKind.RMSNORM, mlp_kind=MlpKind.GATED,
+        hidden_act="silu", layers=(block,), embedding_params=vocab * hidden,
+        final_norm_params=hidden)
+    return model_shape_from_spec(spec)
+
+
+MODEL = _model()
+
+
+def test_each_gpu_gets_its_own_ceiling_not_its_architectures() -> None:
+    l40s, rtx4090 = load_gpu_spec("L40S"), load_gpu_spec("RTX 4090")
+    h100 = load_gpu_spec("H100 SXM5")
+    got = {g.name: matmul_ceiling(g, float(g.bf16_flops_per_s or 0), A)
+           for g in (l40s, rtx4090, h100)}
+    # both Ada AD102, very different fractions: the L40S is held down by its 350 W limit,
+    # the RTX 4090's half-rate FP32-accumulate tensor cores run at full clock
+    assert got["L40S"].fraction == pytest.approx(269.15 / 362, rel=1e-6)
+    assert got["RTX 4090"].fraction == pytest.approx(164.81 / 165.2, rel=1e-6)
+    assert got["H100 SXM5"].flops_per_s == pytest.approx(794.5e12)
+    assert {c.basis for c in got.values()} == {"measured"}
+
+
+def test_an_unmeasured_card_borrows_a_sibling_through_the_power_rule() -> None:
+    a10 = load_gpu_spec("A10")  # GA102 at 150 W for 125 TFLOP/s
+    ceiling = matmul_ceiling(a10, 125e12, A)
+    # same die, nearest in power per peak FLOP: the RTX A6000 (300 W for 154.8)
+    assert ceiling.basis == "sibling" and ceiling.source.startswith("RTX A6000")
+    ratio = (150 / 125) / (300 / 154.8)
+    assert ceiling.fraction == pytest.approx(123.34 / 154.8 * ratio ** (1 / 3), rel=1e-6)
+    # a lower power limit per FLOP sustains less clock: H100 PCIe below the SXM's fraction
+    assert matmul_ceiling(load_gpu_spec("H100 PCIe"), 756e12, A).fraction < 794.5 / 989.5
+    # power to spare never lifts a rule-derived ceiling above the rated rate
+    assert matmul_ceiling(load_gpu_spec("L40"), 181e12, A).fraction <= 1.0
+    # no measured card of the architecture: the default fraction
+    t4 = matmul_ceiling(load_gpu_spec("T4"), 65e12, A)
+    assert (t4.basis, t4.fraction) == ("default", A.matmul_fraction_default)
+
+
+def test_compute_bound_job_faster_on_the_4090_only_where_physics_says_so() -> None:
+    l40s, rtx4090 = load_gpu_spec("L40S"), load_gpu_spec("RTX 4090")
+    # compute-bound QLoRA of an 8B model: the L40S's ceiling (269 TFLOP/s) beats the 4090's
+    # (165): the L40S is faster per GPU
+    big = Strategy(method=Method.QLORA, batch_size=8, seq_len=2048)
+    on_l40s = estimate_throughput(MODEL, big, l40s)
+    on_4090 = estimate_throughput(MODEL, big, rtx4090)
+    assert on_l40s.bound == on_4090.bound == "compute"
+    assert on_l40s.tokens_per_second > 1.4 * on_4090.tokens_per_second
+    # ... and the 4090 reaches the larger share of its own peak (its MFU is higher)
+    assert on_4090.mfu > on_l40s.mfu
+    # a memory-bound phase (NF4 dequantization each pass, tiny micro-batch) runs on
+    # bandwidth, where the 4090 (1008 GB/s) beats the L40S (864 GB/s): its term is shorter
+    tiny = Strategy(method=Method.QLORA, batch_size=1, seq_len=128)
+    dq = "micro-batch/nf4-dequantize"
+    assert (estimate_throughput(MODEL, tiny, rtx4090).step.value(dq)
+            < estimate_throughput(MODEL, tiny, l40s).step.value(dq))
+
+
+def test_nf4_and_gptq_qlora_differ_by_their_kernels() -> None:
+    gpu = load_gpu_spec("A100 80GB SXM4")
+    nf4 = estimate_throughput(MODEL, Strategy(method=Method.QLORA, quant=Quant.NF4), gpu)
+    gptq = estimate_throughput(MODEL, Strategy(method=Method.QLORA, quant=Quant.GPTQ_INT4), gpu)
+    nf4_term = nf4.step.get("micro-batch/nf4-dequantize")
+    gptq_term = gptq.step.get("micro-batch/gptq-int4-kernels")
+    assert nf4_term is not None and gptq_term is not None
+    assert nf4.step.get("micro-batch/gptq-int4-kernels") is None
+    # the streaming bitsandbytes kernel beats the auto-gptq dequantize-then-GEMM path
+    assert nf4_term.value < gptq_term.value
+    assert nf4.tokens_per_second > gptq.tokens_per_second
+    # bytes per weight and pass: 0.5 packed + double-quant absmax (1/64 + 4/16384) + bf16 out
+    assert nf4_term.inputs["bytes_per_param"] == pytest.approx(0.5 + 1 / 64 + 4 / 16384 + 2,
+                                                               abs=1e-5)
+    assert nf4_term.inputs["efficiency"] == A.nf4_dequant_bandwidth_efficiency
+    assert gptq_term.inputs["efficiency"] == A.dequant_bandwidth_efficiency
+
+
+def test_zero3_step_grows_with_fabric_latency_and_shrinks_with_bandwidth() -> None:
+    gpu = load_gpu_spec("H100 SXM5")
+    job = Strategy(method=Method.FULL, gpus=8, sharding=Sharding.ZERO3, batch_size=1,
+                   seq_len=512, grad_accum=4)
+    links = NodeLinks(intra="pcie")
+    base = estimate_throughput(MODEL, job, gpu, links=links).step_seconds
+    slow_latency = dataclasses.replace(A, collective_latency_s=10 * A.collective_latency_s)
+    assert estimate_throughput(MODEL, job, gpu, links=links,
+                               assumptions=slow_latency).step_seconds > base
+    fast_pcie = dataclasses.replace(A, pcie_efficiency=2 * A.pcie_efficiency)
+    assert estimate_throughput(MODEL, job, gpu, links=links,
+                               assumptions=fast_pcie).step_seconds < base
+    # no flat multi-GPU factor on top of the collectives model
+    assert estimate_throughput(MODEL, job, gpu, links=links).step.get(
+        "step/multi-gpu-sync") is None
+    # DeepSpeed ZeRO-3 gathers again for the recompute; FSDP does not
+    assert gathering_passes(job) == 3
+    assert gathering_passes(dataclasses.replace(job, sharding=Sharding.FSDP)) == 2
+    assert gathering_passes(dataclasses.replace(job, checkpointing=Checkpointing.NONE)) == 2
+
+
+def test_qlora_fsdp_gathers_the_packed_4bit_weights() -> None:
+    gpu = load_gpu_spec("H100 SXM5")
+    job = Strategy(method=Method.QLORA, gpus=2, sharding=Sharding.FSDP, double_quant=True)
+    gathered = estimate_throughput(MODEL, job, gpu).communication.get("all-gather/params")
+    assert gathered is not None
+    base = MODEL.stored_block_params
+    packed = base * (0.5 + 1 / 64 + 4 / 16384) + (MODEL.total_params - base) * 2
+    assert gathered.inputs["param_bytes"] == round(packed)
+    assert gathered.inputs["param_bytes"] < MODEL.total_params  # < 1 B per parameter
+
+
+def test_offloading_a_4bit_model_moves_4bit_bytes_overlapped_with_compute() -> None:
+    job = Strategy(method=Method.QLORA, gpus=1, sharding=Sharding.ZERO3,
+                   offload=Offload.OPTIMIZER_PARAMS, double_quant=False, batch_size=4)
+    base = MODEL.stored_block_params
+    expected = base * (0.5 + 4 / 64) + (MODEL.total_params - base) * 2
+    assert stored_weight_bytes(MODEL, job) == pytest.approx(expected)
+    slow_host = dataclasses.replace(A, host_link_bytes_per_s=1e9)
+    result = estimate_throughput(MODEL, job, load_gpu_spec("A100 80GB SXM4"),
+                                 assumptions=slow_host)
+    term = result.step.get("micro-batch/param-offload-exposed")
+    assert term is not None
+    assert term.inputs["bytes"] == round(2 * expected)  # forward and backward
+    # prefetch hides the copy behind compute: only the excess shows
+    assert term.value == pytest.approx(term.inputs["copy_s"] - term.inputs["compute_s"])
+    fast = estimate_throughput(MODEL, job, load_gpu_spec("A100 80GB SXM4"))
+    assert fast.step.value("micro-batch/param-offload-exposed") == 0.0
+
+
+def test_cpu_adam_runs_on_the_stated_host_cores() -> None:
+    job = Strategy(method=Method.FULL, offload=Offload.OPTIMIZER, gpus=2,
+                   sharding=Sharding.ZERO2, precision=Precision.BF16_MIXED)
+    gpu = load_gpu_spec("A100 80GB SXM4")
+    few = estimate_throughput(MODEL, job, gpu, links=NodeLinks(host_vcpus=8))
+    many = estimate_throughput(MODEL, job, gpu, links=NodeLinks(host_vcpus=64))
+    term = few.step.get("step/optimizer-offloaded")
+    assert term is not None and term.inputs["cpu_adam_params_per_s"] == pytest.approx(
+        4 * A.cpu_adam_params_per_s_per_core)
+    assert many.step_seconds < few.step_seconds
+
+
+def test_the_json_states_mfu_bound_and_assumptions() -> None:
+    result = estimate_throughput(MODEL, Strategy(method=Method.QLORA),
+                                 load_gpu_spec("RTX 4090"))
+    doc = result.as_dict()
+    assert doc["bound"] in ("compute", "memory", "communication", "host")
+    assert set(doc["bound_seconds"]) == {"compute", "memory", "communication", "host"}
+    assert sum(doc["bound_seconds"].values()) == pytest.approx(result.step_seconds)
+    assert 0 < doc["mfu"] < 1
+    assert "RTX 4090" in doc["assumptions"]["measured_matmul_tflops"]["value"]
+    matmul = result.step.get("micro-batch/matmul")
+    assert matmul is not None and matmul.inputs["efficiency_entry"] == "ceiling measured"
+
+
+def test_each_measurement_names_a_catalogued_gpu_with_its_peak_and_power() -> None:
+    # the peak and board power recorded with a measurement are the catalogue's own figures
+    for name, word, _, tflops, peak, watts, source in A.measured_matmul_tflops:
+        gpu = load_gpu_spec(name)
+        assert gpu.architecture.split()[0] == word, name
+        assert gpu.bf16_flops_per_s == pytest.approx(peak * 1e12), name
+        assert gpu.tdp_w == watts, name
+        assert tflops > 0 and source, name
