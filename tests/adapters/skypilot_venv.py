@@ -29,9 +29,10 @@ SKY_PYTHON = ROOT / ".venv-sky" / "bin" / "python"
 CHECK_SCRIPT = Path(__file__).with_name("skypilot_check.py")
 #: ``CATALOG_SCHEMA_VERSION`` of skypilot 0.14.1 (sky/skylet/constants.py).
 CATALOG_SCHEMA = "v8"
-#: The step of the README's test command that makes it.
+#: The step of the README's test command that makes it (no bytecode compiled at install:
+#: the modules SkyPilot imports compile on first use, a small part of the whole).
 INSTALL = ("python3 -m venv .venv-sky && "
-           f".venv-sky/bin/pip install -q 'skypilot=={SKYPILOT_VERSION}'")
+           f".venv-sky/bin/pip install -q --no-compile 'skypilot=={SKYPILOT_VERSION}'")
 
 
 def need_skypilot() -> None:
