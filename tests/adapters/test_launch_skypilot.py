@@ -49,13 +49,14 @@ def _pick(plans: list[Any], result: Any, which: str) -> tuple[LaunchSpec, dict[s
 
     multi, _, index = which.partition("#")
     if not index:  # a provider's best plan
-        chosen = [p for p in plans if p.offer.provider == which][:1]
-    else:
-        with_sky = [p for p in plans if (multi != "nodes" or p.strategy.nodes > 1)
-                    and "sky.yaml" in result_bundle(p, result, ["all"])[1]]
-        chosen = with_sky[int(index):int(index) + 1]
-    assert chosen, which
-    return result_bundle(chosen[0], result, ["all"])
+        return result_bundle(next(p for p in plans if p.offer.provider == which), result,
+                             ["all"])
+    bundles = (result_bundle(p, result, ["all"]) for p in plans
+               if multi != "nodes" or p.strategy.nodes > 1)
+    with_sky = (b for b in bundles if "sky.yaml" in b[1])
+    for _ in range(int(index)):
+        next(with_sky)
+    return next(with_sky)
 
 
 @pytest.fixture(scope="module")
