@@ -2,8 +2,9 @@
 
 accelerate's config loader and its launch path (up to torch's launcher, stubbed), torchrun's
 parser, DeepSpeed's config class, transformers' TrainingArguments built by the bundle's own
-train.py, dstack's configuration models, and SkyPilot's JSON schemas (SkyPilot itself is not
-installable beside this project: it pins click<8.2; the schemas are vendored from 0.14.1).
+train.py, dstack's configuration models, SkyPilot's JSON schemas (vendored from 0.14.1) and
+SkyPilot 0.14.1 itself, run from its own venv (it pins click<8.2 and uvicorn<0.36, so it is
+not installable beside this project: tests/adapters/skypilot_venv.py).
 """
 
 from __future__ import annotations
@@ -232,27 +233,43 @@ def test_skypilot_schemas_accept_the_task(plan: dict[str, Any], tmp_path: Path) 
         check("resources", task["resources"] | {"use_spots": True})
 
 
+@pytest.fixture(scope="module")
+def skypilot_read(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """What SkyPilot itself (its own venv, tests/adapters/skypilot_venv.py) made of every
+    fixture plan's sky.yaml, in one process; the catalog is the bundled snapshot."""
+    from tests.adapters.skypilot_venv import need_skypilot, run_skypilot, sky_home
+
+    need_skypilot()
+    root = tmp_path_factory.mktemp("sky")
+    paths = {}
+    for pid, plan in PLANS:
+        (root / pid).mkdir()
+        _write(plan, root / pid)
+        paths[pid] = root / pid / "sky.yaml"
+    cases: dict[str, dict[str, Any]] = run_skypilot(sky_home(root / "home"), paths)["cases"]
+    return cases
+
+
 @pytest.mark.parametrize("plan", [p for _, p in PLANS], ids=IDS)
 def test_skypilot_itself_loads_the_task(plan: dict[str, Any], tmp_path: Path,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Only where SkyPilot is installed (not in this project's extras: see the module doc);
-    its catalog comes from the bundled snapshot (AWS: every fixture plan is on AWS)."""
-    sky = pytest.importorskip("sky")
-    _write(plan, tmp_path)
-    catalog = tmp_path / "home" / ".sky" / "catalogs" / "v8" / "aws"
-    catalog.mkdir(parents=True)
-    src = Path(__file__).parents[2] / "src" / "tuneplan" / "data" / "skypilot_snapshot" / "aws.csv"
-    catalog.joinpath("vms.csv").write_text(src.read_text())
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    task = sky.Task.from_yaml(str(tmp_path / "sky.yaml"))
-    assert task.num_nodes == plan["strategy"]["nodes"]
-    (resources,) = task.resources
+                                        skypilot_read: dict[str, dict[str, Any]]) -> None:
+    """SkyPilot's Task.from_yaml, its feature check on AWS (every fixture plan is on AWS) and
+    its catalog's instance types for the accelerators."""
+    got = skypilot_read[plan["id"]]
+    assert "error" not in got, got.get("error")
+    files = _write(plan, tmp_path)
+    nodes, gpus = plan["strategy"]["nodes"], plan["strategy"]["gpus"]
+    assert got["num_nodes"] == nodes and got["cloud"] == "aws"
     # Only the cloud is pinned: the accelerator is SkyPilot's own name, no instance type.
-    assert resources.instance_type is None
-    assert resources.accelerators == {
-        yaml.safe_load((tmp_path / "sky.yaml").read_text())["resources"]["accelerators"]
-        .split(":")[0]: plan["strategy"]["gpus"]}
-    assert resources.use_spot is plan["cost"]["uses_spot"]
+    assert got["instance_type"] is None
+    name = yaml.safe_load(files["sky.yaml"])["resources"]["accelerators"].split(":")[0]
+    assert got["accelerators"] == {name: gpus}
+    assert got["use_spot"] is plan["cost"]["uses_spot"]
+    assert got["unsupported"] is None
+    assert ("multi-node" in got["features"]) is (nodes > 1)
+    assert "storage_mounting" in got["features"]  # the S3 bucket every node mounts
+    assert plan["offer"]["instance_type"] in got["feasible"]
+    assert 143 in got["job_recovery"]["recover_on_exit_codes"]
 
 
 # ------------------------------------------------------------------ multi-node launch lines

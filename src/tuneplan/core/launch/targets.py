@@ -1,13 +1,14 @@
 """What SkyPilot and dstack accept for one offer: their cloud/backend and GPU names, and where
 checkpoints can live so that a restarted (or multi-node) run resumes from the same step.
 
-Pure tables and rules. SkyPilot's accelerator names come from its own catalog (the bundled
-snapshot, read by an adapter into a ``SkyCatalog``); its per-cloud features from
-``_CLOUD_UNSUPPORTED_FEATURES`` in ``sky/clouds/<cloud>.py`` of skypilot-org/skypilot (the
-2025-26 versions of each file, not pinned to one tag: a feature counts as supported when the
-file does not declare it unsupported; ``Task.get_required_cloud_features`` asks MULTI_NODE for
-``num_nodes > 1`` and STORAGE_MOUNTING for MOUNT-mode stores, ``Resources`` asks SPOT_INSTANCE
-for ``use_spot`` and CUSTOM_NETWORK_TIER for ``network_tier: best``); dstack's backend and
+Pure tables and rules. The SkyPilot a bundle targets is ``SKYPILOT_VERSION`` (the release
+whose schemas the tests vendor and whose client they install beside the project). Its
+accelerator names come from its own catalog (the bundled snapshot, read by an adapter into a
+``SkyCatalog``); its clouds from its registry (``sky.utils.registry.CLOUD_REGISTRY``) and
+their features from ``check_features_are_supported`` in ``sky/clouds/<cloud>.py`` of
+skypilot 0.14.1 (``Task.get_required_cloud_features`` asks MULTI_NODE for ``num_nodes > 1``
+and STORAGE_MOUNTING for MOUNT-mode stores, ``Resources`` asks SPOT_INSTANCE for ``use_spot``
+and CUSTOM_NETWORK_TIER for ``network_tier: best``); dstack's backend and
 volume support from dstack 0.22.5 (``core/backends/*/compute.py``: ``ComputeWithVolumeSupport``,
 ``ComputeWithMultinodeSupport``, ``ComputeWithInstanceVolumesSupport``); GPU names as
 gpuhunt's ``KNOWN_NVIDIA_GPUS`` / ``KNOWN_AMD_GPUS`` spell them. Tests hold each table to its
@@ -73,8 +74,11 @@ def _cloud(name: str, *, mount: bool, multi: bool, spot: bool, store: str | None
                     network_best=network)
 
 
+#: The SkyPilot release the bundle's sky.yaml is written for (and checked against).
+SKYPILOT_VERSION = "0.14.1"
+
 #: Canonical provider name (``core.catalog.providers``) -> SkyPilot cloud, as the registry
-#: spells it (the snapshot's file names are the same words).
+#: of ``SKYPILOT_VERSION`` spells it (the snapshot's file names are the same words).
 SKYPILOT_CLOUDS: dict[str, SkyCloud] = {
     "AWS": _cloud("aws", mount=True, multi=True, spot=True, store="s3", network=None),
     "GCP": _cloud("gcp", mount=True, multi=True, spot=True, store="gcs", network=None),
@@ -85,19 +89,21 @@ SKYPILOT_CLOUDS: dict[str, SkyCloud] = {
     "Lambda": _cloud("lambda", mount=True, multi=True, spot=False),
     "Cudo": _cloud("cudo", mount=True, multi=True, spot=False),
     "Mithril": _cloud("mithril", mount=True, multi=True, spot=True),
-    "Prime Intellect": _cloud("primeintellect", mount=True, multi=False, spot=False),
+    "Prime Intellect": _cloud("primeintellect", mount=True, multi=False, spot=True),
     "RunPod": _cloud("runpod", mount=False, multi=False, spot=True),
     "Vast.ai": _cloud("vast", mount=False, multi=False, spot=True),
     "Verda (ex-DataCrunch)": _cloud("verda", mount=False, multi=False, spot=True),
     "Hyperbolic": _cloud("hyperbolic", mount=False, multi=False, spot=False),
-    "Hyperstack": _cloud("hyperstack", mount=False, multi=True, spot=False),
     "Seeweb": _cloud("seeweb", mount=False, multi=False, spot=False),
     "Shadeform": _cloud("shadeform", mount=False, multi=False, spot=False),
-    "Lium": _cloud("lium", mount=False, multi=False, spot=False),
-    "Daytona": _cloud("daytona", mount=False, multi=False, spot=True),
     "Yotta": _cloud("yotta", mount=False, multi=False, spot=False),
-    "Jarvislabs": _cloud("jarvislabs", mount=False, multi=False, spot=False),
 }
+#: Providers whose prices SkyPilot's catalog repository lists (a ``catalogs/v8/<name>``
+#: folder, in the bundled snapshot) but for which ``SKYPILOT_VERSION`` has no cloud: its
+#: task schema refuses ``infra: <name>``.
+SKYPILOT_CATALOG_ONLY: dict[str, str] = {
+    "Hyperstack": "hyperstack", "Lium": "lium", "Daytona": "daytona",
+    "Jarvislabs": "jarvislabs"}
 
 
 class Storage(StrEnum):
@@ -137,6 +143,11 @@ def skypilot_choice(spec: LaunchSpec, catalog: SkyCatalog) -> SkyChoice | Refusa
     offer, nodes = spec.offer, spec.strategy.nodes
     cloud = skypilot_cloud(offer.provider)
     if cloud is None:
+        listed = SKYPILOT_CATALOG_ONLY.get(normalise_provider_name(offer.provider))
+        if listed:
+            return Refusal("skypilot", f"SkyPilot {SKYPILOT_VERSION} has no {listed} cloud "
+                                       "(its catalog repository lists prices for it, the "
+                                       "released client cannot launch there)")
         return Refusal("skypilot", f"SkyPilot has no cloud for {offer.provider!r}")
     name = catalog.accelerator(cloud.name, offer.gpu, offer.instance_type)
     if name is None:

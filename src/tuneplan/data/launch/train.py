@@ -645,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
     if found is not None:
         resume, info = found
         warn_world_size(info, args.world_size, cfg["sharding"])
-        log(f"resuming from {resume.name}")
+        log(f"resuming from {resume.name} (process {rank} of {args.world_size})")
         truncate_progress(progress, int(info["step"]))
     elif progress.exists():
         progress.unlink()  # no checkpoint: the run starts over, so does its log
