@@ -35,7 +35,7 @@ def _check(response: Any) -> None:
 
 
 @given(st.binary(max_size=300) | st.text(max_size=300).map(str.encode))
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=1000, deadline=None)
 def test_config_bytes_parse_or_refuse_in_one_line(data: bytes) -> None:
     try:
         assert isinstance(parse_config_bytes(data, origin="fuzz"), dict)
