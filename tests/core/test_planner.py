@@ -14,7 +14,7 @@ from tuneplan.adapters.importers.snapshot import load_bundled_snapshot
 from tuneplan.core.catalog.offers import Offer
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.recipes import Recipe
-from tuneplan.core.job.strategy import Job, Objective, Optimizer, Precision, Strategy
+from tuneplan.core.job.strategy import Job, Objective, Offload, Optimizer, Precision, Strategy
 from tuneplan.core.memory import MemoryEstimate
 from tuneplan.core.planner.fit import fit
 from tuneplan.core.planner.plan import PlanResult, pareto_front, plan_offers
@@ -311,3 +311,15 @@ def test_two_rtx_3090_without_a_bridge_pay_pcie_all_reduce_time() -> None:
     bare_comm = bare.candidate.throughput.comm_seconds_per_step
     assert bare_comm > bridged.candidate.throughput.comm_seconds_per_step > 0
     assert bare.hours > bridged.hours
+
+
+def test_the_cpu_optimizer_step_follows_the_offers_vcpus() -> None:
+    node = offer("A100 80GB SXM4", 8, "15.00", interconnect="NVLink 3.0")
+    few, many = (run("meta-llama/Llama-3.1-70B", "full", [replace(node, vcpus=n)]).plans[0]
+                 for n in (16, 256))
+    # 70B full state (~1.1 TB) exceeds 8 x 80 GB: the optimizer steps on the host's cores.
+    assert few.strategy.offload is not Offload.NONE is not many.strategy.offload
+    host = "step/optimizer-offloaded"
+    assert few.candidate.throughput.step.get(host).value > (
+        many.candidate.throughput.step.get(host).value)
+    assert few.hours > many.hours

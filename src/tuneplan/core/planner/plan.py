@@ -279,7 +279,7 @@ def _plan(context: _Context, job: Job, search: StrategySearch
                 "on its own; add the host's price with `tuneplan catalog import`")))
             continue
         key = (offer.provider, offer.gpu, offer.gpu_count, offer.gpu_memory_bytes,
-               offer.interconnect, offer.ram_bytes)
+               offer.interconnect, offer.ram_bytes, offer.vcpus)
         shape = shapes.get(key)
         if shape is None:
             shape = _offer_shape(search, job, offer, gpus, providers, rates.get(offer.provider),
@@ -361,7 +361,8 @@ def offer_node(offer: Offer, gpu: GpuSpec, *, nodes: int = 1,
     capacity = card_capacity_bytes(gpu, offer.gpu_memory_bytes)
     return Node(gpu=gpu, gpus_per_node=offer.gpu_count, capacity_bytes=capacity,
                 intra_link="pcie" if link == "pcie" else "auto", nodes=nodes,
-                inter_node_bytes_per_s=inter_node_bytes_per_s if nodes > 1 else None)
+                inter_node_bytes_per_s=inter_node_bytes_per_s if nodes > 1 else None,
+                host_vcpus=int(offer.vcpus) if offer.vcpus and offer.vcpus >= 1 else None)
 
 
 

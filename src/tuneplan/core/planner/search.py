@@ -101,6 +101,7 @@ class Node:
     intra_link: str = "auto"                 # "auto", "nvlink" or "pcie" (compute's words)
     nodes: int = 1
     inter_node_bytes_per_s: float | None = None
+    host_vcpus: int | None = None            # per node, as the offer states (CPU optimizer)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -221,12 +222,14 @@ class StrategySearch:
         return found
 
     def speed(self, strategy: Strategy, node: Node) -> Throughput | Refused:
-        key = (strategy, node.gpu.name, node.intra_link, node.inter_node_bytes_per_s)
+        key = (strategy, node.gpu.name, node.intra_link, node.inter_node_bytes_per_s,
+               node.host_vcpus if strategy.offload is not Offload.NONE else None)
         found = self._speed.get(key)
         if found is None:
             try:
                 links = NodeLinks(intra=node.intra_link,
-                                  inter_node_bytes_per_s=node.inter_node_bytes_per_s)
+                                  inter_node_bytes_per_s=node.inter_node_bytes_per_s,
+                                  host_vcpus=node.host_vcpus)
                 assert self._shape is not None
                 found = estimate_throughput(self._shape, strategy, node.gpu,
                                             avg_tokens=self.avg_tokens, links=links,
