@@ -48,12 +48,16 @@ CASES: list[Case] = [
     ("llama-gqa", "full", 2, 256, False, MIXED, ALL),
     ("llama-gqa", "lora", 2, 256, True, MIXED, ALL),
     ("llama-gqa", "full", 2, 256, True, MIXED, ALL),
+    ("llama-gqa", "lora", 2, 256, False, MIXED, ("q_proj", "k_proj")),
+    ("llama-mha", "lora", 2, 256, True, FP32, QV),
 ]
-#: LoRA dropout 0.05: the CPU kernel keeps its noise in the input's dtype (CUDA: a bool mask,
-#: the estimate's default 1 B), so the estimate is told that width here.
+#: LoRA dropout 0.05: the CPU kernel keeps its noise in the input's dtype, at most the 4 B the
+#: estimate is told here (CUDA: a bool mask, the default 1 B), as ``probe`` on the CPU does.
 DROPOUT: list[Case] = [
     ("llama-gqa", "lora", 2, 256, False, BF16, ALL),
     ("llama-gqa", "lora", 2, 256, False, FP32, ALL),
+    ("llama-gqa", "lora", 2, 256, False, MIXED, ALL),
+    ("llama-gqa", "lora", 2, 256, False, BF16, QV),
 ]
 
 
@@ -86,9 +90,8 @@ def test_litgpt_peak_matches_simulation(case: tuple[object, ...]) -> None:
     strategy = _strategy(str(method), int(b), int(s), bool(ckpt),  # type: ignore[call-overload]
                          precision, targets, dropout)  # type: ignore[arg-type]
     measured = measure_step(StepSetup(config=config, strategy=strategy, optimizer_impl="fused"))
-    mask = precision.compute_bytes if precision is BF16 else 4
     estimate = estimate_memory(parse_model_config(config, name=arch), strategy,
-                               MemoryAssumptions(adamw_impl="fused", dropout_mask_bytes=mask))
+                               MemoryAssumptions(adamw_impl="fused", dropout_mask_bytes=4))
     assert estimate.trainable_params == measured.trainable_params
     tensors = _tensors(estimate)
     assert abs(tensors - measured.peak_bytes) / measured.peak_bytes <= 0.03, (

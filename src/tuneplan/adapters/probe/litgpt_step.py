@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -163,8 +163,10 @@ def _convert_output(s: Strategy, out: Any) -> Any:
     return out.to(torch.get_default_dtype())
 
 
-def measure_litgpt_step(setup: StepSetup) -> MeasuredStep:
-    """``setup.steps`` steps of litgpt's fit loop (module docstring) under the tracker."""
+def measure_litgpt_step(setup: StepSetup, *, on_step: Callable[[int], None] | None = None,
+                        starts: list[float] | None = None) -> MeasuredStep:
+    """``setup.steps`` steps of litgpt's fit loop (module docstring) under the tracker;
+    ``on_step(i)`` is called as step i starts, whose start time is appended to ``starts``."""
     from litgpt.utils import chunked_cross_entropy
 
     s = setup.strategy
@@ -205,7 +207,11 @@ def measure_litgpt_step(setup: StepSetup) -> MeasuredStep:
         loss: Any = None
         try:
             with tracker:
-                for _ in range(setup.steps):
+                for i in range(setup.steps):
+                    if starts is not None:
+                        starts.append(time.perf_counter())
+                    if on_step is not None:
+                        on_step(i + 1)
                     with tracker.phase("forward"):
                         with _forward_context(s):
                             out = model(ids, lm_head_chunk_size=LM_HEAD_CHUNK) if chunked \

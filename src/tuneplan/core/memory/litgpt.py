@@ -148,12 +148,19 @@ def block_saved(d: _Dims, lt: LitTargets) -> dict[str, int]:
     lora = t * d.rank * enabled * c + (t * d.rank * c if lt.projection else 0) + (
         3 * t * d.rank * c if lt.mlp else 0)
     product_saved = d.full or (lt.mlp and lora_reads)
+    if 0 < enabled < 3:
+        # zero_pad: index_copy_ of after_B (T·enabled outputs) into a zero T·qkv tensor keeps
+        # after_B and the cloned int64 index (lora_ind) for backward (seen in the simulation)
+        out_on = (d.qd if lt.query else 0) + (d.kvd if lt.key else 0) + (
+            d.kvd if lt.value else 0)
+        lora += t * out_on * c + 2 * out_on * 8
     if d.dropout:
         # per LoRA linear: the dropout output (its bf16 autocast copy under bf16-mixed) and
-        # the mask; the first block's qkv input needs no grad, so its mask is not kept
-        ins = (d.h if enabled else 0) + (d.qd if lt.projection else 0) + (
-            2 * d.h + d.inter if lt.mlp else 0)
-        lora += t * ins * (c + d.mask)
+        # the mask, never wider than its input (CPU: noise in the input's dtype; CUDA: bool)
+        normed = (d.h if enabled else 0) + (2 * d.h if lt.mlp else 0)   # norm outputs (r)
+        inner = (d.qd if lt.projection else 0) + (d.inter if lt.mlp else 0)   # compute dtype
+        lora += t * (normed + inner) * c + t * normed * min(d.mask, d.r) + (
+            t * inner * min(d.mask, c))
     return {
         "norms": 2 * norm_saved(d),
         "linear_inputs": _input_saves(d, qkv_savers, d.r) + _input_saves(d, mlp_savers, d.r)
@@ -221,7 +228,7 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
         # a frozen embedding feeds the first norm a tensor without grad: it saves nothing
         first = 0 if d.full else d.t * d.h * 4 + d.t * 4 + d.h * 4
         if d.dropout and any((lt.query, lt.key, lt.value)):
-            first += d.t * d.h * d.mask   # no mask kept where the input needs no gradient
+            first += d.t * d.h * min(d.mask, d.r)   # no mask kept where the input needs no gradient
         blocks = part("activations/blocks", d.layers * per_block - first,
                       f"{d.layers} blocks · saved tensors (litgpt layout)", SOURCE)
     head = _head(d, chunked)
