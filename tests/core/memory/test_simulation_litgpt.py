@@ -13,7 +13,7 @@ pytest.importorskip("litgpt")
 
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.recipes import Recipe
-from tuneplan.core.job.strategy import Checkpointing, Precision, Strategy
+from tuneplan.core.job.strategy import Checkpointing, Loss, Precision, Strategy
 from tuneplan.core.memory import MemoryAssumptions, estimate_memory
 from tuneplan.core.models import parse_model_config
 
@@ -148,3 +148,8 @@ def test_litgpt_layout_differs_from_hf() -> None:
     qlora = estimate_memory(model, Strategy(method=Method.QLORA, recipe=Recipe.LITGPT,
                                             precision=BF16, seq_len=512))
     assert any("hf layout with litgpt's dtypes stands in" in n for n in qlora.notes)
+    standard = estimate_memory(model, Strategy(**{**{f: getattr(lit, f) for f in (
+        "method", "precision", "batch_size", "seq_len", "lora_rank", "lora_alpha",
+        "lora_targets", "checkpointing", "recipe")}, "loss": Loss.STANDARD}))
+    assert any("--loss standard" in n for n in standard.notes)
+    assert standard.allocated_peak_bytes != est.allocated_peak_bytes

@@ -22,7 +22,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuneplan.core.job.methods import Method
-from tuneplan.core.job.strategy import Attention, Checkpointing, Precision, Sharding, Strategy, Task
+from tuneplan.core.job.strategy import (
+    Attention,
+    Checkpointing,
+    Loss,
+    Precision,
+    Sharding,
+    Strategy,
+    Task,
+)
 from tuneplan.core.memory.parts import Item, part
 from tuneplan.core.models import MlpKind, ModelSpec, NormKind
 
@@ -53,6 +61,8 @@ def uncovered(model: ModelSpec, s: Strategy) -> str | None:
         (s.packing or s.compile or s.optimizer_in_backward,
          "--packing, --compile or --optimizer-in-backward"),
         (s.method is Method.LORA and bool(s.trainable_modules), "--trainable-modules"),
+        (s.loss is Loss.STANDARD,
+         "--loss standard (litgpt's finetune scripts always call chunked_cross_entropy)"),
         (s.method is Method.LORA and not s.all_linear and "lm_head" in s.lora_targets,
          "LoRA on lm_head"),
     ]
