@@ -145,11 +145,38 @@ def test_litgpt_layout_differs_from_hf() -> None:
     assert est.breakdown.value("logits/fp32_logits") == 2048 * 128256 * 4
     assert est.allocated_peak_bytes != hf.allocated_peak_bytes
     assert any("LitGPT's own layout" in n for n in est.notes)
-    qlora = estimate_memory(model, Strategy(method=Method.QLORA, recipe=Recipe.LITGPT,
-                                            precision=BF16, seq_len=512))
-    assert any("hf layout with litgpt's dtypes stands in" in n for n in qlora.notes)
+    dora = estimate_memory(model, Strategy(method=Method.DORA, recipe=Recipe.LITGPT,
+                                           precision=BF16, seq_len=512))
+    assert any("not --method dora: the hf layout with litgpt's dtypes stands in" in n
+               for n in dora.notes)
     standard = estimate_memory(model, Strategy(**{**{f: getattr(lit, f) for f in (
         "method", "precision", "batch_size", "seq_len", "lora_rank", "lora_alpha",
         "lora_targets", "checkpointing", "recipe")}, "loss": Loss.STANDARD}))
     assert any("--loss standard" in n for n in standard.notes)
     assert standard.allocated_peak_bytes != est.allocated_peak_bytes
+
+
+def test_litgpt_qlora_quantizes_the_head_and_keeps_bf16_adapters() -> None:
+    """Not simulated (bitsandbytes' 4-bit matmul needs CUDA): modelled from litgpt
+    finetune/lora.py + Lightning's BitsandbytesPrecision, which replaces every nn.Linear,
+    lm_head included; LoRA A/B stay in the bf16-true module dtype."""
+    from tuneplan.adapters.hub import resolve_model
+
+    model = resolve_model("meta-llama/Llama-3.1-8B")
+    job = Strategy(method=Method.QLORA, recipe=Recipe.LITGPT, precision=BF16, seq_len=2048,
+                   lora_rank=16, lora_alpha=32, checkpointing=Checkpointing.FULL)
+    lit = estimate_memory(model, job)
+    hf = estimate_memory(model, Strategy(method=Method.QLORA, recipe=Recipe.HF, precision=BF16,
+                                         seq_len=2048, lora_rank=16, lora_alpha=32,
+                                         checkpointing=Checkpointing.FULL))
+    head = 128256 * 4096
+    # 4-bit packs two weights a byte: the head's V·H/2 more than the hf layout's blocks alone
+    assert lit.breakdown.value("weights/quantized") - hf.breakdown.value(
+        "weights/quantized") == head // 2
+    # only the embedding stays bf16 (V·H·2); LoRA r16 all-linear A/B in bf16, not fp32
+    assert lit.breakdown.value("weights/unquantized") == head * 2 + 4096 * 65 * 2
+    assert lit.breakdown.value("weights/adapters") * 2 == hf.breakdown.value("weights/adapters")
+    assert any("LitGPT's own layout" in n for n in lit.notes)
+    mixed = estimate_memory(model, Strategy(method=Method.QLORA, recipe=Recipe.LITGPT,
+                                            precision=MIXED, seq_len=512))
+    assert any("refuses quantization with mixed" in n for n in mixed.notes)

@@ -276,7 +276,7 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
              a: MemoryAssumptions, fixed: _Fixed) -> dict[str, list[Item]]:
     if s.recipe is Recipe.LITGPT and litgpt.uncovered(model, s) is None:
         return litgpt.moments(model, s, [fixed.resident], [*st.grads], [*st.step],
-                              a.dropout_mask_bytes)
+                              a.dropout_mask_bytes, [*fixed.dequant])
     w = fixed.widths
     shape = _shape(s, s.batch_size)
     blocks = _block_terms(model, s, w, shape, a, fixed)

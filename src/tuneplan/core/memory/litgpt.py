@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuneplan.core.job.methods import Method
+from tuneplan.core.job.methods import Method, Quant
 from tuneplan.core.job.strategy import (
     Attention,
     Checkpointing,
@@ -51,7 +51,12 @@ def uncovered(model: ModelSpec, s: Strategy) -> str | None:
          or model.mlp_kind is not MlpKind.GATED or model.num_experts > 0,
          f"{model.model_type} is not a llama-style dense decoder"),
         (model.tie_word_embeddings or model.head_bias, "a tied or biased head"),
-        (s.method not in (Method.FULL, Method.LORA), f"--method {s.method}"),
+        (s.method not in (Method.FULL, Method.LORA, Method.QLORA), f"--method {s.method}"),
+        (s.method is Method.QLORA and s.quant not in (Quant.NF4, Quant.FP4),
+         f"--quant {s.quant} (litgpt quantizes with bitsandbytes: bnb.nf4 or bnb.fp4)"),
+        (s.method is Method.QLORA and s.precision.is_mixed,
+         "QLoRA under bf16-mixed (litgpt finetune/lora.py refuses quantization with mixed "
+         "precision)"),
         (s.task is not Task.CAUSAL_LM, f"--task {s.task}"),
         (s.precision is Precision.FP16_MIXED, "--precision fp16-mixed"),
         (s.attention is Attention.EAGER, "--attention eager (litgpt runs SDPA)"),
@@ -84,8 +89,11 @@ _FLAG = {"q_proj": "query", "k_proj": "key", "v_proj": "value", "o_proj": "proje
          "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
 
 
+_LORA = (Method.LORA, Method.QLORA)
+
+
 def lit_targets(s: Strategy) -> LitTargets:
-    if s.method is not Method.LORA:
+    if s.method not in _LORA:
         return LitTargets()
     if s.all_linear:
         return LitTargets(query=True, key=True, value=True, projection=True, mlp=True)
@@ -122,7 +130,7 @@ def _dims(model: ModelSpec, s: Strategy, mask_bytes: int = 1) -> _Dims:
                  inter=model.intermediate_size, vocab=model.vocab_size, heads=model.num_heads,
                  layers=model.num_layers, c=c, r=4 if (mixed or c == 4) else c, mixed=mixed,
                  full=s.method.trains_base, rank=s.lora_rank,
-                 dropout=s.method is Method.LORA and s.lora_dropout > 0, mask=mask_bytes)
+                 dropout=s.method in _LORA and s.lora_dropout > 0, mask=mask_bytes)
 
 
 def _input_saves(d: _Dims, savers: int, shared_width: int) -> int:
@@ -219,11 +227,18 @@ def _autocast_saved(d: _Dims, s: Strategy, chunked: bool) -> int:
 
 
 def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Item],
-            step: list[Item], dropout_mask_bytes: int = 1) -> dict[str, list[Item]]:
-    """The moments of one fit-loop step (the second: state and the previous logits exist)."""
+            step: list[Item], dropout_mask_bytes: int = 1,
+            dequant: list[Item] | None = None) -> dict[str, list[Item]]:
+    """The moments of one fit-loop step (the second: state and the previous logits exist).
+
+    QLoRA (``--quantize bnb.nf4``, not simulated: bitsandbytes' 4-bit matmul is CUDA-only
+    here) is the bf16-true LoRA layout over 4-bit linears, ``lm_head`` included
+    (``weights.head_quantized``): ``Linear4bit`` casts its input to the compute dtype (a no-op
+    in bf16-true) and bitsandbytes >= 0.43.2 saves no input; ``dequant`` is the one weight
+    dequantized at a time, the 4-bit head's V·H·2 while its chunks run."""
     d = _dims(model, s, dropout_mask_bytes)
     lt = lit_targets(s)
-    chunked = s.method is Method.LORA
+    chunked = s.method in _LORA
     one = block_saved(d, lt)
     per_block = sum(one.values())
     inputs = part("activations/inputs", 2 * d.t * 8, "input ids + targets 2·T·8 (int64)")
@@ -275,4 +290,6 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
         "backward-start": [*base, blocks, ln_f, logits, logsm, grad, casts],
         "optimizer": [*base, logits, *grads, *step],
     }
+    if dequant:   # the last lm_head chunk runs with the head dequantized
+        out["forward-head"] = [*base, blocks, ln_f, previous, new_logits, *dequant]
     return out
