@@ -180,3 +180,23 @@ def test_litgpt_qlora_quantizes_the_head_and_keeps_bf16_adapters() -> None:
     mixed = estimate_memory(model, Strategy(method=Method.QLORA, recipe=Recipe.LITGPT,
                                             precision=MIXED, seq_len=512))
     assert any("refuses quantization with mixed" in n for n in mixed.notes)
+
+
+@pytest.mark.parametrize(("changes", "words"), [
+    ({"method": Method.DORA}, "--method dora"),
+    ({"loss": Loss.STANDARD}, "--loss standard"),
+    ({"lora_targets": ("gate_proj",)}, "gate, up and down together"),
+    ({"trainable_modules": ("lm_head",)}, "--trainable-modules"),
+])
+def test_litgpt_simulation_refuses_what_it_does_not_run(changes: dict[str, object],
+                                                         words: str) -> None:
+    from tuneplan.adapters.probe.harness import StepSetup, measure_step
+    from tuneplan.errors import UnsupportedError
+
+    strategy = Strategy(**{"method": Method.LORA, "recipe": Recipe.LITGPT, "precision": BF16,
+                           "batch_size": 1, "seq_len": 64, **changes})  # type: ignore[arg-type]
+    with pytest.raises(UnsupportedError, match=words):
+        measure_step(StepSetup(config=CONFIGS["llama-gqa"], strategy=strategy))
+    # the estimate does not pretend: the hf layout stands in, and says why
+    est = estimate_memory(parse_model_config(CONFIGS["llama-gqa"], name="x"), strategy)
+    assert any("hf layout with litgpt's dtypes stands in" in n for n in est.notes)

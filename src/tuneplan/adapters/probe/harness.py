@@ -68,7 +68,7 @@ def refuse_unrunnable(s: Strategy) -> None:
         (s.attention is Attention.FLASH,
          "--attention flash (use sdpa: no s×s scores either, and it runs on the CPU)"),
         (s.compile, "--compile"),
-        (s.loss is Loss.CHUNKED, "--loss chunked"),
+        (s.loss is Loss.CHUNKED and s.recipe is not Recipe.LITGPT, "--loss chunked"),
         (s.num_labels != 2, "--num-labels other than 2"),
         (bool(s.stack.given()),
          f"--stack {s.stack.given()} (it runs the libraries installed here, not a stated "

@@ -38,7 +38,7 @@ from tuneplan.adapters.probe import build
 from tuneplan.adapters.probe.harness import MeasuredStep, StepSetup, measured_step
 from tuneplan.adapters.probe.tracker import StorageTracker
 from tuneplan.core.job.methods import Method
-from tuneplan.core.job.strategy import Checkpointing, Precision, Strategy
+from tuneplan.core.job.strategy import Attention, Checkpointing, Loss, Precision, Strategy
 from tuneplan.errors import ProbeError, UnsupportedError
 
 #: litgpt finetune/lora.py and full.py: ``model(input_ids, lm_head_chunk_size=128)`` (LoRA);
@@ -60,6 +60,9 @@ def refuse_unrunnable(s: Strategy) -> None:
         (s.precision is Precision.FP16_MIXED, "--precision fp16-mixed"),
         (s.checkpointing is Checkpointing.OFFLOAD, "--offload-activations"),
         (s.world_size > 1 or s.grad_accum > 1, "more than one GPU or micro-batch"),
+        (bool(s.trainable_modules), "--trainable-modules"),
+        (s.loss is Loss.STANDARD, "--loss standard (litgpt's scripts always chunk the loss)"),
+        (s.attention is Attention.EAGER, "--attention eager (litgpt runs SDPA)"),
     ]
     for bad, what in reasons:
         if bad:
@@ -72,6 +75,10 @@ def lora_flags(s: Strategy) -> dict[str, bool]:
     if s.all_linear:
         return {"lora_query": True, "lora_key": True, "lora_value": True,
                 "lora_projection": True, "lora_mlp": True, "lora_head": False}
+    mlp = {"gate_proj", "up_proj", "down_proj"} & set(s.lora_targets)
+    if 0 < len(mlp) < 3:
+        raise UnsupportedError("litgpt's lora_mlp adapts gate, up and down together: name all "
+                               "three or none")
     flags = dict.fromkeys(set(_TARGET_FLAGS.values()), False)
     for name in s.lora_targets:
         if name not in _TARGET_FLAGS:

@@ -40,6 +40,8 @@ LM_HEAD_CHUNK = 128
 SOURCE = "litgpt 0.5.13 model.py/lora.py/utils.py, lightning 2.6 fabric precision"
 
 
+#: litgpt.lora.Config.lora_mlp adapts all three MLP linears at once.
+MLP_TARGETS = frozenset({"gate_proj", "up_proj", "down_proj"})
 #: model types whose litgpt build is the llama layout modelled here (fused qkv, LLaMAMLP).
 LLAMA_LIKE = frozenset({"llama", "mistral"})
 
@@ -65,11 +67,15 @@ def uncovered(model: ModelSpec, s: Strategy) -> str | None:
         (s.checkpointing is Checkpointing.OFFLOAD, "--offload-activations"),
         (s.packing or s.compile or s.optimizer_in_backward,
          "--packing, --compile or --optimizer-in-backward"),
-        (s.method is Method.LORA and bool(s.trainable_modules), "--trainable-modules"),
+        (s.method in (Method.LORA, Method.QLORA) and bool(s.trainable_modules),
+         "--trainable-modules"),
         (s.loss is Loss.STANDARD,
          "--loss standard (litgpt's finetune scripts always call chunked_cross_entropy)"),
-        (s.method is Method.LORA and not s.all_linear and "lm_head" in s.lora_targets,
-         "LoRA on lm_head"),
+        (s.method in (Method.LORA, Method.QLORA) and not s.all_linear
+         and "lm_head" in s.lora_targets, "LoRA on lm_head"),
+        (s.method in (Method.LORA, Method.QLORA) and not s.all_linear
+         and 0 < len(MLP_TARGETS & set(s.lora_targets)) < 3,
+         "LoRA on part of the MLP (litgpt's lora_mlp wraps fc_1, fc_2 and proj together)"),
     ]
     return next((why for bad, why in checks if bad), None)
 
