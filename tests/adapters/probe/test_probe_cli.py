@@ -65,6 +65,17 @@ def test_simulated_8b_lora_matches_the_analytic_peak() -> None:
     assert doc["measured"]["simulation_seconds"] > 0
 
 
+def test_simulated_litgpt_lora_runs_litgpt_and_matches_its_layout() -> None:
+    """--recipe litgpt simulates litgpt's own fit loop (lora.GPT, chunked loss); the estimate
+    uses LitGPT's layout (fp32 logits kept by the loop), within the simulation tolerance."""
+    pytest.importorskip("litgpt")
+    doc = probe("TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T", "--recipe", "litgpt",
+                "--method", "lora", "--precision", "bf16", "--seq-len", "256", "--simulate")
+    assert doc["fallbacks"] == []
+    assert abs(rows(doc)["tensor peak (total)"]["error_pct"]) <= 3.0
+    assert doc["measured"]["trainable_params"] == doc["estimated"]["trainable_params"]
+
+
 def test_simulation_falls_back_to_the_analytic_optimizer_for_adafactor() -> None:
     doc = probe(SMOL, "--method", "full", "--optimizer", "adafactor", "--precision", "bf16",
                 "--seq-len", "64", "--simulate")
@@ -77,6 +88,8 @@ def test_simulation_falls_back_to_the_analytic_optimizer_for_adafactor() -> None
 @pytest.mark.parametrize(("args", "error", "words"), [
     (["--random-weights", "--gpus", "2"], UnsupportedError, "more than one GPU"),
     (["--random-weights", "--recipe", "torchtune"], UnsupportedError, "recipe torchtune"),
+    (["--random-weights", "--recipe", "litgpt", "--method", "qlora"], UnsupportedError,
+     "litgpt simulation cannot run --method qlora"),
     (["--device", "cpu"], InvalidValueError, "--random-weights"),
     (["--random-weights", "--device", "tpu"], InvalidValueError, "auto, cpu or cuda"),
 ])

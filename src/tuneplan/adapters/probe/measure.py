@@ -23,6 +23,7 @@ from tuneplan.adapters.probe import build, harness
 from tuneplan.adapters.probe.harness import MeasuredStep, StepSetup
 from tuneplan.adapters.probe.tracker import StorageTracker
 from tuneplan.core.job.methods import Method
+from tuneplan.core.job.recipes import Recipe
 from tuneplan.errors import ProbeError, UnsupportedError
 
 OnStep = Callable[[int], None]  # called with the 1-based index of the step starting
@@ -70,6 +71,15 @@ def measure_cpu(setup: StepSetup, *, weights: str | Path | None = None,
                 on_step: OnStep | None = None) -> tuple[MeasuredStep, Timing]:
     """Tensor-level peak by category (real or ``setup.fake``) and per-step wall time."""
     started = time.perf_counter()
+    if setup.strategy.recipe is Recipe.LITGPT:  # litgpt's own model and fit loop
+        from tuneplan.adapters.probe.litgpt_step import measure_litgpt_step
+
+        if weights is not None:
+            raise UnsupportedError("--recipe litgpt builds litgpt's model from the config "
+                                   "(random weights)")
+        lit_starts: list[float] = []
+        measured = measure_litgpt_step(setup, on_step=on_step, starts=lit_starts)
+        return measured, _timing(setup, lit_starts, time.perf_counter())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         model, fake_mode = _built(setup, weights)

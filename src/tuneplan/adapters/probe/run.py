@@ -77,6 +77,22 @@ def library_versions() -> dict[str, str]:
     return out
 
 
+def _refuse_litgpt(req: ProbeRequest, device: str, weights: str | Path | None) -> None:
+    """``--recipe litgpt`` runs litgpt's own step on the CPU (random weights) or simulated."""
+    from tuneplan.core.job.recipes import Recipe
+
+    if req.strategy.recipe is not Recipe.LITGPT:
+        return
+    from tuneplan.errors import UnsupportedError
+
+    if device == "cuda":
+        raise UnsupportedError("the probe runs --recipe litgpt on the CPU or with --simulate, "
+                               "not on CUDA (the CUDA probe runs the HF Trainer step)")
+    if weights is not None:
+        raise UnsupportedError("--recipe litgpt probes build litgpt's model from the config: "
+                               "pass --random-weights or --simulate")
+
+
 def run_probe(req: ProbeRequest, report: Report | None = None) -> dict[str, Any]:
     """Measure (or simulate) the job, compare with the estimate, save; the JSON document."""
     from tuneplan.adapters.hub import load_model_config
@@ -91,6 +107,7 @@ def run_probe(req: ProbeRequest, report: Report | None = None) -> dict[str, Any]
     spec = parse_model_config(config, name=label)
     device = pick_device(req.device, req.simulate)
     weights = weights_source(req)
+    _refuse_litgpt(req, device, weights)
     say = report or (lambda what, done, total: None)
     if device == "cuda":
         from tuneplan.adapters.probe.report_cuda import probe_cuda

@@ -93,8 +93,10 @@ def precision_plan(strategy: Strategy) -> PrecisionPlan:
     # prepare_model_for_kbit_training skips the fp32 upcast on GPTQ-quantized models.
     kbit = recipe is Recipe.HF and method in (Method.QLORA, Method.LORA8BIT) and not (
         method is Method.QLORA and strategy.quant is Quant.GPTQ_INT4)
+    # LitGPT bf16-mixed (Fabric MixedPrecision) keeps the whole module in fp32, frozen base too.
+    frozen = 4 if (recipe is Recipe.LITGPT and mixed) else c
     return PrecisionPlan(
-        frozen_weight_bytes=c, trainable_weight_bytes=trainable,
+        frozen_weight_bytes=frozen, trainable_weight_bytes=trainable,
         adapter_bytes=adapter, compute_bytes=c, autocast=mixed and not master,
         master_bytes=master, state_bytes=state, kbit_upcast=kbit,
         fused_loss_default=recipe in (Recipe.UNSLOTH, Recipe.LITGPT),

@@ -26,7 +26,7 @@ from tuneplan.core.job.methods import (
 from tuneplan.core.job.recipes import PrecisionPlan, Recipe, precision_plan
 from tuneplan.core.job.strategy import Checkpointing, Strategy, Task
 from tuneplan.core.memory import activations as act
-from tuneplan.core.memory import experts
+from tuneplan.core.memory import experts, litgpt
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.core.memory.logits import loss_moments
 from tuneplan.core.memory.overheads import device_terms, reserve_term, workspace_term
@@ -194,8 +194,8 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
     w = act.widths(strategy, plan, a.dropout_mask_bytes)
     layer_inputs = tuple(act.layer_inputs(model, layer, strategy, w) for layer in model.layers)
     found = _Fixed(
-        notes=tuple(n for n in (fused_qkv_note(model, strategy), _recipe_note(strategy, plan))
-                    if n),
+        notes=tuple(n for n in (fused_qkv_note(model, strategy),
+                                _recipe_note(strategy, plan, model)) if n),
         behaviours=tuple(versions.behaviours(model, strategy, a.adamw_impl)),
         source=source, assumptions=a, model=model, trainable=trainable, plan=plan, shards=sp,
         static=static, widths=w,
@@ -219,11 +219,19 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
     return found
 
 
-def _recipe_note(strategy: Strategy, plan: PrecisionPlan) -> str | None:
+def _recipe_note(strategy: Strategy, plan: PrecisionPlan,
+                 strategy_model: ModelSpec | None = None) -> str | None:
     """Recipes change only dtypes and the loss default (``core.job.recipes``): say so where
     ``--recipe`` gives this job the hf recipe's layout, so the same estimate is no surprise."""
     if strategy.recipe is Recipe.HF:
         return None
+    if strategy.recipe is Recipe.LITGPT:
+        why = litgpt.uncovered(strategy_model, strategy) if strategy_model else None
+        if why is None:
+            return ("--recipe litgpt: LitGPT's own layout (litgpt 0.5.13 fit loop: fused qkv, "
+                    "fp32 RMSNorm, fp32 logits kept by the loop, chunked loss)")
+        return (f"--recipe litgpt: LitGPT's layout is modelled for llama-style full and LoRA "
+                f"jobs, not {why}: the hf layout with litgpt's dtypes stands in")
     hf = precision_plan(replace(strategy, recipe=Recipe.HF))
     if replace(plan, why="") != replace(hf, why=""):
         return None
@@ -266,6 +274,9 @@ def _saved_line(model: ModelSpec, s: Strategy, w: act.Widths,
 
 def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
              a: MemoryAssumptions, fixed: _Fixed) -> dict[str, list[Item]]:
+    if s.recipe is Recipe.LITGPT and litgpt.uncovered(model, s) is None:
+        return litgpt.moments(model, s, [fixed.resident], [*st.grads], [*st.step],
+                              a.dropout_mask_bytes, [*fixed.dequant])
     w = fixed.widths
     shape = _shape(s, s.batch_size)
     blocks = _block_terms(model, s, w, shape, a, fixed)

@@ -25,7 +25,7 @@ from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.core.memory.optimizer import optimizer_bytes
 from tuneplan.core.memory.parts import Piece, part, total
 from tuneplan.core.memory.sharding import ShardPlan, shard
-from tuneplan.core.memory.weights import split_params, weight_terms
+from tuneplan.core.memory.weights import head_quantized, split_params, weight_terms
 from tuneplan.core.models import Linear, LinearRole, ModelSpec
 
 
@@ -50,7 +50,7 @@ def static_terms(model: ModelSpec, s: Strategy, plan: PrecisionPlan, trainable: 
     weights = weight_terms(model, s, plan, trainable, a)
     wbytes = total(weights)
     ob = optimizer_bytes(s, plan, trainable, a)
-    split = split_params(model)
+    split = split_params(model, head=head_quantized(model, s))
     resident: list[Piece] = []
     host: list[Piece] = []
     if sp.params_on_host:

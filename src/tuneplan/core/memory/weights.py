@@ -19,7 +19,7 @@ from tuneplan.core.job.methods import (
     count_params,
     effective_quant,
 )
-from tuneplan.core.job.recipes import PrecisionPlan
+from tuneplan.core.job.recipes import PrecisionPlan, Recipe
 from tuneplan.core.job.stack import version_text
 from tuneplan.core.job.strategy import Strategy
 from tuneplan.core.job.versions import experts_are_linear
@@ -41,11 +41,27 @@ class ParamSplit:
     largest_linear: int         # biggest single (non-expert) linear weight
 
 
-def split_params(model: ModelSpec, experts_quantized: bool = False) -> ParamSplit:
+def head_quantized(model: ModelSpec, strategy: Strategy) -> bool:
+    """LitGPT's QLoRA: Lightning's ``BitsandbytesPrecision.convert_module`` replaces every
+    ``nn.Linear``, the (untied) ``lm_head`` included (lightning 2.6
+    fabric/plugins/precision/bitsandbytes.py; litgpt finetune/lora.py passes no
+    ``ignore_modules``). transformers' bitsandbytes integration keeps the head dense."""
+    quant = effective_quant(strategy)
+    return (strategy.recipe is Recipe.LITGPT and quant in (Quant.NF4, Quant.FP4, Quant.INT8)
+            and not model.tie_word_embeddings)
+
+
+def split_params(model: ModelSpec, experts_quantized: bool = False,
+                 head: bool = False) -> ParamSplit:
     """``experts_quantized``: routed experts and routers are ``nn.Linear`` modules
     bitsandbytes replaces (transformers 4.x, ``versions.experts_are_linear``); otherwise
-    (transformers 5) neither is quantizable. The largest linear stays a dense one."""
+    (transformers 5) neither is quantizable. The largest linear stays a dense one.
+    ``head``: the output head is quantized too (``head_quantized``)."""
     quant = rows = cols = linear = largest = tensors = 0
+    if head:
+        width = model.head_in_features or model.hidden_size
+        quant, rows, cols, tensors = model.vocab_size * width, model.vocab_size, width, 1
+        largest = model.vocab_size * width
     for layer in model.layers:
         for lin in layer.linears:
             linear += lin.weight_params * layer.count
@@ -92,7 +108,7 @@ def weight_terms(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan,
     """Terms for every stored weight byte on one (unsharded) replica."""
     quant = effective_quant(strategy)
     split = split_params(model, quant is not None and quant is not Quant.GPTQ_INT4
-                         and experts_are_linear(strategy))
+                         and experts_are_linear(strategy), head_quantized(model, strategy))
     if quant is not None:
         terms = _quantized_terms(split, strategy, plan, quant, a, model.num_experts > 0)
     elif strategy.method is Method.FULL:
