@@ -92,7 +92,8 @@ def map_unmapped(case: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
     scales) and prompt/prefix tuning's number of virtual tokens (``--num-virtual-tokens``)."""
     outside = " ".join(case.get("settings_not_in_cli", []))
     if "GPTQ" in outside and args.get("quant") == "nf4":
-        args = args | {"quant": "gptq-int4", "double-quant": False}
+        # --double-quant is bitsandbytes' and refused for GPTQ: the flag goes with nf4
+        args = {k: v for k, v in args.items() if k != "double-quant"} | {"quant": "gptq-int4"}
     tokens = re.search(r"(\d+) virtual tokens", outside)
     if tokens and args.get("method") in ("prompt", "prefix") and "num-virtual-tokens" not in args:
         args = args | {"num-virtual-tokens": int(tokens.group(1))}
