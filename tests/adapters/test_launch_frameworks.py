@@ -137,7 +137,7 @@ def check_llamafactory(config: dict[str, Any], files: dict[str, str]) -> list[st
         bad.append(f"llamafactory: optim {config.get('optim')} is no optimizer")
     if "deepspeed" in config and config["deepspeed"] not in files:
         bad.append(f"llamafactory: deepspeed {config['deepspeed']} is not in the bundle")
-    info = json.loads(files["data/dataset_info.json"])
+    info = json.loads(files["dataset_info.json"])
     entry = info.get(config["dataset"])
     if entry is None:
         return [*bad, f"dataset {config['dataset']} is not in dataset_info.json"]

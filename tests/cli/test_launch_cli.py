@@ -90,9 +90,10 @@ def test_axolotl_and_llamafactory_configs_are_written_or_refused_in_one_line(
                      "axolotl,llamafactory", "--out", str(tmp_path / "a"), "--json")
     assert result.code == 0, result.stderr
     assert result.json()["targets"] == ["axolotl", "llamafactory"]
-    assert {"axolotl.yaml", "llamafactory.yaml", "data/dataset_info.json"} <= set(
+    assert {"axolotl.yaml", "llamafactory.yaml", "dataset_info.json"} <= set(
         result.json()["files"])
-    assert (tmp_path / "a" / "data" / "dataset_info.json").exists()
+    info = json.loads((tmp_path / "a" / "dataset_info.json").read_text())
+    assert info["tuneplan_train"]["file_name"] == "data/train.jsonl"
     doc = json.loads(FIXTURE.read_text())
     entry = doc["plans"][0]
     entry["strategy"] = entry["strategy"] | {"method": "prefix"}

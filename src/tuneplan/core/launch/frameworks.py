@@ -35,8 +35,9 @@ AXOLOTL = "axolotl"
 LLAMAFACTORY = "llamafactory"
 AXOLOTL_FILE = "axolotl.yaml"
 LLAMAFACTORY_FILE = "llamafactory.yaml"
-#: LLaMA-Factory finds data by name in ``<dataset_dir>/dataset_info.json``.
-DATASET_INFO_FILE = "data/dataset_info.json"
+#: LLaMA-Factory finds data by name in ``<dataset_dir>/dataset_info.json``; the bundle's
+#: folder is the dataset_dir (every bundle file sits at its top level).
+DATASET_INFO_FILE = "dataset_info.json"
 DATASET_NAME = "tuneplan_train"
 #: The versions the schemas were read from (tests/fixtures/launch/README.md).
 AXOLOTL_VERSION = "0.18.0"
@@ -203,7 +204,7 @@ def llamafactory_config(spec: LaunchSpec) -> dict[str, Any] | Refusal:
                 out |= {"quantization_type": s.quant.value,
                         "double_quantization": s.double_quant}
     out |= {
-        "dataset": DATASET_NAME, "dataset_dir": "data", "cutoff_len": s.seq_len,
+        "dataset": DATASET_NAME, "dataset_dir": ".", "cutoff_len": s.seq_len,
         "packing": s.packing, "per_device_train_batch_size": s.batch_size,
         "gradient_accumulation_steps": s.grad_accum, "num_train_epochs": cfg["epochs"],
         "optim": HF_OPTIMIZERS[s.optimizer], "learning_rate": cfg["learning_rate"],
@@ -235,10 +236,10 @@ def llamafactory_config(spec: LaunchSpec) -> dict[str, Any] | Refusal:
 
 
 def llamafactory_dataset_info(spec: LaunchSpec) -> str:
-    """``data/dataset_info.json``: the bundle's JSONL file as a pre-training set (its text
-    field as LLaMA-Factory's ``prompt`` column)."""
+    """``dataset_info.json``: the bundle's JSONL file (its path from the bundle's folder) as a
+    pre-training set, its text field as LLaMA-Factory's ``prompt`` column."""
     data = train_config(spec)["dataset"]
-    entry = {"file_name": data["path"].removeprefix("data/"), "formatting": "alpaca",
+    entry = {"file_name": data["path"], "formatting": "alpaca",
              "columns": {"prompt": data["text_field"]}}
     return json.dumps({DATASET_NAME: entry}, indent=2) + "\n"
 
