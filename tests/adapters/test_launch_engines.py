@@ -286,7 +286,10 @@ def test_final_save_under_fsdp_writes_the_whole_model(tmp_path: Path) -> None:
     assert fsdp["state_dict_type"] == "SHARDED_STATE_DICT"
     args = train.training_arguments(cfg)
     model = train.build_model(cfg)
-    trainer = train.make_trainer(model, args, None, None, train.make_guard(cfg, tmp_path / "p"))
+    tok = train.build_tokenizer(cfg)
+    rows, pad = train.build_dataset(cfg, tok)
+    trainer = train.make_trainer(model, args, rows, train.make_collator(pad),
+                                 train.make_guard(cfg, tmp_path / "p"), tok)
     plugin = FullyShardedDataParallelPlugin(
         state_dict_type=fsdp["state_dict_type"], sync_module_states=False,  # no GPU here
         use_orig_params=fsdp["use_orig_params"])

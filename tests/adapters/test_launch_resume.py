@@ -189,18 +189,22 @@ def _jsonl_cfg(tmp_path: Path, data: Path, **extra: Any) -> dict[str, Any]:
 
 def test_jsonl_rows_are_packed_or_cut_at_seq_len(tmp_path: Path) -> None:
     """The real-data path: a local tokenizer, texts joined with EOS and cut into seq_len rows
-    (packing), or each text cut at seq_len (no packing), read from memory-mapped files."""
-    import numpy as np
+    (packing: TRL's ``wrapped``), or each text cut at seq_len (no packing), in a
+    ``datasets.Dataset`` memory-mapped from the Arrow file it was tokenised into once."""
+    from datasets.table import MemoryMappedTable
 
     train = _word_tokenizer_and_train(tmp_path)
     data = tmp_path / "train.jsonl"
     data.write_text('{"text": "a b c"}\n{"text": "d e"}\n\n{"text": "a a a a a"}\n')
     cfg = _jsonl_cfg(tmp_path, data)
     packed, pad = train.build_dataset(cfg)
-    assert isinstance(packed.tokens, np.memmap) and packed.tokens.dtype == np.uint16
+    assert isinstance(packed.data, MemoryMappedTable)  # read from disk, not held in memory
+    assert [Path(f["filename"]).name for f in packed.cache_files] == [train.ARROW_FILE]
+    assert str(packed.features["input_ids"].feature.dtype) == "uint16"
     # a b c </s> | d e </s> a | a a a a  (the last 2 tokens do not fill a row: dropped)
     assert [packed[i]["input_ids"] for i in range(len(packed))] == [
         [2, 3, 4, 1], [5, 6, 1, 2], [2, 2, 2, 2]]
+    assert packed["sample_id"] == [0, 1, 2]
     assert pad == 1  # no pad token: EOS pads
     with pytest.raises(IndexError):
         packed[3]

@@ -82,3 +82,25 @@ def test_a_tool_that_cannot_run_the_offer_is_exit_2_alone_and_left_out_under_all
     assert not (tmp_path / "b" / "sky.yaml").exists()
     assert (tmp_path / "b" / ".dstack.yml").exists()  # dstack shares one RunPod volume
     assert "SkyPilot: no files written" in (tmp_path / "b" / "RUN.md").read_text()
+
+
+def test_axolotl_and_llamafactory_configs_are_written_or_refused_in_one_line(
+        run_cli: Run, tmp_path: Path) -> None:
+    result = run_cli("launch", "b9d2e2d7f4db", "--plan", str(FIXTURE), "--to",
+                     "axolotl,llamafactory", "--out", str(tmp_path / "a"), "--json")
+    assert result.code == 0, result.stderr
+    assert result.json()["targets"] == ["axolotl", "llamafactory"]
+    assert {"axolotl.yaml", "llamafactory.yaml", "dataset_info.json"} <= set(
+        result.json()["files"])
+    info = json.loads((tmp_path / "a" / "dataset_info.json").read_text())
+    assert info["tuneplan_train"]["file_name"] == "data/train.jsonl"
+    doc = json.loads(FIXTURE.read_text())
+    entry = doc["plans"][0]
+    entry["strategy"] = entry["strategy"] | {"method": "prefix"}
+    prefix = tmp_path / "prefix.json"
+    prefix.write_text(json.dumps({"job": doc["job"], **entry}))
+    refused = run_cli("launch", "--plan", str(prefix), "--to", "llamafactory", "--out",
+                      str(tmp_path / "b"))
+    assert refused.code == 2 and refused.stderr.count("\n") == 1
+    assert "llamafactory cannot launch plan" in refused.stderr and "prefix" in refused.stderr
+    assert not (tmp_path / "b").exists()

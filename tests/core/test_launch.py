@@ -48,7 +48,8 @@ def _spec(entry: dict[str, Any]) -> LaunchSpec:
 
 def test_targets_expand_all_and_refuse_unknown_words() -> None:
     assert expand_targets(["all"]) == (Target.ACCELERATE, Target.DEEPSPEED, Target.SKYPILOT,
-                                       Target.DSTACK)
+                                       Target.DSTACK, Target.AXOLOTL, Target.LLAMAFACTORY)
+    assert expand_targets(["llamafactory,axolotl"]) == (Target.AXOLOTL, Target.LLAMAFACTORY)
     assert expand_targets(["dstack,skypilot"]) == (Target.SKYPILOT, Target.DSTACK)
     with pytest.raises(InvalidValueError, match="slurm"):
         expand_targets(["slurm"])
@@ -113,6 +114,7 @@ def test_the_spec_holds_the_plans_strategy_and_offer() -> None:
     "no", "1e3", "yes: really", "#hash", "multi\nline\n  indented", "a\nb\n", "a\n\nb\n\n",
     " lead\nx", "tail \nx", "${{ dstack.node_rank }}",
     'quote " and \\ backslash', "", "  lead", "ünïcode", 143, 2.5, True, None, [], {},
+    2e-05, 1e20, -3e-7,  # YAML 1.1 reads an exponent without a dot as text
 ])
 def test_yaml_text_reads_back_as_the_same_value(value: Any) -> None:
     doc = {"key": value, "list": [value, {"inner": value}], "nested": {"x": value}}

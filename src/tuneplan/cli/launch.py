@@ -18,8 +18,9 @@ def launch_command(
     plan_id: Annotated[str | None, typer.Argument(
         help="A plan id from the last `tuneplan plan` (or within --plan).")] = None,
     plan_file: Annotated[Path | None, Opt("--plan", help="A `tuneplan plan --json` file.")] = None,
-    to: Annotated[str, Opt("--to", help="accelerate, deepspeed, skypilot, dstack or all "
-                                        "(comma-separated for several).")] = "all",
+    to: Annotated[str, Opt("--to", help="accelerate, deepspeed, skypilot, dstack, axolotl, "
+                                        "llamafactory or all (comma-separated for several).")]
+    = "all",
     out: Annotated[Path | None, Opt("--out", help="Folder to write (default launch-PLAN_ID).")]
     = None,
     force: Annotated[bool, Opt("--force", help="Write into a folder that is not empty.")]
@@ -27,7 +28,7 @@ def launch_command(
     as_json: Annotated[bool, Opt("--json", help="Print one JSON document on stdout.")] = False,
 ) -> None:
     """Write the launch bundle (train.py, accelerate/DeepSpeed configs, SkyPilot and dstack
-    tasks, RUN.md) for a plan."""
+    tasks, axolotl and LLaMA-Factory configs, RUN.md) for a plan."""
     from tuneplan.adapters.launch_files import write_bundle
     from tuneplan.cli.options import emit_json, make_console
     from tuneplan.core.launch.bundle import expand_targets

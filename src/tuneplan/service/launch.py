@@ -15,9 +15,9 @@ if TYPE_CHECKING:
 
 def bundle(plan: SavedPlan, targets: Iterable[str]) -> tuple[LaunchSpec, dict[str, str]]:
     """(spec, {relative path: text}) of ``plan``'s bundle for ``targets`` (accelerate,
-    deepspeed, skypilot, dstack, all; comma lists accepted). A cloud tool named on its own
-    that cannot run the offer is InvalidValueError; under ``all`` it is left out, with its
-    reason in RUN.md."""
+    deepspeed, skypilot, dstack, axolotl, llamafactory, all; comma lists accepted). A cloud
+    tool or framework named on its own that cannot run the plan is InvalidValueError; under
+    ``all`` it is left out, with its reason in RUN.md."""
     from tuneplan.adapters.importers.snapshot import load_sky_catalog
     from tuneplan.adapters.launch_files import read_train_script
     from tuneplan.core.launch.bundle import asks_all, bundle_files, expand_targets, launch_spec

@@ -42,6 +42,8 @@ class Target(StrEnum):
     DEEPSPEED = "deepspeed"
     SKYPILOT = "skypilot"
     DSTACK = "dstack"
+    AXOLOTL = "axolotl"
+    LLAMAFACTORY = "llamafactory"
     ALL = "all"
 
 
@@ -58,7 +60,8 @@ def expand_targets(targets: Iterable[str]) -> tuple[Target, ...]:
             out |= set(Target) - {Target.ALL} if target is Target.ALL else {target}
     if not out:
         raise InvalidValueError(
-            "no launch target: use --to accelerate|deepspeed|skypilot|dstack|all")
+            "no launch target: use --to "
+            "accelerate|deepspeed|skypilot|dstack|axolotl|llamafactory|all")
     return tuple(t for t in Target if t in out)
 
 
@@ -211,10 +214,11 @@ def bundle_files(spec: LaunchSpec, chosen: tuple[Target, ...], *, train_script: 
                  sky_catalog: SkyCatalog | None = None, strict: bool = True
                  ) -> dict[str, str]:
     """``render_bundle`` for a spec already read and targets already expanded. ``strict``:
-    a chosen cloud target that cannot run the offer raises InvalidValueError (its reason);
-    else it is left out and RUN.md says why."""
+    a chosen cloud or framework target that cannot run the plan raises InvalidValueError
+    (its reason); else it is left out and RUN.md says why."""
     from tuneplan.core.launch import clouds as launch_clouds
     from tuneplan.core.launch import engines as launch_engines
+    from tuneplan.core.launch import frameworks as launch_frameworks
     from tuneplan.core.launch import targets as launch_targets
     from tuneplan.core.launch.readme import render_run_md
 
@@ -228,6 +232,23 @@ def bundle_files(spec: LaunchSpec, chosen: tuple[Target, ...], *, train_script: 
         dgot = launch_targets.dstack_choice(spec)
         dst = None if isinstance(dgot, launch_targets.Refusal) else dgot
         refused += [dgot] if isinstance(dgot, launch_targets.Refusal) else []
+    framework_files: dict[str, str] = {}
+    if Target.AXOLOTL in chosen:
+        ax = launch_frameworks.axolotl_config(spec)
+        if isinstance(ax, launch_targets.Refusal):
+            refused.append(ax)
+        else:
+            framework_files[launch_frameworks.AXOLOTL_FILE] = \
+                launch_frameworks.render_axolotl(spec, ax)
+    if Target.LLAMAFACTORY in chosen:
+        lf = launch_frameworks.llamafactory_config(spec)
+        if isinstance(lf, launch_targets.Refusal):
+            refused.append(lf)
+        else:
+            framework_files[launch_frameworks.LLAMAFACTORY_FILE] = \
+                launch_frameworks.render_llamafactory(spec, lf)
+            framework_files[launch_frameworks.DATASET_INFO_FILE] = \
+                launch_frameworks.llamafactory_dataset_info(spec)
     if refused and strict:
         raise InvalidValueError("; ".join(f"{r.tool} cannot launch plan {spec.plan_id}: "
                                           f"{r.reason}" for r in refused))
@@ -254,6 +275,7 @@ def bundle_files(spec: LaunchSpec, chosen: tuple[Target, ...], *, train_script: 
             files["volume.dstack.yml"] = launch_clouds.render_dstack_volume(spec, dst)
     if any(c is not None and launch_clouds.needs_store_script(c.storage) for c in (sky, dst)):
         files[launch_clouds.STORE_SCRIPT] = launch_clouds.store_script(spec)
+    files |= framework_files
     files["RUN.md"] = render_run_md(spec, tuple(files), chosen, sky=sky, dstack=dst,
                                     refused=tuple(refused))
     return files

@@ -263,7 +263,10 @@ def requirements(spec: LaunchSpec, *, deepspeed: bool) -> str:
     """pip requirements of the bundle's train.py (CUDA torch comes from the machine image):
     bitsandbytes for quantised bases and 8-bit/paged optimizers, DeepSpeed when the bundle
     carries a DeepSpeed JSON."""
-    lines = ["transformers>=4.46", "accelerate>=1.0", "peft>=0.13", "safetensors"]
+    # trl pinned: train.py reads SFTConfig/SFTTrainer as trl 1.16 has them; it brings
+    # datasets and pyarrow (the memory-mapped rows).
+    lines = ["transformers>=4.56.2", "accelerate>=1.10.1", "peft>=0.13", "safetensors",
+             "trl==1.16.0", "datasets>=4.7.0", "pyarrow"]
     quantised = spec.strategy.method.value in ("qlora", "lora8bit")
     if quantised or spec.strategy.optimizer.is_8bit or spec.strategy.optimizer.is_paged:
         lines.append("bitsandbytes>=0.45")

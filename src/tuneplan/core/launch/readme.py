@@ -18,6 +18,16 @@ from tuneplan.core.launch.clouds import (
     sync_every_s,
 )
 from tuneplan.core.launch.engines import EXIT_PREEMPTED, GUARD_SCRIPT, shutdown_grace_s
+from tuneplan.core.launch.frameworks import (
+    AXOLOTL,
+    AXOLOTL_FILE,
+    AXOLOTL_VERSION,
+    DATASET_INFO_FILE,
+    LLAMAFACTORY,
+    LLAMAFACTORY_FILE,
+    LLAMAFACTORY_VERSION,
+    output_dir,
+)
 from tuneplan.core.launch.targets import DstackChoice, Refusal, SkyChoice, Storage
 from tuneplan.units import GB, format_duration
 
@@ -196,18 +206,53 @@ def _how(spec: LaunchSpec, files: Sequence[str], targets: Sequence[Target],
             out.append("    dstack apply -f volume.dstack.yml")
         out += ["    dstack apply -f fleet.dstack.yml", "    dstack apply -f .dstack.yml"]
     for refusal in refused:
-        out += ["", f"{'SkyPilot' if refusal.tool == 'skypilot' else 'dstack'}: no files "
+        out += ["", f"{TOOL_NAMES.get(refusal.tool, refusal.tool)}: no files "
                 f"written: {_md(refusal.reason)}."]
+    out += _frameworks(spec, files)
     for engine in ("accelerate", "torchrun"):
         if f"launch_{engine}.sh" in files:
             out += ["", f"Your own machines with {engine} (run on every node):", "",
                     f"    NODE_RANK=0 MASTER_ADDR=<node 0 address> bash launch_{engine}.sh"]
-    out += ["", "Text is tokenised once into memory-mapped files under "
-            "`data/tokenised/` (memory does not grow with the data set)."]
+    out += ["", "train.py trains with TRL's SFTTrainer. Text is tokenised (and packed, when the "
+            "plan packs) once into a memory-mapped Arrow file under `data/tokenised/` that "
+            "SFTTrainer reads as it is (memory does not grow with the data set)."]
     if "launch_torchrun.sh" in files:
         out += ["", "`launch_torchrun.sh` trains through the HF Trainer's DeepSpeed integration "
                 "(`--deepspeed ds_config.json`): an FSDP plan maps to ZeRO-3 (full shard) or "
                 "ZeRO-2 (gradient+optimizer shard) there, a DDP plan to ZeRO stage 0."]
+    return out
+
+
+TOOL_NAMES = {"skypilot": "SkyPilot", "dstack": "dstack", AXOLOTL: "axolotl",
+              LLAMAFACTORY: "LLaMA-Factory"}
+
+
+def _frameworks(spec: LaunchSpec, files: Sequence[str]) -> list[str]:
+    """How to run the same job with axolotl or LLaMA-Factory, and what differs from train.py."""
+    out: list[str] = []
+    nodes = spec.strategy.nodes
+    guard = ("Their own trainers run it: train.py's spot guard (SIGTERM save, exit "
+             f"{EXIT_PREEMPTED}, content-hashed checkpoint markers) is not part of it; each "
+             "resumes from the newest `checkpoint-N` in its output folder, unverified.")
+    if AXOLOTL_FILE in files:
+        multi = (f" On {nodes} nodes run it on each with accelerate's machine rank and main "
+                 "address set (axolotl launches through `accelerate launch`)." if nodes > 1
+                 else "")
+        out += ["", f"axolotl ({AXOLOTL_VERSION}'s options; `pip install axolotl`):", "",
+                f"    axolotl train {AXOLOTL_FILE}", "",
+                "Data: `type: completion` over the `text` field; axolotl splits a text "
+                "longer than `sequence_len` into several rows (train.py cuts it), and "
+                "`sample_packing` bin-packs whole rows (train.py joins texts and cuts rows of "
+                f"`sequence_len`). Checkpoints: `{output_dir(spec, AXOLOTL)}`. {guard}{multi}"]
+    if LLAMAFACTORY_FILE in files:
+        env = ("FORCE_TORCHRUN=1 NNODES=<nodes> NODE_RANK=<rank> MASTER_ADDR=<node 0> "
+               if nodes > 1 else ("FORCE_TORCHRUN=1 " if spec.world_size > 1 else ""))
+        out += ["", f"LLaMA-Factory ({LLAMAFACTORY_VERSION}'s options; `pip install "
+                "llamafactory`):", "", f"    {env}llamafactory-cli train {LLAMAFACTORY_FILE}",
+                "", f"Data: `{DATASET_INFO_FILE}` names `data/train.jsonl` as the pre-training "
+                "set (`stage: pt`, every token a label, as train.py trains); packing joins "
+                "texts and cuts rows of `cutoff_len` as train.py does. Checkpoints: "
+                f"`{output_dir(spec, LLAMAFACTORY)}`. {guard}"]
     return out
 
 

@@ -30,7 +30,11 @@ def _scalar(value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return json.dumps(value)
+        text = json.dumps(value)
+        # YAML 1.1 (PyYAML, what axolotl and LLaMA-Factory read with) takes an exponent
+        # without a dot as a string: 2e-05 -> "2e-05". Write 2.0e-05.
+        mantissa, e, exponent = text.partition("e")
+        return f"{mantissa}.0e{exponent}" if e and "." not in mantissa else text
     return json.dumps(str(value), ensure_ascii=False)
 
 

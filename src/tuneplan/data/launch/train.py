@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Spot-safe fine-tuning entry point written by ``tuneplan launch`` (settings: train_config.json).
 
-transformers Trainer + PEFT + bitsandbytes as the plan says. Checkpoints every ``save_steps``
-to ``output_dir``; a checkpoint counts only when its marker (written last, listing every file
-with its size and SHA-256) matches; resume is from the newest complete one whose contents
-still hash as saved (weights or adapter, optimizer, scheduler, RNG, data position). SIGTERM
-saves at once, leaves the flag file ``preemptible.sh`` turns into exit code 143, and exits 143.
-Text data is tokenised once into memory-mapped files (memory does not grow with the data).
+TRL's SFTTrainer (SFTConfig: packing, max_length, loss) + PEFT + bitsandbytes as the plan
+says. Checkpoints every ``save_steps`` to ``output_dir``; a checkpoint counts only when its
+marker (written last, listing every file with its size and SHA-256) matches; resume is from
+the newest complete one whose contents still hash as saved (weights or adapter, optimizer,
+scheduler, RNG, data position). SIGTERM saves at once, leaves the flag file
+``preemptible.sh`` turns into exit code 143, and exits 143. Text data is tokenised (and
+packed) once into a memory-mapped Arrow file that SFTTrainer reads as it is (memory does not
+grow with the data).
 Run: ``bash preemptible.sh accelerate launch train.py --config train_config.json`` (RUN.md).
 """
 
@@ -194,17 +196,32 @@ def load_config(path: str) -> dict[str, Any]:
     return cfg
 
 
+#: How the bundle's data is prepared, stated in SFTConfig (trl 1.16 ``trainer/sft_config.py``):
+#: texts are tokenised once here (``tokenised_rows``), packed the way TRL's ``wrapped``
+#: strategy packs (texts joined with EOS, cut into max_length rows, the last partial row
+#: dropped) or cut at max_length (TRL's ``keep_start``), so SFTTrainer skips its own
+#: preparation (``skip_prepare_dataset``), which would redo it with ``Dataset.map`` in every
+#: process. The plan has no prompt/completion split (plain ``text`` rows): every token is a
+#: label, so ``completion_only_loss`` is off.
+PACKING_STRATEGY = "wrapped"
+
+
 def training_arguments(cfg: dict[str, Any], deepspeed: str | None = None) -> Any:
-    """transformers.TrainingArguments from the plan's settings (validated by its constructor)."""
+    """trl.SFTConfig (a transformers.TrainingArguments) from the plan's settings, validated by
+    its constructor. Every TRL default that differs from the plan is set explicitly
+    (SFTConfig turns activation checkpointing and bf16 on, logs every 10 steps)."""
     import torch
-    from transformers import TrainingArguments
+    from trl.trainer.sft_config import SFTConfig
 
     precision = cfg["precision"]
-    # transformers 5 renamed gradient_checkpointing (the old name still works, with a warning).
-    recompute = ("activation_checkpointing" if "activation_checkpointing"
-                 in TrainingArguments.__dataclass_fields__ else "gradient_checkpointing")
-    return TrainingArguments(
-        use_cpu=not torch.cuda.is_available(), **{recompute: cfg["gradient_checkpointing"]},
+    recompute = bool(cfg["gradient_checkpointing"])
+    # transformers 5 renamed gradient_checkpointing (the old name mirrors the new one).
+    names: dict[str, Any] = {"gradient_checkpointing": recompute}
+    if "activation_checkpointing" in SFTConfig.__dataclass_fields__:
+        names["activation_checkpointing"] = recompute
+    config: Any = SFTConfig  # called through Any: its many fields do not type **names
+    return config(
+        use_cpu=not torch.cuda.is_available(), **names,
         output_dir=cfg["output_dir"], per_device_train_batch_size=cfg["batch_size"],
         gradient_accumulation_steps=cfg["grad_accum"], num_train_epochs=cfg["epochs"],
         max_steps=cfg.get("max_steps", -1), learning_rate=cfg["learning_rate"],
@@ -216,6 +233,12 @@ def training_arguments(cfg: dict[str, Any], deepspeed: str | None = None) -> Any
         seed=cfg["seed"], data_seed=cfg["seed"], report_to="none",
         remove_unused_columns=False, dataloader_num_workers=0,
         deepspeed=deepspeed or cfg.get("deepspeed"),
+        # SFT: the data as tokenised and packed here (PACKING_STRATEGY).
+        max_length=cfg["seq_len"], packing=bool(cfg["packing"]),
+        packing_strategy=PACKING_STRATEGY, padding_free=False, truncation_mode="keep_start",
+        completion_only_loss=False, assistant_only_loss=False, shuffle_dataset=False,
+        dataset_text_field=(cfg.get("dataset") or {}).get("text_field", "text"),
+        dataset_kwargs={"skip_prepare_dataset": True},
     )
 
 
@@ -297,26 +320,8 @@ def peft_targets(model: Any, targets: list[str]) -> list[str]:
     return out
 
 
-class TokenRows:
-    """Token-id rows over one flat array of ids (a memory-mapped file for real data): row i is
-    ``tokens[starts[i]:starts[i + 1]]``, returned with its index (``sample_id``: the data
-    position is auditable). Only the rows a batch asks for become Python ints."""
-
-    def __init__(self, tokens: Any, starts: Any) -> None:
-        self.tokens = tokens
-        self.starts = starts
-
-    def __len__(self) -> int:
-        return len(self.starts) - 1
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        if not 0 <= index < len(self):
-            raise IndexError(index)
-        begin, end = int(self.starts[index]), int(self.starts[index + 1])
-        return {"input_ids": self.tokens[begin:end].tolist(), "sample_id": index}
-
-
 TOKENISE_BATCH_LINES = 1024
+ARROW_FILE = "rows.arrow"
 
 
 def _tokenised_key(cfg: dict[str, Any], data_path: Path) -> str:
@@ -325,37 +330,59 @@ def _tokenised_key(cfg: dict[str, Any], data_path: Path) -> str:
     data, stat = cfg["dataset"], data_path.stat()
     parts = [str(data_path.resolve()), stat.st_size, stat.st_mtime_ns,
              cfg["model_name_or_path"], data.get("text_field", "text"), cfg["seq_len"],
-             bool(cfg["packing"])]
+             bool(cfg["packing"]), ARROW_FILE]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
-def _write_tokenised(cfg: dict[str, Any], tok: Any, data_path: Path, folder: Path) -> None:
-    """Stream the JSONL file through the tokenizer, TOKENISE_BATCH_LINES lines at a time,
-    appending ids to ``tokens.bin`` and row starts to ``starts.bin``; ``meta.json`` last.
-    Packing joins texts with EOS and cuts seq_len rows (a last partial row is dropped), else
-    each text is cut at seq_len."""
+def _row_batch(rows: list[Any], first_id: int, id_type: Any) -> Any:
+    """A pyarrow RecordBatch of token-id rows (``input_ids``) and their indices
+    (``sample_id``: the data position is auditable)."""
     import numpy as np
+    import pyarrow as pa
+
+    offsets = np.cumsum([0, *map(len, rows)], dtype=np.int32)
+    values = np.concatenate(rows).astype(id_type) if rows else np.zeros(0, dtype=id_type)
+    ids = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+    sample = pa.array(np.arange(first_id, first_id + len(rows), dtype=np.int64))
+    return pa.RecordBatch.from_arrays([ids, sample], names=["input_ids", "sample_id"])
+
+
+def _write_tokenised(cfg: dict[str, Any], tok: Any, data_path: Path, folder: Path) -> None:
+    """Stream the JSONL file through the tokenizer, TOKENISE_BATCH_LINES lines at a time, into
+    one Arrow stream file (the format ``datasets.Dataset.from_file`` memory-maps); ``meta.json``
+    last. Packing joins texts with EOS and cuts seq_len rows (a last partial row is dropped:
+    TRL's ``wrapped`` packing), else each text is cut at seq_len (TRL's ``keep_start``)."""
+    import numpy as np
+    import pyarrow as pa
 
     data, seq_len, packing = cfg["dataset"], int(cfg["seq_len"]), bool(cfg["packing"])
     field = data.get("text_field", "text")
-    dtype = np.uint16 if len(tok) <= np.iinfo(np.uint16).max else np.uint32
+    id_type = np.uint16 if len(tok) <= np.iinfo(np.uint16).max else np.uint32
+    schema = pa.schema([("input_ids", pa.list_(pa.from_numpy_dtype(id_type))),
+                        ("sample_id", pa.int64())])
     folder.mkdir(parents=True)
-    written = 0
+    rows_written = tokens_written = 0
+    carry = np.zeros(0, dtype=np.int64)  # packing: tokens not yet in a full row
 
-    with (folder / "tokens.bin").open("wb") as ids_out, \
-            (folder / "starts.bin").open("wb") as starts_out:
+    with pa.OSFile(str(folder / ARROW_FILE), "wb") as sink, \
+            pa.ipc.new_stream(sink, schema) as writer:
         def flush(texts: list[str]) -> None:
-            nonlocal written
+            nonlocal rows_written, tokens_written, carry
             if not texts:
                 return
-            rows = [[*ids, tok.eos_token_id] for ids in tok(texts)["input_ids"]]
-            if not packing:
-                rows = [row[:seq_len] for row in rows]
-                starts = np.cumsum([0, *map(len, rows)], dtype=np.int64)[:-1] + written
-                starts.tofile(starts_out)
-            flat = np.fromiter((i for row in rows for i in row), dtype=dtype)
-            flat.tofile(ids_out)
-            written += len(flat)
+            encoded = [np.asarray([*ids, tok.eos_token_id], dtype=np.int64)
+                       for ids in tok(texts)["input_ids"]]
+            if packing:
+                flat = np.concatenate([carry, *encoded])
+                full = len(flat) - len(flat) % seq_len
+                rows = list(flat[:full].reshape(-1, seq_len))
+                carry = flat[full:]
+            else:
+                rows = [row[:seq_len] for row in encoded]
+            if rows:
+                writer.write_batch(_row_batch(rows, rows_written, id_type))
+                rows_written += len(rows)
+                tokens_written += sum(map(len, rows))
 
         batch: list[str] = []
         with data_path.open(encoding="utf-8") as lines:
@@ -366,20 +393,18 @@ def _write_tokenised(cfg: dict[str, Any], tok: Any, data_path: Path, folder: Pat
                     flush(batch)
                     batch = []
         flush(batch)
-        if packing:
-            written -= written % seq_len  # the last partial row is not trained on
-            np.arange(0, written, seq_len, dtype=np.int64).tofile(starts_out)
-        np.array([written], dtype=np.int64).tofile(starts_out)
     (folder / "meta.json").write_text(json.dumps(
-        {"tokens": written, "dtype": np.dtype(dtype).name}), encoding="utf-8")
+        {"rows": rows_written, "tokens": tokens_written, "dtype": np.dtype(id_type).name}),
+        encoding="utf-8")
 
 
-def tokenised_rows(cfg: dict[str, Any], tok: Any) -> TokenRows:
-    """The JSONL data as TokenRows over memory-mapped files, tokenised once into the cache
-    folder (``dataset.cache_dir``, node-local) and reused while the data file, tokenizer,
-    seq_len and packing stay the same. Written under a private name, then renamed: processes
-    racing to build it agree on one copy."""
-    import numpy as np
+def tokenised_rows(cfg: dict[str, Any], tok: Any) -> Any:
+    """The JSONL data as a ``datasets.Dataset`` memory-mapped from an Arrow file, tokenised
+    once into the cache folder (``dataset.cache_dir``, node-local) and reused while the data
+    file, tokenizer, seq_len and packing stay the same. Written under a private name, then
+    renamed: processes racing to build it agree on one copy. Only the rows a batch asks for
+    become Python lists."""
+    from datasets import Dataset
 
     data = cfg["dataset"]
     data_path = Path(data["path"])
@@ -394,34 +419,54 @@ def tokenised_rows(cfg: dict[str, Any], tok: Any) -> TokenRows:
 
             shutil.rmtree(tmp, ignore_errors=True)
     meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
-    if not meta["tokens"]:
-        raise SystemExit(f"[train.py] {data_path} holds no tokens ({data.get('text_field')})")
-    tokens = np.memmap(folder / "tokens.bin", dtype=meta["dtype"], mode="r")
-    starts = np.memmap(folder / "starts.bin", dtype=np.int64, mode="r")
-    return TokenRows(tokens, starts)
+    if not meta["rows"]:
+        raise SystemExit(f"[train.py] {data_path} holds no full row of {cfg['seq_len']} "
+                         f"tokens ({data.get('text_field', 'text')})")
+    return Dataset.from_file(str(folder / ARROW_FILE), in_memory=False)
 
 
-def build_dataset(cfg: dict[str, Any]) -> tuple[TokenRows, int]:
-    """(rows, pad id). ``synthetic``: seeded random ids (own generator: the global RNG is not
-    touched); ``jsonl``: a text field tokenised into memory-mapped files (``tokenised_rows``)."""
-    import numpy as np
+def stand_in_tokenizer(vocab_size: int) -> Any:
+    """A word-level tokenizer over ``vocab_size`` ids for a random model built from a config
+    (drills, tests): SFTTrainer needs a processing class, and there is no hub to load one."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(vocab_size)}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    fast: Any = PreTrainedTokenizerFast  # untyped constructor
+    return fast(tokenizer_object=core, unk_token="t0", eos_token="t0",
+                                   pad_token="t0")
+
+
+def build_tokenizer(cfg: dict[str, Any]) -> Any:
+    if cfg.get("model_config") and cfg["dataset"]["kind"] == "synthetic":
+        return stand_in_tokenizer(int(cfg["model_config"]["vocab_size"]))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(cfg["model_name_or_path"])
+
+
+def build_dataset(cfg: dict[str, Any], tok: Any = None) -> tuple[Any, int]:
+    """(a ``datasets.Dataset`` of ``input_ids`` and ``sample_id`` rows, pad id). ``synthetic``:
+    seeded random ids (own generator: the global RNG is not touched); ``jsonl``: a text field
+    tokenised into a memory-mapped Arrow file (``tokenised_rows``)."""
     import torch
+    from datasets import Dataset
 
     data, seq_len = cfg["dataset"], cfg["seq_len"]
     if data["kind"] == "synthetic":
         gen = torch.Generator().manual_seed(int(data.get("seed", 0)))
         rows = int(data["rows"])
         ids = torch.randint(0, int(data["vocab_size"]), (rows, seq_len), generator=gen)
-        starts = np.arange(0, rows * seq_len + 1, seq_len, dtype=np.int64)
-        return TokenRows(ids.numpy().reshape(-1), starts), 0
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(cfg["model_name_or_path"])
+        return Dataset.from_dict({"input_ids": ids.tolist(), "sample_id": list(range(rows))}), 0
+    tok = tok if tok is not None else build_tokenizer(cfg)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     return tokenised_rows(cfg, tok), pad
 
 
 def make_collator(pad_id: int) -> Any:
+    """Pads a batch to its longest row; labels are the ids (every token is trained on, none of
+    the padding: the plan has no completion-only loss), with the rows' sample ids."""
     import torch
 
     def collate(items: list[dict[str, Any]]) -> dict[str, Any]:
@@ -429,7 +474,8 @@ def make_collator(pad_id: int) -> Any:
         ids = torch.full((len(items), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(items), width), dtype=torch.long)
         for row, item in enumerate(items):
-            ids[row, :len(item["input_ids"])] = torch.tensor(item["input_ids"])
+            ids[row, :len(item["input_ids"])] = torch.as_tensor(item["input_ids"],
+                                                                dtype=torch.long)
             mask[row, :len(item["input_ids"])] = 1
         labels = ids.masked_fill(mask == 0, -100)
         return {"input_ids": ids, "attention_mask": mask, "labels": labels,
@@ -555,11 +601,17 @@ def make_guard(cfg: dict[str, Any], progress_path: Path) -> Any:
     return SpotGuard()
 
 
-def make_trainer(model: Any, args: Any, dataset: Any, collate: Any, guard: Any) -> Any:
-    from transformers import Trainer
+def make_trainer(model: Any, args: Any, dataset: Any, collate: Any, guard: Any,
+                 tokenizer: Any) -> Any:
+    """trl.SFTTrainer over the prepared rows (``args``: ``training_arguments``). The model comes
+    with its adapters already on (``add_adapters``), so no ``peft_config`` is passed: given
+    one, SFTTrainer casts a quantised base's adapters to bf16 (trl 1.16
+    ``trainer/sft_trainer.py``), which neither an fp16 card nor the plan's fp32-adapter memory
+    estimate expects."""
+    from trl.trainer.sft_trainer import SFTTrainer
 
-    class GuardedTrainer(Trainer):
-        """Trainer that records which samples each step trains on (the data position)."""
+    class GuardedTrainer(SFTTrainer):
+        """SFTTrainer that records which samples each step trains on (the data position)."""
 
         def training_step(self, model: Any, inputs: dict[str, Any], *rest: Any) -> Any:
             guard.sample_ids.extend(int(i) for i in inputs.pop("sample_ids").tolist())
@@ -567,10 +619,11 @@ def make_trainer(model: Any, args: Any, dataset: Any, collate: Any, guard: Any) 
                 args.gradient_accumulation_steps
             if last_micro and fault_due(self.state.global_step + 1, "compute"):
                 os.kill(os.getpid(), signal.SIGTERM)  # handled right here, inside the step
-            return super().training_step(model, inputs, *rest)
+            step: Any = super().training_step  # untyped in trl
+            return step(model, inputs, *rest)
 
     return GuardedTrainer(model=model, args=args, train_dataset=dataset, data_collator=collate,
-                          callbacks=[guard])
+                          processing_class=tokenizer, callbacks=[guard])
 
 
 def truncate_progress(path: Path, step: int) -> None:
@@ -649,9 +702,11 @@ def main(argv: list[str] | None = None) -> int:
         truncate_progress(progress, int(info["step"]))
     elif progress.exists():
         progress.unlink()  # no checkpoint: the run starts over, so does its log
+    tokenizer = build_tokenizer(cfg)
     with args.main_process_first(local=True, desc="tokenising"):  # one process per node
-        dataset, pad = build_dataset(cfg)
-    trainer = make_trainer(build_model(cfg), args, dataset, make_collator(pad), guard)
+        dataset, pad = build_dataset(cfg, tokenizer)
+    trainer = make_trainer(build_model(cfg), args, dataset, make_collator(pad), guard,
+                           tokenizer)
     guard.trainer = trainer
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     if guard.preempted:

@@ -1,0 +1,135 @@
+"""The bundle's train.py on TRL: the plan's settings read back from the SFTConfig and PEFT
+config it builds, and SFTTrainer taking the memory-mapped rows as they are."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.adapters.launch_drill import TINY_LLAMA, plan_entry, write_bundle
+
+pytest.importorskip("trl")
+pytest.importorskip("peft")
+
+pytestmark = pytest.mark.probe
+QLORA = ("plan_llama8b_qlora_aws.json", "b9d2e2d7f4db")       # qlora, ddp, 1 GPU
+QLORA_FP16 = ("plan_llama8b_qlora_aws.json", "591488aa26ff")  # qlora, fp16-mixed
+ZERO3 = ("plan_llama70b_full_aws.json", "f838284b7b65")       # full, ZeRO-3, offload
+CASES = {  # name: (plan, strategy changes)
+    "qlora": (QLORA, {}),
+    "qlora-fp16-packed-paged": (QLORA_FP16, {"packing": True, "optimizer": "paged-adamw8bit",
+                                             "grad_accum": 4, "seq_len": 1024}),
+    "dora-no-recompute": (QLORA, {"method": "dora", "checkpointing": "none", "lora_rank": 8,
+                                  "lora_alpha": 8, "lora_dropout": 0.05,
+                                  "lora_targets": ["q_proj", "v_proj"]}),
+    "full-zero3": (ZERO3, {}),
+}
+
+
+def _module(folder: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(f"bundle_train_{folder.name}",
+                                                  folder / "train.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _bundle(tmp_path: Path, name: str) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """(the plan's strategy, the bundle's train_config.json as emitted, its train.py)."""
+    (doc, plan_id), changes = CASES[name]
+    entry = plan_entry(doc, plan_id, **changes)
+    files = write_bundle(tmp_path / name, entry, ("accelerate",))
+    del files  # write_bundle adapts train_config.json to the CPU; read the emitted one
+    from tuneplan.adapters.plans import saved_plan_from_entry
+    from tuneplan.core.launch.bundle import launch_spec, train_config
+
+    cfg = train_config(launch_spec(saved_plan_from_entry(entry)))
+    cfg |= {"output_dir": str(tmp_path / name / "out"), "deepspeed": None}
+    return entry["strategy"], cfg, _module(tmp_path / name)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_plan_maps_onto_sftconfig(name: str, tmp_path: Path) -> None:
+    from trl import SFTConfig
+
+    s, cfg, train = _bundle(tmp_path, name)
+    args = train.training_arguments(cfg)
+    assert isinstance(args, SFTConfig)
+    assert args.per_device_train_batch_size == s["batch_size"]
+    assert args.gradient_accumulation_steps == s["grad_accum"]
+    assert args.max_length == s["seq_len"]
+    assert args.packing is s["packing"] and args.packing_strategy == "wrapped"
+    assert args.padding_free is False and args.completion_only_loss is False
+    # Prepared once by train.py: SFTTrainer must not tokenise or pack it again.
+    assert args.dataset_kwargs == {"skip_prepare_dataset": True}
+    recompute = s["checkpointing"] != "none"
+    assert args.activation_checkpointing is recompute  # TRL's own default is True
+    assert args.gradient_checkpointing is recompute
+    assert args.bf16 is (s["precision"] in ("bf16-mixed", "bf16"))  # TRL's default: True
+    assert args.fp16 is (s["precision"] == "fp16-mixed")
+    assert args.optim.value == {"adamw": "adamw_torch",
+                                "paged-adamw8bit": "paged_adamw_8bit"}[s["optimizer"]]
+    assert args.logging_steps == 1  # TRL's default is 10
+    assert args.save_steps == cfg["save_steps"] and args.seed == cfg["seed"]
+    assert args.learning_rate == cfg["learning_rate"]
+
+
+@pytest.mark.parametrize("name", ["dora-no-recompute", "qlora"])
+def test_the_adapter_config_is_the_plans(name: str, tmp_path: Path) -> None:
+    """The PEFT config on the model train.py builds (a tiny random Llama here; the QLoRA
+    plan's adapter over an unquantised base, its BitsAndBytesConfig checked apart)."""
+    import torch
+
+    s, cfg, train = _bundle(tmp_path, name)
+    tiny = cfg | {"model_config": TINY_LLAMA, "precision": "fp32",
+                  "method": "lora" if s["method"] == "qlora" else s["method"]}
+    lora = train.build_model(tiny).peft_config["default"]
+    assert lora.r == s["lora_rank"] and lora.lora_alpha == s["lora_alpha"]
+    assert lora.lora_dropout == s["lora_dropout"]
+    assert lora.use_dora is (s["method"] == "dora")
+    # PEFT expands all-linear into the names of every linear but the output head.
+    every_linear = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    expected = every_linear if "all-linear" in s["lora_targets"] else set(s["lora_targets"])
+    assert {name.rsplit(".", 1)[-1] for name in lora.target_modules} == expected
+    if s["method"] == "qlora":
+        q = train._quantization(cfg, torch.bfloat16)
+        assert q.load_in_4bit and q.bnb_4bit_quant_type == s["quant"]
+        assert q.bnb_4bit_use_double_quant is s["double_quant"]
+
+
+def test_sfttrainer_takes_the_memory_mapped_rows_as_they_are(tmp_path: Path) -> None:
+    """Tokenised JSONL rows reach SFTTrainer as the same Arrow-backed dataset (no
+    ``Dataset.map`` copy in each process), and its batches keep the sample ids."""
+    from datasets.table import MemoryMappedTable
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    _, cfg, train = _bundle(tmp_path, "qlora-fp16-packed-paged")
+    words = ["[UNK]", "</s>", *"abcdefgh"]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=core, eos_token="</s>",
+                            unk_token="[UNK]").save_pretrained(str(tmp_path / "tok"))
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": "a b c d e f g"}) + "\n" for _ in range(6)))
+    cfg |= {"model_name_or_path": str(tmp_path / "tok"), "model_config": TINY_LLAMA,
+            "method": "lora", "precision": "fp32", "optimizer": "adamw", "seq_len": 4,
+            "batch_size": 2, "grad_accum": 1, "gradient_checkpointing": False,
+            "dataset": {"kind": "jsonl", "path": str(data), "text_field": "text",
+                        "cache_dir": str(tmp_path / "tokenised")}}
+    tok = train.build_tokenizer(cfg)
+    rows, pad = train.build_dataset(cfg, tok)
+    assert len(rows) == 6 * 8 // 4  # 7 words + EOS per text, packed into rows of 4
+    args = train.training_arguments(cfg)
+    trainer = train.make_trainer(train.build_model(cfg), args, rows, train.make_collator(pad),
+                                 train.make_guard(cfg, tmp_path / "progress.jsonl"), tok)
+    assert trainer.train_dataset is rows and isinstance(rows.data, MemoryMappedTable)
+    batch = next(iter(trainer.get_train_dataloader()))
+    assert batch["input_ids"].shape == (2, 4)
+    ids = batch["sample_ids"].tolist()
+    assert len(ids) == 2 and set(ids) <= set(range(len(rows)))
