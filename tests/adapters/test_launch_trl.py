@@ -133,3 +133,30 @@ def test_sfttrainer_takes_the_memory_mapped_rows_as_they_are(tmp_path: Path) -> 
     assert batch["input_ids"].shape == (2, 4)
     ids = batch["sample_ids"].tolist()
     assert len(ids) == 2 and set(ids) <= set(range(len(rows)))
+
+
+def test_a_chunked_loss_plan_runs_ligers_fused_loss_and_says_it_needs_a_gpu(
+        tmp_path: Path) -> None:
+    """SFTConfig(use_liger_kernel=True) itself needs CUDA and liger-kernel, so on this CPU
+    machine the check is the refusal before any step, the requirement and the config."""
+    from tuneplan.adapters.plans import saved_plan_from_entry
+    from tuneplan.core.launch.bundle import launch_spec
+    from tuneplan.core.launch.engines import requirements
+
+    (doc, plan_id), _ = CASES["qlora"]
+    for loss, fused in (("chunked", True), ("standard", False), (None, False)):
+        entry = plan_entry(doc, plan_id, loss=loss)
+        spec = launch_spec(saved_plan_from_entry(entry))
+        assert ("liger-kernel>=0.5" in requirements(spec, deepspeed=False).split()) is fused
+        name = f"qlora-{loss}"
+        CASES[name] = ((doc, plan_id), {"loss": loss})
+        try:
+            _, cfg, train = _bundle(tmp_path, name)
+        finally:
+            del CASES[name]
+        assert cfg["loss"] == ("chunked" if fused else "standard")
+        if fused:
+            with pytest.raises(SystemExit, match=r"chunked \(fused\) loss, which runs on a GPU"):
+                train.training_arguments(cfg)
+        else:
+            assert train.training_arguments(cfg).use_liger_kernel is False

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from tuneplan.core.catalog.offers import Offer, offer_record
 from tuneplan.core.cost.estimate import CostAssumptions, checkpoint_bytes
 from tuneplan.core.cost.spot import young_daly_interval_s
-from tuneplan.core.job.strategy import Sharding, Strategy
+from tuneplan.core.job.strategy import Loss, Sharding, Strategy
 from tuneplan.core.planner.record import SavedPlan
 from tuneplan.errors import InvalidValueError
 from tuneplan.units import GB, HOUR_S
@@ -182,6 +182,7 @@ def train_config(spec: LaunchSpec, *, output_dir: str = CHECKPOINT_DIR) -> dict[
         "batch_size": s.batch_size, "grad_accum": s.grad_accum, "seq_len": s.seq_len,
         "packing": s.packing, "gradient_checkpointing": s.checkpointing.value != "none",
         "attention": s.attention.value, "sharding": s.sharding.value,
+        "loss": (s.loss or Loss.STANDARD).value,  # the HF Trainer's default: standard
         "world_size": spec.world_size, "epochs": spec.epochs, "max_steps": -1,
         "learning_rate": 2e-4 if s.method.is_lora else 2e-5, "warmup_steps": 0,
         "lr_scheduler": "cosine", "seed": 42,

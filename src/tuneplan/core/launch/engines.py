@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tuneplan.core.job.strategy import Offload, Optimizer, Precision, Sharding
+from tuneplan.core.job.strategy import Loss, Offload, Optimizer, Precision, Sharding
 from tuneplan.core.launch.bundle import LaunchSpec, checkpoint_write_s
 from tuneplan.core.launch.yamltext import render_yaml
 
@@ -272,4 +272,8 @@ def requirements(spec: LaunchSpec, *, deepspeed: bool) -> str:
         lines.append("bitsandbytes>=0.45")
     if deepspeed:
         lines.append("deepspeed>=0.15")
+    if spec.strategy.loss is Loss.CHUNKED:
+        # train.py sets use_liger_kernel: Liger's fused linear cross-entropy computes the
+        # logits chunk by chunk and never holds them whole (Triton: CUDA or ROCm)
+        lines.append("liger-kernel>=0.5")
     return "\n".join(lines) + "\n"

@@ -212,11 +212,10 @@ def plan_warnings(c: Candidate, offer: Offer, gpu: GpuSpec, provider: Provider |
         out.append(f"consumer card ({gpu.name}) without NVLink: GPUs talk through PCIe "
                    "(and peer-to-peer may be disabled by the driver)")
     if s.loss is Loss.CHUNKED and s.recipe is Recipe.HF:
-        # transformers TrainingArguments.use_liger_kernel (Liger's fused linear cross-entropy
-        # among its kernels); the bundled launch/train.py does not set it.
-        out.append("chunked loss: the launch files' train.py runs the standard loss; set "
-                   "TrainingArguments(use_liger_kernel=True) (pip install liger-kernel) or "
-                   "another fused linear cross-entropy, or the plan will not fit")
+        # the launch bundle's train.py sets TrainingArguments.use_liger_kernel for it
+        out.append("chunked loss: the launch files run Liger's fused linear cross-entropy "
+                   "(use_liger_kernel, liger-kernel in requirements.txt; needs Triton on "
+                   "CUDA or ROCm), which holds no more than the chunked loss planned")
     out += card_notes(s, gpu)
     age_s = (now - offer.fetched_at).total_seconds()
     if age_s > stale_after_s:

@@ -219,8 +219,15 @@ def training_arguments(cfg: dict[str, Any], deepspeed: str | None = None) -> Any
     names: dict[str, Any] = {"gradient_checkpointing": recompute}
     if "activation_checkpointing" in SFTConfig.__dataclass_fields__:
         names["activation_checkpointing"] = recompute
+    # A plan made with --loss chunked fits only if the logits are never held whole:
+    # transformers' use_liger_kernel swaps in Liger's fused linear cross-entropy, which
+    # computes them chunk by chunk (it needs Triton on CUDA or ROCm).
+    fused_loss = cfg.get("loss") == "chunked"
+    if fused_loss and not torch.cuda.is_available():
+        raise SystemExit("train.py: the plan uses a chunked (fused) loss, which runs on a GPU "
+                         "only (Liger kernels); on the CPU re-plan with --loss standard")
     config: Any = SFTConfig  # called through Any: its many fields do not type **names
-    return config(
+    return config(use_liger_kernel=fused_loss,
         use_cpu=not torch.cuda.is_available(), **names,
         output_dir=cfg["output_dir"], per_device_train_batch_size=cfg["batch_size"],
         gradient_accumulation_steps=cfg["grad_accum"], num_train_epochs=cfg["epochs"],
