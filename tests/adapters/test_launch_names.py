@@ -430,6 +430,8 @@ def test_top_plans_name_what_the_tools_accept(job: str, index: int,
     run = parse_run_configuration(yaml.safe_load(files[".dstack.yml"]))
     assert isinstance(run, TaskConfiguration) and run.nodes == spec.strategy.nodes
     assert run.resources.gpu.name == [dst.gpu.split(":")[0]] and dst.gpu.split(":")[0] in known
+    # NCCL's shared memory: 8 GB a GPU, not Docker's 64 MB (dstack parses it as a Memory)
+    assert run.resources.shm_size == 8 * spec.strategy.gpus
     fleet = parse_apply_configuration(yaml.safe_load(files["fleet.dstack.yml"]))
     assert isinstance(fleet, FleetConfiguration) and fleet.nodes.min == spec.strategy.nodes
     if spec.strategy.nodes > 1:

@@ -132,8 +132,15 @@ def render_skypilot(spec: LaunchSpec, choice: SkyChoice) -> str:
 
 
 # ------------------------------------------------------------------------------ dstack
+#: /dev/shm per GPU for dstack's container: NCCL moves intra-node traffic through shared
+#: memory when peer-to-peer is off, and Docker's default is 64 MB (NCCL's troubleshooting
+#: guide: "increase shared memory"); 8 GB a GPU also holds pinned DataLoader batches.
+SHM_GB_PER_GPU = 8
+
+
 def _gpu_resources(spec: LaunchSpec, choice: DstackChoice) -> dict[str, Any]:
-    return {"gpu": f"{choice.gpu}:{spec.strategy.gpus}", "disk": f"{_disk_gb(spec)}GB.."}
+    return {"gpu": f"{choice.gpu}:{spec.strategy.gpus}", "disk": f"{_disk_gb(spec)}GB..",
+            "shm_size": f"{SHM_GB_PER_GPU * spec.strategy.gpus}GB"}
 
 
 def _placement(spec: LaunchSpec, choice: DstackChoice) -> dict[str, Any]:
