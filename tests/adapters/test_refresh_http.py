@@ -6,7 +6,6 @@ import contextlib
 import io
 import json
 import threading
-import time
 import zipfile
 from collections.abc import Iterator
 from dataclasses import replace
@@ -16,6 +15,7 @@ from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.conftest import FIXTURES
@@ -88,9 +88,6 @@ class _Replay(BaseHTTPRequestHandler):
             self._send(gpuhunt_zip(self.path.split("/")[2]))
         elif self.path == "/catalogs/v8/lambda/vms.csv":
             self._send(SKYPILOT_CSV.encode())
-        elif self.path == "/slow/runpod/version":
-            time.sleep(1.0)
-            self._send(b"too late")
         elif self.path.endswith("/index.json"):
             body = (PAYLOADS / "aws_price_list_ec2_offer.json").read_bytes()
             self._send(body[:1000], declared=len(body))  # connection closes mid-body
@@ -143,18 +140,30 @@ def test_refresh_over_http_writes_good_sources_and_reports_the_truncated_one(
     assert providers == {"Azure", "RunPod", "Vast.ai", "AWS", "Lambda"}
 
 
-def test_a_source_slower_than_the_timeout_fails_alone(
-        server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("tuneplan.adapters.importers.network.TIMEOUT_S", 0.2)
+class _TimesOut(httpx.HTTPTransport):
+    """Real HTTP to the replay server, except that ``/slow/`` times out as httpx does when a
+    server never answers within the timeout (no clock in the test: a busy machine can't make
+    the fast source late, nor the slow one early)."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.startswith("/slow/"):
+            raise httpx.ReadTimeout("timed out", request=request)
+        return super().handle_request(request)
+
+
+def test_a_source_slower_than_the_timeout_fails_alone(server: str, tmp_path: Path) -> None:
     available = (
         LiveSource(name="gpuhunt/runpod", group="gpuhunt",
                    fetch=partial(gpuhunt.fetch, provider="runpod", base_url=f"{server}/slow")),
         LiveSource(name="vastai", group="vastai",
                    fetch=partial(vastai.fetch, base_url=f"{server}/bundles/")),
     )
-    with CatalogStore.open(tmp_path / "catalog.sqlite", seed=False) as store:
-        slow, fast = refresh(store, available=available)
-        assert slow.failed and "timeout after 0.2 s" in slow.message
+    from tuneplan.adapters.importers.network import TIMEOUT_S
+
+    with CatalogStore.open(tmp_path / "catalog.sqlite", seed=False) as store, httpx.Client(
+            transport=_TimesOut()) as client:
+        slow, fast = refresh(store, available=available, client=client)
+        assert slow.failed and f"timeout after {TIMEOUT_S:g} s" in slow.message
         assert fast.status == "ok" and fast.offers_written == 1
 
 
