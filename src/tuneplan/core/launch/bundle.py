@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tuneplan.core.catalog.offers import Offer, offer_record
 from tuneplan.core.cost.estimate import CostAssumptions, checkpoint_bytes
@@ -27,6 +27,7 @@ from tuneplan.units import GB, HOUR_S
 if TYPE_CHECKING:
     from tuneplan.core.launch.targets import SkyCatalog
 
+_T = TypeVar("_T")
 #: Checkpoints kept at least: the newest may be half-written when the machine dies, so the one
 #: before it must survive the retention sweep.
 MIN_KEPT = 2
@@ -223,33 +224,30 @@ def bundle_files(spec: LaunchSpec, chosen: tuple[Target, ...], *, train_script: 
     from tuneplan.core.launch import targets as launch_targets
     from tuneplan.core.launch.readme import render_run_md
 
-    sky = dst = None
     refused: list[launch_targets.Refusal] = []
-    if Target.SKYPILOT in chosen:
-        got = launch_targets.skypilot_choice(spec, sky_catalog or launch_targets.SkyCatalog())
-        sky = None if isinstance(got, launch_targets.Refusal) else got
-        refused += [got] if isinstance(got, launch_targets.Refusal) else []
-    if Target.DSTACK in chosen:
-        dgot = launch_targets.dstack_choice(spec)
-        dst = None if isinstance(dgot, launch_targets.Refusal) else dgot
-        refused += [dgot] if isinstance(dgot, launch_targets.Refusal) else []
+
+    def take(got: _T | launch_targets.Refusal) -> _T | None:
+        """``got``, or None with its refusal kept for RUN.md (or the error when strict)."""
+        if isinstance(got, launch_targets.Refusal):
+            refused.append(got)
+            return None
+        return got
+
+    sky = take(launch_targets.skypilot_choice(
+        spec, sky_catalog or launch_targets.SkyCatalog())) if Target.SKYPILOT in chosen else None
+    dst = take(launch_targets.dstack_choice(spec)) if Target.DSTACK in chosen else None
     framework_files: dict[str, str] = {}
-    if Target.AXOLOTL in chosen:
-        ax = launch_frameworks.axolotl_config(spec)
-        if isinstance(ax, launch_targets.Refusal):
-            refused.append(ax)
-        else:
-            framework_files[launch_frameworks.AXOLOTL_FILE] = \
-                launch_frameworks.render_axolotl(spec, ax)
-    if Target.LLAMAFACTORY in chosen:
-        lf = launch_frameworks.llamafactory_config(spec)
-        if isinstance(lf, launch_targets.Refusal):
-            refused.append(lf)
-        else:
-            framework_files[launch_frameworks.LLAMAFACTORY_FILE] = \
-                launch_frameworks.render_llamafactory(spec, lf)
-            framework_files[launch_frameworks.DATASET_INFO_FILE] = \
-                launch_frameworks.llamafactory_dataset_info(spec)
+    ax = take(launch_frameworks.axolotl_config(spec)) if Target.AXOLOTL in chosen else None
+    if ax is not None:
+        framework_files[launch_frameworks.AXOLOTL_FILE] = launch_frameworks.render_axolotl(
+            spec, ax)
+    lf = (take(launch_frameworks.llamafactory_config(spec))
+          if Target.LLAMAFACTORY in chosen else None)
+    if lf is not None:
+        framework_files[launch_frameworks.LLAMAFACTORY_FILE] = \
+            launch_frameworks.render_llamafactory(spec, lf)
+        framework_files[launch_frameworks.DATASET_INFO_FILE] = \
+            launch_frameworks.llamafactory_dataset_info(spec)
     if refused and strict:
         raise InvalidValueError("; ".join(f"{r.tool} cannot launch plan {spec.plan_id}: "
                                           f"{r.reason}" for r in refused))
