@@ -138,8 +138,9 @@ def test_a_flag_the_command_cannot_honour_is_refused_not_ignored() -> None:
     with pytest.raises(InvalidValueError, match="takes no flag --tokens"):
         job_from_values("m", {"tokens": "50M"}, command="fit")  # fit answers in bytes
     for name in jobflags.PLANNER_SEARCHES:  # plan keeps them fixed when given (Job.fixed)
-        value = ("2" if name in ("batch-size", "gpus", "nodes") else "zero2" if name == "sharding"
-                 else "optimizer" if name == "offload" else True)
+        value = {"batch-size": "2", "gpus": "2", "nodes": "2", "sharding": "zero2",
+                 "offload": "optimizer", "precision": "fp16-mixed", "loss": "chunked",
+                 "optimizer": "adamw8bit"}.get(name, True)
         job = job_from_values("m", {name: value}, command="plan")
         assert job.fixed == (jobflags.BY_NAME[name].field,), name
     with pytest.raises(InvalidValueError, match="unknown job flag"):

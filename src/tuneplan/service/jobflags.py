@@ -23,6 +23,7 @@ from tuneplan.core.job.methods import Method, Quant
 from tuneplan.core.job.recipes import Recipe
 from tuneplan.core.job.stack import LIBRARIES, Stack
 from tuneplan.core.job.strategy import (
+    SEARCHED_FIELDS,
     Attention,
     Checkpointing,
     Interconnect,
@@ -75,13 +76,6 @@ COMMAND_GROUPS: dict[str, frozenset[Group]] = {
     "plan": frozenset(Group),
     "probe": frozenset({Group.STRATEGY}),
 }
-#: Flags ``tuneplan plan`` searches over for every offer when they are not given
-#: (core.planner.search: the largest micro-batch that fits, checkpointing, the sharding and
-#: offload that fit, the offer's GPU count and, with --multi-node, the node count). Given as
-#: flags or in a job file they are fixed (``Job.fixed``): every plan keeps them.
-PLANNER_SEARCHES: frozenset[str] = frozenset({
-    "batch-size", "gpus", "nodes", "sharding", "offload", "gradient-checkpointing",
-    "offload-activations"})
 #: The sentence --help and the plan form add to each of them.
 PLANNER_SEARCHES_HELP = "On plan: searched when not given; given, every plan keeps it."
 # What --help calls each group's panel.
@@ -346,6 +340,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("objective", "objective", J, _enum(Objective), Group.PLANNER, "What ranks plans."),
 )
 BY_NAME: dict[str, Flag] = {f.name: f for f in FLAGS}
+#: The flags of the Strategy fields ``tuneplan plan`` searches (``SEARCHED_FIELDS``): searched
+#: when not given, kept in every plan when given (``Job.fixed``).
+PLANNER_SEARCHES: frozenset[str] = frozenset(
+    f.name for f in FLAGS if f.owner is Strategy and f.field in SEARCHED_FIELDS)
 
 
 def flags_for(command: str) -> tuple[Flag, ...]:

@@ -94,6 +94,16 @@ class Loss(StrEnum):
 
 ALL_LINEAR = "all-linear"
 
+#: Strategy fields the planner searches over for every offer when they are left free (the
+#: micro-batch that fits, GPUs and nodes, sharding, offload, checkpointing, and where memory
+#: binds the precision, loss and optimizer): given (``Job.fixed``), every plan keeps them, and
+#: a fixed one is a constraint that can bind. Values are the flags that fix them.
+SEARCHED_FIELDS: dict[str, str] = {
+    "batch_size": "--batch-size", "gpus": "--gpus", "nodes": "--nodes",
+    "sharding": "--sharding", "offload": "--offload",
+    "checkpointing": "--gradient-checkpointing/--offload-activations",
+    "precision": "--precision", "loss": "--loss", "optimizer": "--optimizer"}
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Strategy:

@@ -28,6 +28,7 @@ from tuneplan.core.cost.estimate import (
 )
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.strategy import (
+    SEARCHED_FIELDS,
     Checkpointing,
     Interconnect,
     Job,
@@ -754,17 +755,9 @@ def _why(p: Plan, rank: int, total: int, on_front: bool, job: Job,
     return lines
 
 
-#: Strategy fields the search varies: fixing one (a flag given) narrows the search, so each is
-#: a constraint that can bind. Values are the flags that fix them.
-SEARCHED_FLAGS = {"batch_size": "--batch-size", "gpus": "--gpus", "nodes": "--nodes",
-                  "sharding": "--sharding", "offload": "--offload",
-                  "checkpointing": "--gradient-checkpointing/--offload-activations",
-                  "precision": "--precision", "loss": "--loss", "optimizer": "--optimizer"}
-
-
 def fixed_values(job: Job) -> dict[str, object]:
     """The searched strategy fields the person fixed, with their values (what a plan keeps)."""
-    return {name: getattr(job.strategy, name) for name in SEARCHED_FLAGS if job.is_fixed(name)}
+    return {name: getattr(job.strategy, name) for name in SEARCHED_FIELDS if job.is_fixed(name)}
 
 
 def plan_ref(p: Plan) -> PlanRef:
@@ -799,7 +792,7 @@ def _alternatives(job: Job) -> Iterable[tuple[str, str, str, Job, bool]]:
                 yield ("flag:method", f"--method {s.method.value} ({given})",
                        f"--method {method.value} instead of {s.method.value}",
                        replace(job, strategy=replace(s, method=method)), False)
-    for name, flag in SEARCHED_FLAGS.items():
+    for name, flag in SEARCHED_FIELDS.items():
         if job.is_fixed(name):
             shown = f"{flag} {_value(getattr(s, name))}"
             yield (f"flag:{name}", f"{shown} is fixed (the search kept it)",
