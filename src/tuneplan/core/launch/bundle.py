@@ -262,9 +262,9 @@ def bundle_files(spec: LaunchSpec, chosen: tuple[Target, ...], *, train_script: 
     if with_ds:
         files["ds_config.json"] = json.dumps(launch_engines.deepspeed_config(spec), indent=2) + "\n"
     if Target.ACCELERATE in chosen:
-        files["launch_accelerate.sh"] = launch_engines.launch_script(spec, "accelerate")
+        files["launch_accelerate.sh"] = launch_clouds.manual_script(spec, "accelerate")
     if Target.DEEPSPEED in chosen:
-        files["launch_torchrun.sh"] = launch_engines.launch_script(spec, "torchrun")
+        files["launch_torchrun.sh"] = launch_clouds.manual_script(spec, "torchrun")
     if sky is not None:
         files["sky.yaml"] = launch_clouds.render_skypilot(spec, sky)
     if dst is not None:
@@ -272,7 +272,9 @@ def bundle_files(spec: LaunchSpec, chosen: tuple[Target, ...], *, train_script: 
         files["fleet.dstack.yml"] = launch_clouds.render_dstack_fleet(spec, dst)
         if dst.storage is launch_targets.Storage.NETWORK_VOLUME:
             files["volume.dstack.yml"] = launch_clouds.render_dstack_volume(spec, dst)
-    if any(c is not None and launch_clouds.needs_store_script(c.storage) for c in (sky, dst)):
+    manual = Target.ACCELERATE in chosen or Target.DEEPSPEED in chosen
+    if any(c is not None and launch_clouds.needs_store_script(c.storage) for c in (sky, dst)) \
+            or (manual and launch_clouds.manual_needs_store_script(spec)):
         files[launch_clouds.STORE_SCRIPT] = launch_clouds.store_script(spec)
     files |= framework_files
     files["RUN.md"] = render_run_md(spec, tuple(files), chosen, sky=sky, dstack=dst,

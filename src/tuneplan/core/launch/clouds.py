@@ -21,6 +21,7 @@ from tuneplan.core.launch.engines import (
     SKYPILOT_ENV,
     NodeEnv,
     guarded_argv,
+    manual_env,
     shell_line,
 )
 from tuneplan.core.launch.targets import (
@@ -78,6 +79,41 @@ def launch_lines(spec: LaunchSpec, engine: str, storage: Storage, env: NodeEnv) 
         lines.insert(0, f'bash {STORE_SCRIPT} shared "{env.node_rank}" "{env.num_nodes}"'
                         " || exit 2")
     return lines
+
+
+def manual_script(spec: LaunchSpec, engine: str) -> str:
+    """``launch_<engine>.sh`` for machines you manage yourself: run it on every node with
+    NODE_RANK, MASTER_ADDR (node 0's address) and, if they differ from the plan, NUM_NODES,
+    GPUS_PER_NODE and MASTER_PORT set.
+
+    One node: checkpoints default to ``./checkpoints``. Several nodes: no default; the run
+    refuses to start until ``TUNEPLAN_CHECKPOINT_DIR`` names a folder, and the bundle's
+    shared-folder check proves every node sees the same one before training, since a folder
+    per node would resume each rank from a different step (or none)."""
+    env = manual_env(spec)
+    head = ["#!/usr/bin/env bash",
+            f"# Plan {spec.plan_id}: {spec.strategy.gpus} GPU(s) x {spec.strategy.nodes} "
+            f"node(s), {spec.strategy.sharding.value}, launched with {engine}.",
+            "# On every node: NODE_RANK=<0..N-1> MASTER_ADDR=<node 0 address> "
+            + ("TUNEPLAN_CHECKPOINT_DIR=<a folder all nodes share> "
+               if spec.strategy.nodes > 1 else "") + f"bash launch_{engine}.sh",
+            "set -euo pipefail", 'cd "$(dirname "$0")"']
+    if spec.strategy.nodes <= 1:
+        body = ['export TUNEPLAN_CHECKPOINT_DIR="${TUNEPLAN_CHECKPOINT_DIR:-./checkpoints}"',
+                shell_line(guarded_argv(spec, engine, env))]
+    else:
+        body = ['if [ -z "${TUNEPLAN_CHECKPOINT_DIR:-}" ]; then',
+                f'  echo "[launch_{engine}.sh] set TUNEPLAN_CHECKPOINT_DIR to one folder every '
+                'node shares (NFS, EFS, Filestore, a cluster filesystem): every rank must '
+                'resume from the same checkpoint" >&2',
+                "  exit 2", "fi", "export TUNEPLAN_CHECKPOINT_DIR",
+                *launch_lines(spec, engine, Storage.SHARED_HOST_PATH, env)]
+    return "\n".join([*head, *body]) + "\n"
+
+
+def manual_needs_store_script(spec: LaunchSpec) -> bool:
+    """Several nodes: the manual scripts run the store script's shared-folder check."""
+    return spec.strategy.nodes > 1
 
 
 def _run_script(spec: LaunchSpec, engine: str, storage: Storage) -> str:
@@ -292,7 +328,9 @@ case "${{1:-}}" in
     done
     say "$dir is not shared by all $nodes nodes (rank $rank sees" \
         "$(ls "$dir/.tuneplan_nodes" | wc -l)): every rank must resume from the same" \
-        "checkpoint. Mount one shared filesystem at {SHARED_HOST_PATH} on every node (RUN.md)."
+        "checkpoint. Mount one filesystem that every node shares (dstack: at" \
+        "{SHARED_HOST_PATH} on the hosts; your own machines: at \\$TUNEPLAN_CHECKPOINT_DIR)" \
+        "(RUN.md)."
     exit 2 ;;
   *) say "usage: $0 pull|loop|shared RANK NODES"; exit 2 ;;
 esac

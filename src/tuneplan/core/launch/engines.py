@@ -244,21 +244,6 @@ def shell_line(argv: list[str]) -> str:
     return " ".join(words)
 
 
-def launch_script(spec: LaunchSpec, engine: str) -> str:
-    """A bash script for machines you manage yourself: run it on every node with NODE_RANK,
-    MASTER_ADDR (node 0's address) and, if they differ from the plan, NUM_NODES,
-    GPUS_PER_NODE and MASTER_PORT set."""
-    line = shell_line(guarded_argv(spec, engine, manual_env(spec)))
-    return ("#!/usr/bin/env bash\n"
-            f"# Plan {spec.plan_id}: {spec.strategy.gpus} GPU(s) x {spec.strategy.nodes} node(s), "
-            f"{spec.strategy.sharding.value}, launched with {engine}.\n"
-            "# On every node: NODE_RANK=<0..N-1> MASTER_ADDR=<node 0 address> "
-            f"bash launch_{engine}.sh\n"
-            "set -euo pipefail\ncd \"$(dirname \"$0\")\"\n"
-            'export TUNEPLAN_CHECKPOINT_DIR="${TUNEPLAN_CHECKPOINT_DIR:-./checkpoints}"\n'
-            f"{line}\n")
-
-
 def requirements(spec: LaunchSpec, *, deepspeed: bool) -> str:
     """pip requirements of the bundle's train.py (CUDA torch comes from the machine image):
     bitsandbytes for quantised bases and 8-bit/paged optimizers, DeepSpeed when the bundle

@@ -211,8 +211,18 @@ def _how(spec: LaunchSpec, files: Sequence[str], targets: Sequence[Target],
     out += _frameworks(spec, files)
     for engine in ("accelerate", "torchrun"):
         if f"launch_{engine}.sh" in files:
+            shared = (" TUNEPLAN_CHECKPOINT_DIR=/shared/ckpt" if spec.strategy.nodes > 1
+                      else "")
             out += ["", f"Your own machines with {engine} (run on every node):", "",
-                    f"    NODE_RANK=0 MASTER_ADDR=<node 0 address> bash launch_{engine}.sh"]
+                    f"    NODE_RANK=0 MASTER_ADDR=<node 0 address>{shared} "
+                    f"bash launch_{engine}.sh"]
+            if spec.strategy.nodes > 1:
+                out += ["", f"With {spec.strategy.nodes} nodes, `TUNEPLAN_CHECKPOINT_DIR` must "
+                        "name one folder every node shares (NFS, EFS, Filestore, a cluster "
+                        "filesystem): the script refuses to start without it, and "
+                        f"`{STORE_SCRIPT} shared` stops the run before training when the "
+                        "nodes do not see each other's files there, since every rank must "
+                        "resume from the same checkpoint."]
     out += ["", "train.py trains with TRL's SFTTrainer. Text is tokenised (and packed, when the "
             "plan packs) once into a memory-mapped Arrow file under `data/tokenised/` that "
             "SFTTrainer reads as it is (memory does not grow with the data set)."]
