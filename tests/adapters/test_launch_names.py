@@ -366,6 +366,8 @@ JOBS = {
     "405b-qlora-multinode": Job(model="meta-llama/Llama-3.1-405B",
                                 strategy=Strategy(method=Method.QLORA), tokens=50_000_000,
                                 multi_node=True),
+    "8b-qlora-spot": Job(model="meta-llama/Llama-3.1-8B", strategy=Strategy(method=Method.QLORA),
+                         tokens=50_000_000, spot=True),
 }
 
 

@@ -36,6 +36,8 @@ CASES: dict[str, tuple[str, str]] = {
     "70b-full-top": ("70b-full", "#0"), "70b-full-multinode": ("70b-full", "nodes#0"),
     "405b-qlora-multinode-0": ("405b-qlora-multinode", "nodes#0"),
     "405b-qlora-multinode-1": ("405b-qlora-multinode", "nodes#1"),
+    "8b-qlora-spot-0": ("8b-qlora-spot", "spot#0"), "8b-qlora-spot-1": ("8b-qlora-spot", "spot#1"),
+    "8b-qlora-spot-aws": ("8b-qlora-spot", "spot#AWS"),
 }
 
 
@@ -48,6 +50,10 @@ def _pick(plans: list[Any], result: Any, which: str) -> tuple[LaunchSpec, dict[s
     from tuneplan.service.launch import result_bundle
 
     multi, _, index = which.partition("#")
+    if multi == "spot":  # the n-th plan (or a provider's best) billed at the spot price
+        plans = [p for p in plans if p.uses_spot]
+        if not index.isdigit():
+            multi, index, which = "", "", index
     if not index:  # a provider's best plan
         return result_bundle(next(p for p in plans if p.offer.provider == which), result,
                              ["all"])
@@ -120,6 +126,10 @@ def test_skypilot_loads_the_task_and_its_cloud_can_run_it(
         assert spec.offer.provider.lower() == case.rsplit("-", 1)[1]
     if "multinode" in case:
         assert s.nodes > 1
+    if "-spot-" in case:
+        assert spec.use_spot
+        if case.endswith("-aws"):
+            assert spec.offer.provider == "AWS"
     assert got["cloud"] == choice.cloud.name
     assert got["num_nodes"] == s.nodes
     assert got["accelerators"] == {choice.accelerator: s.gpus}
