@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import importlib
 import io
 import json
 import os
@@ -445,3 +446,71 @@ def test_top_plans_name_what_the_tools_accept(job: str, index: int,
         assert [v.name for v in run.volumes] == [volume.name]  # one volume, every node
     if (run.backends or []) and spec.offer.provider in DSTACK_BACKENDS:
         assert [b.value for b in run.backends] == [DSTACK_BACKENDS[spec.offer.provider]]
+    dstack_server_accepts(files)
+
+
+def dstack_server_accepts(files: dict[str, str]) -> None:
+    """What dstack's server checks when the files are applied (dstack 0.22.5,
+    ``server/services/runs/spec.py: validate_run_spec_and_set_defaults``,
+    ``fleets.py: _validate_fleet_spec_and_set_defaults``, ``volumes.py:
+    _validate_volume_configuration``: names, volume paths, GPU vendor vs image, fleet
+    subtype fields, volume backends with volume support); raises what the server would."""
+    pytest.importorskip("sqlalchemy")  # dstack's server extra
+    from dstack._internal.core.models.configurations import (
+        parse_apply_configuration,
+        parse_run_configuration,
+    )
+    from dstack._internal.core.models.fleets import FleetSpec
+    from dstack._internal.core.models.profiles import Profile
+    from dstack._internal.core.models.runs import RunSpec
+    from dstack._internal.server.models import UserModel
+
+    # In this order: dstack's server modules import each other in a cycle that only this
+    # order (the one its own app follows: runs before fleets) resolves.
+    run_rules = importlib.import_module("dstack._internal.server.services.runs.spec")
+    fleet_rules = importlib.import_module("dstack._internal.server.services.fleets")
+    volume_rules = importlib.import_module("dstack._internal.server.services.volumes")
+
+    run = parse_run_configuration(yaml.safe_load(files[".dstack.yml"]))
+    run_rules.validate_run_spec_and_set_defaults(
+        UserModel(name="tuneplan-test", ssh_public_key="ssh-ed25519 AAAAtest"),
+        RunSpec(run_name=run.name, configuration=run, profile=Profile(name="default")))
+    fleet = parse_apply_configuration(yaml.safe_load(files["fleet.dstack.yml"]))
+    fleet_rules._validate_fleet_spec_and_set_defaults(
+        FleetSpec(configuration=fleet, profile=Profile(name="default")))
+    if "volume.dstack.yml" in files:
+        volume_rules._validate_volume_configuration(
+            parse_apply_configuration(yaml.safe_load(files["volume.dstack.yml"])))
+
+
+def test_dstack_server_refuses_what_it_should(top_plans: dict[str, list[Any]]) -> None:
+    """The server-side checks above can fail: each control is one change away from an
+    emitted bundle (a volume with neither size nor id, an AMD GPU without an image, a fleet
+    with both nodes and an SSH host list)."""
+    pytest.importorskip("sqlalchemy")
+    from dstack._internal.core.errors import ServerClientError
+
+    saved = next(p for p in top_plans["8b-qlora"] if "volume" in _dstack_files(p))
+    files = _dstack_files(saved)
+    dstack_server_accepts(files)
+    volume, run, fleet = (yaml.safe_load(files[n]) for n in
+                          ("volume.dstack.yml", ".dstack.yml", "fleet.dstack.yml"))
+    controls = {
+        "volume without size": {"volume.dstack.yml": {k: v for k, v in volume.items()
+                                                      if k != "size"}},
+        "amd without image": {".dstack.yml": {k: v for k, v in run.items() if k != "image"}
+                              | {"resources": run["resources"] | {"gpu": "MI300X:1"}}},
+        "fleet nodes and ssh": {"fleet.dstack.yml": fleet | {"ssh_config": {
+            "user": "ubuntu", "identity_file": "~/.ssh/id_rsa", "hosts": ["10.0.0.1"]}}},
+    }
+    for name, change in controls.items():
+        bad = files | {k: yaml.safe_dump(v) for k, v in change.items()}
+        with pytest.raises(ServerClientError):
+            dstack_server_accepts(bad)
+            pytest.fail(f"dstack's server took the control {name!r}")
+
+
+def _dstack_files(saved: Any) -> dict[str, str]:
+    files = bundle_files(launch_spec(saved), expand_targets(["dstack"]), train_script="",
+                         strict=False)
+    return files | {"volume": ""} if "volume.dstack.yml" in files else files
