@@ -7,15 +7,22 @@ RTX 4000 Ada, A800, MI355X, ...); the planner dropped them all. These tests keep
 from __future__ import annotations
 
 from collections import Counter
+from functools import cache
 
 import pytest
 
 from tuneplan.adapters.bundled import load_gpu_spec, load_gpu_specs
+from tuneplan.adapters.importers.snapshot import SNAPSHOT_FETCHED_AT, load_bundled_snapshot
 from tuneplan.adapters.plans import plan
 from tuneplan.adapters.store import load_catalog
 from tuneplan.core.catalog.gpu_names import normalise_gpu_name
+from tuneplan.core.catalog.hardware import GpuSpec
+from tuneplan.core.catalog.offers import Offer
+from tuneplan.core.compute.assumptions import ThroughputAssumptions
+from tuneplan.core.compute.ceiling import matmul_ceiling
 from tuneplan.core.job.methods import Method
-from tuneplan.core.job.strategy import Job, Strategy
+from tuneplan.core.job.strategy import Job, Precision, Strategy
+from tuneplan.core.planner.caveats import card_notes, card_problem, precision_on
 from tuneplan.units import TERA
 
 
@@ -57,3 +64,196 @@ def test_newly_filled_cards_carry_datasheet_figures(gpu: str, bf16_tflops: float
 def test_titan_rtx_is_a_known_gpu_name() -> None:
     assert normalise_gpu_name("NVIDIA TITAN RTX") == "Titan RTX"
     assert normalise_gpu_name("Titan_RTX") == "Titan RTX"
+
+
+# --- every offer GPU of the bundled snapshot, from the importer's own output -----------------
+
+@cache
+def _snapshot_offers() -> tuple[Offer, ...]:
+    return tuple(o for _, result, _ in load_bundled_snapshot() for o in result.offers)
+
+
+def _offer_gpus() -> list[str]:
+    return sorted({o.gpu for o in _snapshot_offers()})
+
+
+def test_the_snapshot_import_drops_no_row_for_an_unknown_gpu_name() -> None:
+    unknown = {source: result.unknown_gpu_names for source, result, _ in load_bundled_snapshot()
+               if result.unknown_gpu_names}
+    assert unknown == {}
+    reasons = [row for _, result, _ in load_bundled_snapshot() for row in result.rejected_rows]
+    assert not [r for r in reasons if "GPU" in r and "unknown" in r.lower()]
+
+
+def test_every_offer_gpu_has_every_fact_the_planner_reads_with_its_source() -> None:
+    specs = {spec.name: spec for spec in load_gpu_specs()}
+    offers = _snapshot_offers()
+    assert len(offers) > 4000
+    gaps: Counter[str] = Counter()
+    for o in offers:
+        spec = specs.get(o.gpu)
+        if spec is None or set(_missing_facts(spec)) - KNOWN_GAPS.get(o.gpu, set()):
+            gaps[o.gpu] += 1
+    assert gaps == Counter()
+    # The known gaps are still gaps (a filled one leaves the list).
+    for gpu, facts in KNOWN_GAPS.items():
+        assert set(_missing_facts(specs[gpu])) == facts
+
+
+#: Facts no vendor publishes, and what their absence costs. Neither drops an offer: the A10G's
+#: matmul ceiling takes ``matmul_fraction_default`` (AWS publishes no board power for it and
+#: NVIDIA no datasheet); Gaudi's FP32 rate is only read for --precision fp32, which is refused
+#: there with "publishes no fp32 FLOP/s figure" (Intel prints MME BF16/FP8 rates only).
+KNOWN_GAPS = {"A10G": {"TDP"}, "Gaudi 2": {"fp32 FLOP/s"}, "Gaudi 3": {"fp32 FLOP/s"}}
+
+
+def _missing_facts(spec: GpuSpec) -> list[str]:
+    missing = [name for name, value in (
+        ("bf16/fp16 FLOP/s", spec.bf16_flops_per_s), ("fp32 FLOP/s", spec.fp32_flops_per_s),
+        ("memory bandwidth", spec.memory_bandwidth_bytes_per_s), ("TDP", spec.tdp_w),
+        ("source", spec.source), ("architecture", spec.architecture)) if not value]
+    # Precision support is a fact of every card, never unknown: it picks bf16 or fp16.
+    missing += [name for name, flag in (("bf16 support", spec.supports_bf16),
+                                        ("fp8 support", spec.supports_fp8)) if flag is None]
+    if spec.supports_fp8 and not spec.fp8_flops_per_s:
+        missing.append("fp8 FLOP/s")
+    if spec.confidence not in ("high", "medium", "low"):
+        missing.append("confidence")
+    if spec.usable_memory_bytes <= 0 or spec.usable_memory_bytes > spec.memory_bytes:
+        missing.append("usable memory")
+    return missing
+
+
+@pytest.mark.parametrize("gpu", _offer_gpus())
+def test_every_offer_gpu_has_a_matmul_ceiling_within_its_peak(gpu: str) -> None:
+    spec = load_gpu_spec(gpu)
+    assert spec.bf16_flops_per_s is not None
+    ceiling = matmul_ceiling(spec, spec.bf16_flops_per_s, ThroughputAssumptions())
+    assert ceiling.basis in ("measured", "sibling", "default")
+    assert ceiling.flops_per_s > 0
+    if ceiling.basis != "measured":  # measured GeForce cards may beat their printed peak
+        assert ceiling.flops_per_s <= spec.bf16_flops_per_s
+
+
+@pytest.mark.parametrize("gpu", ["RTX A4000", "RTX A4500", "RTX A5000", "RTX A2000", "A16",
+                                 "A30", "A800 80GB PCIe", "RTX 4000 Ada", "RTX 3060",
+                                 "RTX 4070", "RTX PRO 6000 Blackwell", "MI355X"])
+def test_new_cards_take_a_measured_sibling_of_their_architecture(gpu: str) -> None:
+    spec = load_gpu_spec(gpu)
+    assert spec.bf16_flops_per_s is not None
+    ceiling = matmul_ceiling(spec, spec.bf16_flops_per_s, ThroughputAssumptions())
+    assert ceiling.basis in ("sibling", "measured")
+    if ceiling.basis == "sibling":
+        rows = {row[0]: row for row in ThroughputAssumptions().measured_matmul_tflops}
+        sibling = rows[next(name for name in rows if ceiling.source.startswith(name + " "))]
+        assert sibling[1] == spec.architecture.split()[0]
+        assert 0 < ceiling.fraction <= 1
+
+
+def test_a_small_model_plans_on_every_gpu_of_the_bundled_snapshot() -> None:
+    offers = _snapshot_offers()
+    result = plan(Job(model="Qwen/Qwen2.5-0.5B", strategy=Strategy(method=Method.LORA),
+                      tokens=5_000_000), offers=offers, now=SNAPSHOT_FETCHED_AT)
+    planned = {p.offer.gpu for p in result.plans}
+    # GCP's attachable accelerators (priced without their host VM) are not rentable machines:
+    # that is the only reason an offer may go without a plan here, never a missing GPU fact.
+    assert {r.reason.split(":")[0] for r in result.rejected} <= {
+        "GPU priced without its host VM (GCP attachable GPU)"}
+    rentable = {o.gpu for o in offers if o.instance_type}
+    assert rentable - planned == set()
+    assert {o.gpu for o in offers} - planned == {"P4"}  # P4 is rented only as a GCP attachable
+
+
+@pytest.mark.parametrize(("gpu", "bf16_tflops"), [
+    ("RTX A5000", 111.1), ("RTX A4000", 76.7), ("RTX A4500", 94.6), ("RTX 4000 Ada", 76.7),
+    ("A800 80GB PCIe", 312), ("RTX PRO 6000 Blackwell", 250), ("MI355X", 2516.6)])
+def test_a_plan_on_a_new_card_runs_at_its_datasheet_rate(gpu: str, bf16_tflops: float) -> None:
+    offers = [o for o in _snapshot_offers() if o.gpu == gpu and o.instance_type]
+    assert offers
+    result = plan(Job(model="Qwen/Qwen2.5-0.5B", strategy=Strategy(method=Method.LORA),
+                      tokens=5_000_000), offers=offers, now=SNAPSHOT_FETCHED_AT)
+    assert result.plans
+    for p in result.plans:
+        assert p.strategy.precision is Precision.BF16_MIXED
+        assert p.candidate.throughput.peak_flops_per_s == pytest.approx(bf16_tflops * TERA)
+
+
+def test_a16_and_ampere_workstation_int8_are_dense_not_sparse() -> None:
+    # Datasheets print sparse figures; the table stores dense ones (half).
+    a16 = load_gpu_spec("A16")
+    assert (a16.tf32_flops_per_s, a16.bf16_flops_per_s, a16.int8_ops_per_s) == (
+        pytest.approx(9 * TERA), pytest.approx(17.95 * TERA), pytest.approx(35.9 * TERA))
+    for gpu in ("RTX A2000", "RTX A4000", "RTX A4500", "RTX A5000", "RTX A6000"):
+        spec = load_gpu_spec(gpu)
+        assert spec.int8_ops_per_s == pytest.approx(2 * spec.bf16_flops_per_s, rel=0.01)  # type: ignore[operator]
+
+
+# --- precision support: a per-card fact, consistent with the card's generation ----------------
+
+def _nvidia_capability(spec: GpuSpec) -> float | None:
+    if spec.vendor != "NVIDIA" or not spec.compute_capability:
+        return None
+    return float(spec.compute_capability)
+
+
+@pytest.mark.parametrize("gpu", [s.name for s in load_gpu_specs()])
+def test_precision_support_follows_the_card_generation(gpu: str) -> None:
+    spec = load_gpu_spec(gpu)
+    cc = _nvidia_capability(spec)
+    if cc is not None:
+        # BF16 tensor cores from Ampere (8.0) on; FP8 from Ada (8.9) and Hopper (9.0) on.
+        assert spec.supports_bf16 is (cc >= 8.0)
+        assert spec.supports_fp8 is (cc >= 8.9)
+    elif spec.vendor == "AMD":
+        # CDNA 2 (gfx90a) has BF16 matrix cores, FP8 from CDNA 3 (gfx942); Vega (gfx900) neither.
+        target = spec.compute_capability or ""
+        assert spec.supports_bf16 is (target in ("gfx90a", "gfx942", "gfx950"))
+        assert spec.supports_fp8 is (target in ("gfx942", "gfx950"))
+    if not spec.supports_fp8:
+        assert spec.fp8_flops_per_s is None
+
+
+NO_BF16_IN_CATALOG = sorted(s.name for s in load_gpu_specs()
+                            if s.supports_bf16 is False and s.name in set(_offer_gpus()))
+
+
+def test_every_pre_ampere_card_of_the_catalog_is_known_to_lack_bf16() -> None:
+    assert set(NO_BF16_IN_CATALOG) >= {"K80", "M60", "P4", "P100", "T4", "T4G", "V100 SXM2 16GB",
+                                       "V100 SXM2 32GB", "Quadro RTX 6000",
+                                       "Radeon Instinct MI25"}
+
+
+@pytest.mark.parametrize("gpu", [g for g in NO_BF16_IN_CATALOG if not g.startswith(("T4", "V100"))]
+                         + ["Titan RTX"])
+def test_pre_ampere_cards_beyond_t4_and_v100_plan_fp16_with_loss_scaling(gpu: str) -> None:
+    spec = load_gpu_spec(gpu)
+    choice = precision_on(spec, Precision.BF16_MIXED)
+    assert choice.chosen is Precision.FP16_MIXED
+    assert choice.why.startswith(f"{gpu} has no BF16 (")
+    assert "dynamic loss scaling" in choice.why
+    assert card_notes(Strategy(), spec) == [f"no BF16 on {gpu}: " + choice.why.split(": ", 1)[1]]
+    assert card_problem(Strategy(precision=Precision.BF16), spec) is not None
+
+
+@pytest.mark.parametrize("gpu", ["P100", "Quadro RTX 6000", "K80", "M60"])
+def test_plans_on_pre_ampere_offers_say_fp16_with_loss_scaling(gpu: str) -> None:
+    offers = [o for o in _snapshot_offers() if o.gpu == gpu and o.instance_type]
+    result = plan(Job(model="Qwen/Qwen2.5-0.5B", strategy=Strategy(method=Method.LORA),
+                      tokens=5_000_000), offers=offers, now=SNAPSHOT_FETCHED_AT)
+    assert result.plans
+    spec = load_gpu_spec(gpu)
+    for p in result.plans:
+        assert p.strategy.precision is Precision.FP16_MIXED
+        assert [w for w in p.warnings if w.startswith(f"no BF16 on {gpu}: ")] == [
+            f"no BF16 on {gpu}: " + precision_on(spec, Precision.BF16_MIXED).why.split(": ", 1)[1]]
+        assert p.candidate.throughput.peak_flops_per_s == spec.bf16_flops_per_s
+
+
+@pytest.mark.parametrize(("raw", "memory_gib", "gpu"), [
+    ("A4500", 20, "RTX A4500"), ("A4000", 16, "RTX A4000"), ("A5000", 24, "RTX A5000"),
+    ("A2000", 6, "RTX A2000"), ("A2000", 12, "RTX A2000 12GB"),
+    ("MI25", 16, "Radeon Instinct MI25")])
+def test_gpuhunt_spellings_of_the_workstation_cards_are_known(raw: str, memory_gib: int,
+                                                              gpu: str) -> None:
+    # gpuhunt 0.1.34 constraints.py KNOWN_NVIDIA_GPUS writes them without "RTX".
+    assert normalise_gpu_name(raw, memory_gib * 2**30) == gpu

@@ -92,7 +92,10 @@ GPU_ALIASES: dict[str, _Variants] = {
     "a16": ((None, "A16"),), "a30": ((None, "A30"),), "a800": ((None, "A800 80GB PCIe"),),
     "rtxa2000": _by_memory("RTX A2000", 9, "RTX A2000 12GB"),
     "a4000": ((None, "RTX A4000"),), "rtxa4000": ((None, "RTX A4000"),),
-    "rtxa4500": ((None, "RTX A4500"),), "a5000": ((None, "RTX A5000"),),
+    # gpuhunt 0.1.34 (constraints.py KNOWN_NVIDIA_GPUS) drops the "RTX" of the Ampere
+    # workstation cards: A4000, A4500, A5000, A6000.
+    "rtxa4500": ((None, "RTX A4500"),), "a4500": ((None, "RTX A4500"),),
+    "a2000": _by_memory("RTX A2000", 9, "RTX A2000 12GB"), "a5000": ((None, "RTX A5000"),),
     "rtxa5000": ((None, "RTX A5000"),), "rtx3060": ((None, "RTX 3060"),),
     "rtx3070": ((None, "RTX 3070"),), "rtx3080": _by_memory("RTX 3080", 11, "RTX 3080 12GB"),
     "rtx4060": _by_memory("RTX 4060", 12, "RTX 4060 Ti 16GB"),
@@ -104,6 +107,7 @@ GPU_ALIASES: dict[str, _Variants] = {
     "rtxpro6000wk": ((None, "RTX PRO 6000 Blackwell"),),
     "rtxpro6000s": ((None, "RTX PRO 6000 Blackwell"),),
     "mi355x": ((None, "MI355X"),), "radeonmi25": ((None, "Radeon Instinct MI25"),),
+    "mi25": ((None, "Radeon Instinct MI25"),),
 }
 
 
