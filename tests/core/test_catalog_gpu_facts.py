@@ -6,12 +6,15 @@ RTX 4000 Ada, A800, MI355X, ...); the planner dropped them all. These tests keep
 
 from __future__ import annotations
 
+import csv
+import io
+import re
 from collections import Counter
 from functools import cache
 
 import pytest
 
-from tuneplan.adapters.bundled import load_gpu_spec, load_gpu_specs
+from tuneplan.adapters.bundled import load_gpu_spec, load_gpu_specs, read_data_text
 from tuneplan.adapters.importers.snapshot import SNAPSHOT_FETCHED_AT, load_bundled_snapshot
 from tuneplan.adapters.plans import plan
 from tuneplan.adapters.store import load_catalog
@@ -257,3 +260,14 @@ def test_gpuhunt_spellings_of_the_workstation_cards_are_known(raw: str, memory_g
                                                               gpu: str) -> None:
     # gpuhunt 0.1.34 constraints.py KNOWN_NVIDIA_GPUS writes them without "RTX".
     assert normalise_gpu_name(raw, memory_gib * 2**30) == gpu
+
+
+def test_every_extra_row_names_its_vendor_page_and_year() -> None:
+    rows = list(csv.DictReader(io.StringIO(read_data_text("gpu_specs_extra.csv"))))
+    assert len(rows) == 27
+    for row in rows:
+        source = row["source"]
+        assert re.search(r"\((19|20)\d\d; ", source), row["gpu"]
+        assert re.search(r"(nvidia|amd|aws\.amazon)\.(com|cn)/", source) or (
+            "address not recorded" in source), row["gpu"]
+        assert row["confidence"] in ("high", "medium", "low")
