@@ -14,7 +14,12 @@ from functools import cache
 
 import pytest
 
-from tuneplan.adapters.bundled import load_gpu_spec, load_gpu_specs, read_data_text
+from tuneplan.adapters.bundled import (
+    load_gpu_spec,
+    load_gpu_specs,
+    read_data_text,
+    resolve_gpu_spec,
+)
 from tuneplan.adapters.importers.snapshot import SNAPSHOT_FETCHED_AT, load_bundled_snapshot
 from tuneplan.adapters.plans import plan
 from tuneplan.adapters.store import load_catalog
@@ -24,7 +29,7 @@ from tuneplan.core.catalog.offers import Offer
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
 from tuneplan.core.compute.ceiling import matmul_ceiling
 from tuneplan.core.job.methods import Method
-from tuneplan.core.job.strategy import Job, Precision, Strategy
+from tuneplan.core.job.strategy import Attention, Job, Precision, Strategy
 from tuneplan.core.planner.caveats import card_notes, card_problem, precision_on
 from tuneplan.units import TERA
 
@@ -234,7 +239,7 @@ def test_pre_ampere_cards_beyond_t4_and_v100_plan_fp16_with_loss_scaling(gpu: st
     assert choice.chosen is Precision.FP16_MIXED
     assert choice.why.startswith(f"{gpu} has no BF16 (")
     assert "dynamic loss scaling" in choice.why
-    assert card_notes(Strategy(), spec) == [f"no BF16 on {gpu}: " + choice.why.split(": ", 1)[1]]
+    assert card_notes(Strategy(), spec)[0] == f"no BF16 on {gpu}: " + choice.why.split(": ", 1)[1]
     assert card_problem(Strategy(precision=Precision.BF16), spec) is not None
 
 
@@ -271,3 +276,49 @@ def test_every_extra_row_names_its_vendor_page_and_year() -> None:
         assert re.search(r"(nvidia|amd|aws\.amazon)\.(com|cn)/", source) or (
             "address not recorded" in source), row["gpu"]
         assert row["confidence"] in ("high", "medium", "low")
+
+
+@pytest.mark.parametrize(("gpu", "note"), [
+    ("K80", "K80 is compute capability 3.7 (Kepler), which CUDA 12 dropped: the machine image "
+            "needs a PyTorch built for CUDA 11"),
+    ("P100", "P100 is compute capability 6.0, below the 7.5 that PyTorch's CUDA 12.8+ wheels "
+             "(the PyPI default since 2.8) are built for: the machine image needs a PyTorch "
+             "built for CUDA 12.6 or older"),
+    ("M60", None), ("P4", None), ("V100 SXM2 32GB", None),
+    ("T4", ""), ("Quadro RTX 6000", ""), ("A100 80GB SXM4", ""), ("MI25", "")])
+def test_old_nvidia_cards_name_the_pytorch_build_they_need(gpu: str, note: str | None) -> None:
+    spec = resolve_gpu_spec(gpu)
+    notes = [n for n in card_notes(Strategy(), spec) if "PyTorch built for CUDA" in n]
+    if note is None:  # the 5.0-7.0 cards: the CUDA 12.6 sentence
+        assert notes == [f"{spec.name} is compute capability {spec.compute_capability}, below "
+                         "the 7.5 that PyTorch's CUDA 12.8+ wheels (the PyPI default since "
+                         "2.8) are built for: the machine image needs a PyTorch built for "
+                         "CUDA 12.6 or older"]
+    else:
+        assert notes == ([note] if note else [])
+
+
+@pytest.mark.parametrize(("gpu", "refused"), [
+    ("T4", True), ("V100 SXM2 16GB", True), ("Titan RTX", True), ("P100", True),
+    ("A10", False), ("RTX A5000", False), ("H100 SXM5", False), ("MI300X", False)])
+def test_flash_attention_is_refused_before_ampere(gpu: str, refused: bool) -> None:
+    spec = load_gpu_spec(gpu)
+    problem = card_problem(Strategy(attention=Attention.FLASH), spec)
+    if refused:
+        assert problem == (f"--attention flash needs flash-attn 2, whose CUDA kernels need "
+                           f"compute capability 8.0+ (Ampere or newer); {gpu} is "
+                           f"{spec.compute_capability}: use --attention sdpa")
+    else:
+        assert problem is None
+    assert card_problem(Strategy(), spec) is None  # sdpa runs everywhere
+
+
+def test_a_t4_plan_with_flash_attention_fixed_is_refused_with_the_reason() -> None:
+    offers = [o for o in _snapshot_offers() if o.gpu == "T4" and o.instance_type][:3]
+    job = Job(model="Qwen/Qwen2.5-0.5B", tokens=5_000_000,
+              strategy=Strategy(method=Method.LORA, attention=Attention.FLASH))
+    result = plan(job, offers=offers, now=SNAPSHOT_FETCHED_AT)
+    assert result.plans == ()
+    assert {r.reason for r in result.rejected} == {
+        "--attention flash needs flash-attn 2, whose CUDA kernels need compute capability 8.0+ "
+        "(Ampere or newer); T4 is 7.5: use --attention sdpa"}
