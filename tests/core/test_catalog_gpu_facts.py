@@ -269,7 +269,7 @@ def test_gpuhunt_spellings_of_the_workstation_cards_are_known(raw: str, memory_g
 
 def test_every_extra_row_names_its_vendor_page_and_year() -> None:
     rows = list(csv.DictReader(io.StringIO(read_data_text("gpu_specs_extra.csv"))))
-    assert len(rows) == 27
+    assert len(rows) == 36
     for row in rows:
         source = row["source"]
         assert re.search(r"\((19|20)\d\d; ", source), row["gpu"]
@@ -322,3 +322,29 @@ def test_a_t4_plan_with_flash_attention_fixed_is_refused_with_the_reason() -> No
     assert {r.reason for r in result.rejected} == {
         "--attention flash needs flash-attn 2, whose CUDA kernels need compute capability 8.0+ "
         "(Ampere or newer); T4 is 7.5: use --attention sdpa"}
+
+
+# --- cards only the live sources list (vast.ai, gpuhunt): known names, facts, ceilings --------
+
+@pytest.mark.parametrize(("raw", "memory_gib", "gpu", "bf16_tflops", "bandwidth_gbs"), [
+    ("RTX2080Ti", 11, "RTX 2080 Ti", 53.8, 616), ("RTX3060Ti", 8, "RTX 3060 Ti", 32.4, 448),
+    ("RTX3080Ti", 12, "RTX 3080 Ti", 68.2, 912), ("RTX3090Ti", 24, "RTX 3090 Ti", 80, 1008),
+    ("RTX4070Ti", 12, "RTX 4070 Ti", 80.1, 504), ("RTX4080", 16, "RTX 4080", 97.5, 716.8),
+    ("RTX4080SUPER", 16, "RTX 4080 Super", 104.5, 736), ("RTX5080", 16, "RTX 5080", 112.6, 960),
+    ("RTX 5000 Ada Generation", 32, "RTX 5000 Ada", 261.1, 576)])
+def test_live_source_cards_are_known_with_their_figures(raw: str, memory_gib: int, gpu: str,
+                                                        bf16_tflops: float,
+                                                        bandwidth_gbs: float) -> None:
+    assert normalise_gpu_name(raw, memory_gib * 2**30) == gpu
+    spec = load_gpu_spec(gpu)
+    assert spec.memory_bytes == memory_gib * 2**30
+    assert spec.bf16_flops_per_s == pytest.approx(bf16_tflops * TERA)
+    assert spec.memory_bandwidth_bytes_per_s == round(bandwidth_gbs * 10**9)
+    assert _missing_facts(spec) == []
+    ceiling = matmul_ceiling(spec, bf16_tflops * TERA, ThroughputAssumptions())
+    # No Turing card has a published matmul measurement: the 2080 Ti, like the T4, takes the
+    # default fraction; the others a measured card of their architecture.
+    assert ceiling.basis == ("default" if gpu == "RTX 2080 Ti" else "sibling")
+    # Turing has no BF16: the 2080 Ti plans fp16 with loss scaling like the T4.
+    assert precision_on(spec, Precision.BF16_MIXED).chosen is (
+        Precision.FP16_MIXED if gpu == "RTX 2080 Ti" else Precision.BF16_MIXED)

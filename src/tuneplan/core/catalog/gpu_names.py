@@ -26,6 +26,9 @@ CANONICAL_GPUS: tuple[str, ...] = (
     "RTX 3080 12GB", "RTX 4060", "RTX 4060 Ti 16GB", "RTX 4070", "RTX 4070 Ti Super",
     "Quadro RTX 6000", "RTX 4000 Ada", "RTX PRO 6000 Blackwell", "MI355X", "Radeon Instinct MI25",
     "Titan RTX",
+    # Cards the live sources (vast.ai, gpuhunt) list beyond the bundled snapshot.
+    "RTX 2080 Ti", "RTX 3060 Ti", "RTX 3080 Ti", "RTX 3090 Ti", "RTX 4070 Ti", "RTX 4080",
+    "RTX 4080 Super", "RTX 5080", "RTX 5000 Ada",
 )
 _CANONICAL_SET = frozenset(CANONICAL_GPUS)
 
@@ -101,7 +104,8 @@ GPU_ALIASES: dict[str, _Variants] = {
     "rtx4060": _by_memory("RTX 4060", 12, "RTX 4060 Ti 16GB"),
     "rtx4070": _by_memory("RTX 4070", 14, "RTX 4070 Ti Super"),
     "rtx6000": ((None, "Quadro RTX 6000"),), "quadrortx6000": ((None, "Quadro RTX 6000"),),
-    "rtx4000ada": ((None, "RTX 4000 Ada"),),
+    "rtx4000ada": ((None, "RTX 4000 Ada"),), "rtx4000adageneration": ((None, "RTX 4000 Ada"),),
+    "rtx5000adageneration": ((None, "RTX 5000 Ada"),),
     "rtxpro6000": ((None, "RTX PRO 6000 Blackwell"),),
     "rtxpro600096gb": ((None, "RTX PRO 6000 Blackwell"),),
     "rtxpro6000wk": ((None, "RTX PRO 6000 Blackwell"),),
