@@ -213,9 +213,10 @@ def test_precision_support_follows_the_card_generation(gpu: str) -> None:
         assert spec.supports_bf16 is (cc >= 8.0)
         assert spec.supports_fp8 is (cc >= 8.9)
     elif spec.vendor == "AMD":
-        # CDNA 2 (gfx90a) has BF16 matrix cores, FP8 from CDNA 3 (gfx942); Vega (gfx900) neither.
+        # CDNA (gfx908, at half its FP16 rate) and CDNA 2 (gfx90a) have BF16 matrix cores,
+        # FP8 from CDNA 3 (gfx942); Vega (gfx900) neither.
         target = spec.compute_capability or ""
-        assert spec.supports_bf16 is (target in ("gfx90a", "gfx942", "gfx950"))
+        assert spec.supports_bf16 is (target in ("gfx908", "gfx90a", "gfx942", "gfx950"))
         assert spec.supports_fp8 is (target in ("gfx942", "gfx950"))
     if not spec.supports_fp8:
         assert spec.fp8_flops_per_s is None
@@ -269,7 +270,7 @@ def test_gpuhunt_spellings_of_the_workstation_cards_are_known(raw: str, memory_g
 
 def test_every_extra_row_names_its_vendor_page_and_year() -> None:
     rows = list(csv.DictReader(io.StringIO(read_data_text("gpu_specs_extra.csv"))))
-    assert len(rows) == 36
+    assert len(rows) == 46
     for row in rows:
         source = row["source"]
         assert re.search(r"\((19|20)\d\d; ", source), row["gpu"]
@@ -331,7 +332,13 @@ def test_a_t4_plan_with_flash_attention_fixed_is_refused_with_the_reason() -> No
     ("RTX3080Ti", 12, "RTX 3080 Ti", 68.2, 912), ("RTX3090Ti", 24, "RTX 3090 Ti", 80, 1008),
     ("RTX4070Ti", 12, "RTX 4070 Ti", 80.1, 504), ("RTX4080", 16, "RTX 4080", 97.5, 716.8),
     ("RTX4080SUPER", 16, "RTX 4080 Super", 104.5, 736), ("RTX5080", 16, "RTX 5080", 112.6, 960),
-    ("RTX 5000 Ada Generation", 32, "RTX 5000 Ada", 261.1, 576)])
+    ("RTX 5000 Ada Generation", 32, "RTX 5000 Ada", 261.1, 576),
+    ("MI100", 32, "MI100", 92.3, 1228.8), ("MI210", 64, "MI210", 181, 1638.4),
+    ("MI250", 128, "MI250", 362.1, 3276.8), ("MI350X", 288, "MI350X", 2307, 8000),
+    ("RTX3070Ti", 8, "RTX 3070 Ti", 43.4, 608), ("RTX4060Ti", 8, "RTX 4060 Ti 8GB", 44.1, 288),
+    ("RTX4060Ti", 16, "RTX 4060 Ti 16GB", 44.1, 288),
+    ("RTX4070SUPER", 12, "RTX 4070 Super", 71, 504), ("RTX5070", 12, "RTX 5070", 61.8, 672),
+    ("RTX5070Ti", 16, "RTX 5070 Ti", 87.9, 896), ("RTX2000Ada", 16, "RTX 2000 Ada", 48, 224)])
 def test_live_source_cards_are_known_with_their_figures(raw: str, memory_gib: int, gpu: str,
                                                         bf16_tflops: float,
                                                         bandwidth_gbs: float) -> None:

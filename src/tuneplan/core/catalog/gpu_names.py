@@ -28,7 +28,8 @@ CANONICAL_GPUS: tuple[str, ...] = (
     "Titan RTX",
     # Cards the live sources (vast.ai, gpuhunt) list beyond the bundled snapshot.
     "RTX 2080 Ti", "RTX 3060 Ti", "RTX 3080 Ti", "RTX 3090 Ti", "RTX 4070 Ti", "RTX 4080",
-    "RTX 4080 Super", "RTX 5080", "RTX 5000 Ada",
+    "RTX 4080 Super", "RTX 5080", "RTX 5000 Ada", "MI100", "MI210", "MI250", "MI350X",
+    "RTX 3070 Ti", "RTX 4060 Ti 8GB", "RTX 4070 Super", "RTX 5070", "RTX 5070 Ti", "RTX 2000 Ada",
 )
 _CANONICAL_SET = frozenset(CANONICAL_GPUS)
 
@@ -102,6 +103,8 @@ GPU_ALIASES: dict[str, _Variants] = {
     "rtxa5000": ((None, "RTX A5000"),), "rtx3060": ((None, "RTX 3060"),),
     "rtx3070": ((None, "RTX 3070"),), "rtx3080": _by_memory("RTX 3080", 11, "RTX 3080 12GB"),
     "rtx4060": _by_memory("RTX 4060", 12, "RTX 4060 Ti 16GB"),
+    "rtx4060ti": _by_memory("RTX 4060 Ti 8GB", 12, "RTX 4060 Ti 16GB"),
+    "rtx2000ada": ((None, "RTX 2000 Ada"),), "rtx2000adageneration": ((None, "RTX 2000 Ada"),),
     "rtx4070": _by_memory("RTX 4070", 14, "RTX 4070 Ti Super"),
     "rtx6000": ((None, "Quadro RTX 6000"),), "quadrortx6000": ((None, "Quadro RTX 6000"),),
     "rtx4000ada": ((None, "RTX 4000 Ada"),), "rtx4000adageneration": ((None, "RTX 4000 Ada"),),
