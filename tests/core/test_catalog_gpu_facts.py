@@ -271,7 +271,7 @@ def test_gpuhunt_spellings_of_the_workstation_cards_are_known(raw: str, memory_g
 
 def test_every_extra_row_names_its_vendor_page_and_year() -> None:
     rows = list(csv.DictReader(io.StringIO(read_data_text("gpu_specs_extra.csv"))))
-    assert len(rows) == 46
+    assert len(rows) == 59
     for row in rows:
         source = row["source"]
         assert re.search(r"\((19|20)\d\d; ", source), row["gpu"]
@@ -339,7 +339,13 @@ def test_a_t4_plan_with_flash_attention_fixed_is_refused_with_the_reason() -> No
     ("RTX3070Ti", 8, "RTX 3070 Ti", 43.4, 608), ("RTX4060Ti", 8, "RTX 4060 Ti 8GB", 44.1, 288),
     ("RTX4060Ti", 16, "RTX 4060 Ti 16GB", 44.1, 288),
     ("RTX4070SUPER", 12, "RTX 4070 Super", 71, 504), ("RTX5070", 12, "RTX 5070", 61.8, 672),
-    ("RTX5070Ti", 16, "RTX 5070 Ti", 87.9, 896), ("RTX2000Ada", 16, "RTX 2000 Ada", 48, 224)])
+    ("RTX5070Ti", 16, "RTX 5070 Ti", 87.9, 896), ("RTX2000Ada", 16, "RTX 2000 Ada", 48, 224),
+    ("RTX2060", 6, "RTX 2060", 25.8, 336), ("RTX2060", 12, "RTX 2060 12GB", 28.7, 336),
+    ("RTX2080SUPER", 8, "RTX 2080 Super", 44.6, 496), ("RTX3050", 8, "RTX 3050", 18.2, 224),
+    ("RTX3050", 6, "RTX 3050 6GB", 13.6, 168), ("RTX3060", 8, "RTX 3060 8GB", 25.4, 240),
+    ("RTX3060", 12, "RTX 3060", 25.4, 360), ("RTX5060", 8, "RTX 5060", 38.4, 448),
+    ("RTX5060Ti", 8, "RTX 5060 Ti 8GB", 47.4, 448),
+    ("RTX5060Ti", 16, "RTX 5060 Ti 16GB", 47.4, 448)])
 def test_live_source_cards_are_known_with_their_figures(raw: str, memory_gib: int, gpu: str,
                                                         bf16_tflops: float,
                                                         bandwidth_gbs: float) -> None:
@@ -352,20 +358,18 @@ def test_live_source_cards_are_known_with_their_figures(raw: str, memory_gib: in
     ceiling = matmul_ceiling(spec, bf16_tflops * TERA, ThroughputAssumptions())
     # No Turing card has a published matmul measurement: the 2080 Ti, like the T4, takes the
     # default fraction; the others a measured card of their architecture.
-    assert ceiling.basis == ("default" if gpu == "RTX 2080 Ti" else "sibling")
-    # Turing has no BF16: the 2080 Ti plans fp16 with loss scaling like the T4.
+    turing = spec.architecture.startswith("Turing")
+    assert ceiling.basis == ("default" if turing else "sibling")
+    # Turing has no BF16: the RTX 20 cards plan fp16 with loss scaling like the T4.
     assert precision_on(spec, Precision.BF16_MIXED).chosen is (
-        Precision.FP16_MIXED if gpu == "RTX 2080 Ti" else Precision.BF16_MIXED)
+        Precision.FP16_MIXED if turing else Precision.BF16_MIXED)
 
 
-#: gpuhunt names no spec covers yet, with why: Turing GeForce 20-series below the 2080 Ti,
-#: entry RTX 3050 / 5060 parts, the RTX PRO 4500 (no dense figures found), the MI300A (an
-#: APU whose HBM the CPU shares: the usable-memory rule would overstate it), the MI308X
-#: (China-only, no public datasheet) and the first Gaudi. Each is reported as an unknown GPU
-#: name by an import, never dropped silently.
-GPUHUNT_UNCOVERED = {"RTX2060", "RTX2060SUPER", "RTX2070", "RTX2070SUPER", "RTX2080",
-                     "RTX2080SUPER", "RTX3050", "RTX5060", "RTX5060Ti", "RTXPRO4500", "MI300A",
-                     "MI308X", "Gaudi"}
+#: gpuhunt names no spec covers yet, with why: the RTX PRO 4500 (no dense figures found), the
+#: MI300A (an APU whose HBM the CPU shares: the usable-memory rule would overstate it), the
+#: MI308X (China-only, no public datasheet) and the first Gaudi. Each is reported as an unknown
+#: GPU name by an import, never dropped silently.
+GPUHUNT_UNCOVERED = {"RTXPRO4500", "MI300A", "MI308X", "Gaudi"}
 
 
 def test_every_gpuhunt_gpu_but_the_listed_few_maps_to_a_spec_with_its_facts() -> None:
@@ -381,3 +385,9 @@ def test_every_gpuhunt_gpu_but_the_listed_few_maps_to_a_spec_with_its_facts() ->
             continue
         assert set(_missing_facts(load_gpu_spec(gpu))) <= KNOWN_GAPS.get(gpu, set()), gpu
     assert unknown == GPUHUNT_UNCOVERED
+
+
+def test_a_bare_rtx_3060_or_3050_without_a_memory_hint_is_the_card_sold_under_that_name() -> None:
+    assert normalise_gpu_name("RTX_3060") == "RTX 3060"  # 12 GB
+    assert normalise_gpu_name("RTX_3050") == "RTX 3050"  # 8 GB
+    assert normalise_gpu_name("RTX_2060") == "RTX 2060"  # 6 GB, the first

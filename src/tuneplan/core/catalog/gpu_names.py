@@ -30,6 +30,9 @@ CANONICAL_GPUS: tuple[str, ...] = (
     "RTX 2080 Ti", "RTX 3060 Ti", "RTX 3080 Ti", "RTX 3090 Ti", "RTX 4070 Ti", "RTX 4080",
     "RTX 4080 Super", "RTX 5080", "RTX 5000 Ada", "MI100", "MI210", "MI250", "MI350X",
     "RTX 3070 Ti", "RTX 4060 Ti 8GB", "RTX 4070 Super", "RTX 5070", "RTX 5070 Ti", "RTX 2000 Ada",
+    "RTX 2060", "RTX 2060 12GB", "RTX 2060 Super", "RTX 2070", "RTX 2070 Super", "RTX 2080",
+    "RTX 2080 Super", "RTX 3050", "RTX 3050 6GB", "RTX 3060 8GB", "RTX 5060", "RTX 5060 Ti 8GB",
+    "RTX 5060 Ti 16GB",
 )
 _CANONICAL_SET = frozenset(CANONICAL_GPUS)
 
@@ -100,7 +103,10 @@ GPU_ALIASES: dict[str, _Variants] = {
     # workstation cards: A4000, A4500, A5000, A6000.
     "rtxa4500": ((None, "RTX A4500"),), "a4500": ((None, "RTX A4500"),),
     "a2000": _by_memory("RTX A2000", 9, "RTX A2000 12GB"), "a5000": ((None, "RTX A5000"),),
-    "rtxa5000": ((None, "RTX A5000"),), "rtx3060": ((None, "RTX 3060"),),
+    "rtxa5000": ((None, "RTX A5000"),), "rtx3060": _by_memory("RTX 3060 8GB", 10, "RTX 3060"),
+    "rtx2060": _by_memory("RTX 2060", 9, "RTX 2060 12GB"),
+    "rtx3050": _by_memory("RTX 3050 6GB", 7, "RTX 3050"),
+    "rtx5060ti": _by_memory("RTX 5060 Ti 8GB", 12, "RTX 5060 Ti 16GB"),
     "rtx3070": ((None, "RTX 3070"),), "rtx3080": _by_memory("RTX 3080", 11, "RTX 3080 12GB"),
     "rtx4060": _by_memory("RTX 4060", 12, "RTX 4060 Ti 16GB"),
     "rtx4060ti": _by_memory("RTX 4060 Ti 8GB", 12, "RTX 4060 Ti 16GB"),
@@ -116,6 +122,11 @@ GPU_ALIASES: dict[str, _Variants] = {
     "mi355x": ((None, "MI355X"),), "radeonmi25": ((None, "Radeon Instinct MI25"),),
     "mi25": ((None, "Radeon Instinct MI25"),),
 }
+
+#: Where the variant a bare name means without a memory hint is not the smallest: the card sold
+#: under the plain name (the 12 GB RTX 3060 and the 8 GB RTX 3050 came first; the other sizes
+#: are later, rarer cards), so that a canonical name respelled still maps to itself.
+_DEFAULT_VARIANT: dict[str, str] = {"rtx3060": "RTX 3060", "rtx3050": "RTX 3050"}
 
 
 def gpu_name_key(raw: str) -> str:
@@ -143,7 +154,7 @@ def normalise_gpu_name(raw: str, memory_hint_bytes: int | None = None) -> str:
             return _CANONICAL_BY_KEY[key]
         raise UnknownGpuError(f"unknown GPU name {raw!r}: add it to GPU_ALIASES", raw=raw)
     if memory_hint_bytes is None or memory_hint_bytes <= 0:
-        return variants[0][1]
+        return _DEFAULT_VARIANT.get(key, variants[0][1])
     for limit, name in variants:
         if limit is None or memory_hint_bytes < limit:
             return name
