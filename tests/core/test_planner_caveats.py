@@ -48,8 +48,10 @@ def test_fit_full_on_a_card_without_bf16_plans_fp16_mixed_with_the_amp_layout(gp
         "layout": "fp32 trainable weights (the optimizer's masters) with fp16 autocast copies "
                   "for the matmuls; activations in fp16"}
     assert report.base.precision is Precision.FP16_MIXED
-    assert report.notes == (f"no BF16 on {gpu}: " + FP16_WHY.format(
-        gpu=gpu, arch=NO_BF16[gpu]).split(": ", 1)[1],)
+    assert report.notes[0] == f"no BF16 on {gpu}: " + FP16_WHY.format(
+        gpu=gpu, arch=NO_BF16[gpu]).split(": ", 1)[1]
+    # A V100 (7.0) also needs an older PyTorch build than PyPI's default; a T4 (7.5) does not.
+    assert len(report.notes) == (2 if gpu.startswith("V100") else 1)
     # The memory is HF Trainer fp16=True over an fp32 model: 4 B weights + 4 B grads + 8 B
     # AdamW per parameter, never pure-fp16 weights (GradScaler refuses fp16 gradients).
     model = resolve_model(LLAMA8B)

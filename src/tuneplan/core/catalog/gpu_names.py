@@ -26,6 +26,13 @@ CANONICAL_GPUS: tuple[str, ...] = (
     "RTX 3080 12GB", "RTX 4060", "RTX 4060 Ti 16GB", "RTX 4070", "RTX 4070 Ti Super",
     "Quadro RTX 6000", "RTX 4000 Ada", "RTX PRO 6000 Blackwell", "MI355X", "Radeon Instinct MI25",
     "Titan RTX",
+    # Cards the live sources (vast.ai, gpuhunt) list beyond the bundled snapshot.
+    "RTX 2080 Ti", "RTX 3060 Ti", "RTX 3080 Ti", "RTX 3090 Ti", "RTX 4070 Ti", "RTX 4080",
+    "RTX 4080 Super", "RTX 5080", "RTX 5000 Ada", "MI100", "MI210", "MI250", "MI350X",
+    "RTX 3070 Ti", "RTX 4060 Ti 8GB", "RTX 4070 Super", "RTX 5070", "RTX 5070 Ti", "RTX 2000 Ada",
+    "RTX 2060", "RTX 2060 12GB", "RTX 2060 Super", "RTX 2070", "RTX 2070 Super", "RTX 2080",
+    "RTX 2080 Super", "RTX 3050", "RTX 3050 6GB", "RTX 3060 8GB", "RTX 5060", "RTX 5060 Ti 8GB",
+    "RTX 5060 Ti 16GB",
 )
 _CANONICAL_SET = frozenset(CANONICAL_GPUS)
 
@@ -92,19 +99,34 @@ GPU_ALIASES: dict[str, _Variants] = {
     "a16": ((None, "A16"),), "a30": ((None, "A30"),), "a800": ((None, "A800 80GB PCIe"),),
     "rtxa2000": _by_memory("RTX A2000", 9, "RTX A2000 12GB"),
     "a4000": ((None, "RTX A4000"),), "rtxa4000": ((None, "RTX A4000"),),
-    "rtxa4500": ((None, "RTX A4500"),), "a5000": ((None, "RTX A5000"),),
-    "rtxa5000": ((None, "RTX A5000"),), "rtx3060": ((None, "RTX 3060"),),
+    # gpuhunt 0.1.34 (constraints.py KNOWN_NVIDIA_GPUS) drops the "RTX" of the Ampere
+    # workstation cards: A4000, A4500, A5000, A6000.
+    "rtxa4500": ((None, "RTX A4500"),), "a4500": ((None, "RTX A4500"),),
+    "a2000": _by_memory("RTX A2000", 9, "RTX A2000 12GB"), "a5000": ((None, "RTX A5000"),),
+    "rtxa5000": ((None, "RTX A5000"),), "rtx3060": _by_memory("RTX 3060 8GB", 10, "RTX 3060"),
+    "rtx2060": _by_memory("RTX 2060", 9, "RTX 2060 12GB"),
+    "rtx3050": _by_memory("RTX 3050 6GB", 7, "RTX 3050"),
+    "rtx5060ti": _by_memory("RTX 5060 Ti 8GB", 12, "RTX 5060 Ti 16GB"),
     "rtx3070": ((None, "RTX 3070"),), "rtx3080": _by_memory("RTX 3080", 11, "RTX 3080 12GB"),
     "rtx4060": _by_memory("RTX 4060", 12, "RTX 4060 Ti 16GB"),
+    "rtx4060ti": _by_memory("RTX 4060 Ti 8GB", 12, "RTX 4060 Ti 16GB"),
+    "rtx2000ada": ((None, "RTX 2000 Ada"),), "rtx2000adageneration": ((None, "RTX 2000 Ada"),),
     "rtx4070": _by_memory("RTX 4070", 14, "RTX 4070 Ti Super"),
     "rtx6000": ((None, "Quadro RTX 6000"),), "quadrortx6000": ((None, "Quadro RTX 6000"),),
-    "rtx4000ada": ((None, "RTX 4000 Ada"),),
+    "rtx4000ada": ((None, "RTX 4000 Ada"),), "rtx4000adageneration": ((None, "RTX 4000 Ada"),),
+    "rtx5000adageneration": ((None, "RTX 5000 Ada"),),
     "rtxpro6000": ((None, "RTX PRO 6000 Blackwell"),),
     "rtxpro600096gb": ((None, "RTX PRO 6000 Blackwell"),),
     "rtxpro6000wk": ((None, "RTX PRO 6000 Blackwell"),),
     "rtxpro6000s": ((None, "RTX PRO 6000 Blackwell"),),
     "mi355x": ((None, "MI355X"),), "radeonmi25": ((None, "Radeon Instinct MI25"),),
+    "mi25": ((None, "Radeon Instinct MI25"),),
 }
+
+#: Where the variant a bare name means without a memory hint is not the smallest: the card sold
+#: under the plain name (the 12 GB RTX 3060 and the 8 GB RTX 3050 came first; the other sizes
+#: are later, rarer cards), so that a canonical name respelled still maps to itself.
+_DEFAULT_VARIANT: dict[str, str] = {"rtx3060": "RTX 3060", "rtx3050": "RTX 3050"}
 
 
 def gpu_name_key(raw: str) -> str:
@@ -132,7 +154,7 @@ def normalise_gpu_name(raw: str, memory_hint_bytes: int | None = None) -> str:
             return _CANONICAL_BY_KEY[key]
         raise UnknownGpuError(f"unknown GPU name {raw!r}: add it to GPU_ALIASES", raw=raw)
     if memory_hint_bytes is None or memory_hint_bytes <= 0:
-        return variants[0][1]
+        return _DEFAULT_VARIANT.get(key, variants[0][1])
     for limit, name in variants:
         if limit is None or memory_hint_bytes < limit:
             return name

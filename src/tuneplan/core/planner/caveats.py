@@ -47,6 +47,19 @@ BNB_ROCM_TARGETS: dict[str, str] = {
 }
 BNB_VERSION = "bitsandbytes 0.50.0"
 
+#: flash-attn 2's CUDA kernels are built for Ampere and newer only: its README ("FlashAttention-2
+#: with CUDA currently supports: Ampere, Ada, or Hopper GPUs", Turing pointed to a separate
+#: project) and setup.py, whose kernel sources are all ``*_sm80.cu``. Compute capability 8.0+.
+FLASH_ATTN_MIN_CAPABILITY = 8.0
+#: PyTorch's CUDA 12.8 and later wheels, PyPI's default from PyTorch 2.8, carry kernels for
+#: compute capability 7.5 and newer only; its CUDA 12.6 wheels keep 5.0 to 9.0 (the 2.8/2.9
+#: release plan on PyTorch's GitHub tracker, "Delete support for Maxwell, Pascal, and Volta
+#: architectures for CUDA 12.8 and 12.9 builds").
+TORCH_DEFAULT_WHEEL_MIN_CAPABILITY = 7.5
+#: CUDA 12.0 removed the Kepler targets sm_35 and sm_37 (CUDA 12.0 release notes; LLVM's CUDA
+#: support table, llvm-project D152027): a card below 5.0 runs only CUDA 11 builds of PyTorch.
+CUDA12_MIN_CAPABILITY = 5.0
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PrecisionChoice:
@@ -138,12 +151,22 @@ def _capability(gpu: GpuSpec) -> float | None:
         return None
 
 
+def _nvidia_capability(gpu: GpuSpec) -> float | None:
+    return _capability(gpu) if gpu.vendor.strip().upper() == "NVIDIA" else None
+
+
 def card_problem(strategy: Strategy, gpu: GpuSpec) -> str | None:
     """Why ``gpu`` cannot run ``strategy`` at all for a card fact (pure bf16 without BF16;
-    bitsandbytes has no kernel for it), or None."""
+    flash-attn 2 before Ampere; bitsandbytes has no kernel for it), or None."""
     if gpu.supports_bf16 is False and strategy.precision is Precision.BF16:
         return (f"no BF16 on {gpu.name}: pure bf16 training needs it "
                 "(--precision fp16-mixed would run)")
+    cc = _nvidia_capability(gpu)
+    if (strategy.attention is Attention.FLASH and cc is not None
+            and cc < FLASH_ATTN_MIN_CAPABILITY):
+        return (f"--attention flash needs flash-attn 2, whose CUDA kernels need compute "
+                f"capability {FLASH_ATTN_MIN_CAPABILITY:.1f}+ (Ampere or newer); {gpu.name} is "
+                f"{gpu.compute_capability}: use --attention sdpa")
     use = bitsandbytes_use(strategy)
     if use is None:
         return None
@@ -154,13 +177,12 @@ def card_problem(strategy: Strategy, gpu: GpuSpec) -> str | None:
                     f"({target or 'unknown target'}) in {BNB_VERSION}; use --method lora "
                     "and --optimizer adamw")
         return None
-    if gpu.vendor.strip().upper() != "NVIDIA":
+    if cc is None:
         return None
-    cc = _capability(gpu)
-    if cc is not None and effective_quant(strategy) is Quant.INT8 and cc < 7.5:
+    if effective_quant(strategy) is Quant.INT8 and cc < 7.5:
         return (f"LLM.int8() (lora8bit) needs compute capability 7.5+, {gpu.name} is "
                 f"{gpu.compute_capability} ({BNB_VERSION}); use --method qlora or lora")
-    if cc is not None and cc < 6.0:
+    if cc < 6.0:
         return (f"{use} need compute capability 6.0+ in {BNB_VERSION}, {gpu.name} is "
                 f"{gpu.compute_capability}")
     return None
@@ -168,12 +190,22 @@ def card_problem(strategy: Strategy, gpu: GpuSpec) -> str | None:
 
 def card_notes(strategy: Strategy, gpu: GpuSpec) -> list[str]:
     """Things to know about running ``strategy`` on ``gpu`` (each one line): the precision it
-    trains in where that differs from the one asked, and bitsandbytes on AMD."""
+    trains in where that differs from the one asked, the PyTorch build an old NVIDIA card
+    needs, and bitsandbytes on AMD."""
     out: list[str] = []
     if gpu.supports_bf16 is False and strategy.precision.is_mixed:
         # fp16-mixed here is what a bf16-mixed job becomes (or was asked): the same sentence.
         why = precision_on(gpu, Precision.BF16_MIXED).why
         out.append(f"no BF16 on {gpu.name}: " + why.split(": ", 1)[1])
+    cc = _nvidia_capability(gpu)
+    if cc is not None and cc < CUDA12_MIN_CAPABILITY:
+        out.append(f"{gpu.name} is compute capability {gpu.compute_capability} (Kepler), which "
+                   "CUDA 12 dropped: the machine image needs a PyTorch built for CUDA 11")
+    elif cc is not None and cc < TORCH_DEFAULT_WHEEL_MIN_CAPABILITY:
+        out.append(f"{gpu.name} is compute capability {gpu.compute_capability}, below the "
+                   f"{TORCH_DEFAULT_WHEEL_MIN_CAPABILITY:.1f} that PyTorch's CUDA 12.8+ wheels "
+                   "(the PyPI default since 2.8) are built for: the machine image needs a "
+                   "PyTorch built for CUDA 12.6 or older")
     use = bitsandbytes_use(strategy)
     if use is not None and _is_amd(gpu) and card_problem(strategy, gpu) is None:
         target = (gpu.compute_capability or "").lower()
