@@ -167,6 +167,34 @@ def test_every_catalog_gpu_gets_a_gpuhunt_name_or_a_refusal(offers: list[Offer])
         assert (name, memory) in known if memory else name in names, gpu
 
 
+def test_every_gpu_gpuhunt_knows_is_named_back_as_gpuhunt_names_it() -> None:
+    """The way back: each (name, memory) of gpuhunt's known GPUs that the alias table maps to
+    a card of ours gets exactly that gpuhunt name (with the memory where the name alone is
+    ambiguous) in dstack's files; AMD cards among them get the ROCm image."""
+    constraints = pytest.importorskip("gpuhunt._internal.constraints")
+    from collections import Counter
+
+    from tuneplan.adapters.bundled import load_gpu_spec
+    from tuneplan.core.catalog.gpu_names import UnknownGpuError, normalise_gpu_name
+
+    known = [*constraints.KNOWN_NVIDIA_GPUS, *constraints.KNOWN_AMD_GPUS]
+    repeated = Counter(info.name for info in known)
+    checked = 0
+    for info in known:
+        try:
+            gpu = normalise_gpu_name(info.name, info.memory * 2**30)
+        except UnknownGpuError:
+            continue
+        want = info.name if repeated[info.name] == 1 else f"{info.name}:{info.memory}GB"
+        got = targets.dstack_gpu(gpu)
+        assert got is not None and got.split(":")[0] == info.name, gpu
+        if repeated[info.name] > 1:
+            assert got == want, gpu
+        assert (gpu in targets.AMD_GPUS) is (load_gpu_spec(gpu).vendor == "AMD"), gpu
+        checked += 1
+    assert checked >= 75
+
+
 def test_dstack_tables_are_dstacks_own() -> None:
     if DSTACK_SRC is None:
         pytest.skip("dstack not installed")

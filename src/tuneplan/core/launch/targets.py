@@ -219,9 +219,25 @@ GPUHUNT_NAMES: dict[str, tuple[str, int | None]] = {
     "RTX 4060 Ti 16GB": ("RTX4060Ti", 16), "RTX 4070": ("RTX4070", None),
     "RTX 4070 Ti Super": ("RTX4070TiSUPER", None), "Quadro RTX 6000": ("RTX6000", None),
     "RTX 4000 Ada": ("RTX4000Ada", None), "RTX PRO 6000 Blackwell": ("RTXPRO6000", None),
+    "RTX 2060": ("RTX2060", 6), "RTX 2060 12GB": ("RTX2060", 12),
+    "RTX 2060 Super": ("RTX2060SUPER", None), "RTX 2070": ("RTX2070", None),
+    "RTX 2070 Super": ("RTX2070SUPER", None), "RTX 2080": ("RTX2080", None),
+    "RTX 2080 Super": ("RTX2080SUPER", None), "RTX 2080 Ti": ("RTX2080Ti", None),
+    "RTX 3050 6GB": ("RTX3050", 6), "RTX 3050": ("RTX3050", 8),
+    "RTX 3060 8GB": ("RTX3060", 8), "RTX 3060 Ti": ("RTX3060Ti", None),
+    "RTX 3070 Ti": ("RTX3070Ti", None), "RTX 3080 Ti": ("RTX3080Ti", None),
+    "RTX 3090 Ti": ("RTX3090Ti", None), "RTX 4060 Ti 8GB": ("RTX4060Ti", 8),
+    "RTX 4070 Super": ("RTX4070SUPER", None), "RTX 4070 Ti": ("RTX4070Ti", None),
+    "RTX 4080": ("RTX4080", None), "RTX 4080 Super": ("RTX4080SUPER", None),
+    "RTX 5060": ("RTX5060", None), "RTX 5060 Ti 8GB": ("RTX5060Ti", 8),
+    "RTX 5060 Ti 16GB": ("RTX5060Ti", 16), "RTX 5070": ("RTX5070", None),
+    "RTX 5070 Ti": ("RTX5070Ti", None), "RTX 5080": ("RTX5080", None),
+    "RTX 2000 Ada": ("RTX2000Ada", None), "MI100": ("MI100", None), "MI210": ("MI210", None),
+    "MI250": ("MI250", None), "MI350X": ("MI350X", None),
 }
 #: AMD GPUs: dstack runs them from a ROCm image (dstack's AMD examples use rocm/pytorch).
-AMD_GPUS = frozenset({"MI250X", "MI300X", "MI325X", "MI355X", "Radeon Instinct MI25"})
+AMD_GPUS = frozenset({"MI100", "MI210", "MI250", "MI250X", "MI300X", "MI325X", "MI350X",
+                      "MI355X", "Radeon Instinct MI25"})
 ROCM_IMAGE = "rocm/pytorch:rocm6.3.3_ubuntu22.04_py3.10_pytorch_release_2.4.0"
 
 
