@@ -32,6 +32,7 @@ from tuneplan.core.job.methods import (
 )
 from tuneplan.core.job.strategy import Attention, Checkpointing, Precision, Strategy, Task
 from tuneplan.core.models import LinearRole, ModelSpec
+from tuneplan.core.models.provenance import structure_note
 from tuneplan.errors import UnsupportedError
 from tuneplan.explain import Breakdown, Term
 from tuneplan.units import HOUR_S
@@ -388,6 +389,8 @@ def estimate_throughput(model: ModelShape | ModelSpec, strategy: Strategy, gpu: 
     peak, notes = peak_flops_per_s(gpu, s.precision)
     fused = fused_qkv_note(shape.spec, s)
     notes += [fused] if fused else []
+    structure = structure_note(shape.spec)
+    notes += [structure] if structure else []
     notes += _unmodelled(s)
     step, comm, comm_s, more = step_time(
         model=shape, strategy=s, links=links or NodeLinks(), gpu=gpu, assumptions=a, peak=peak,
