@@ -60,6 +60,12 @@ def _parsers() -> dict[str, _Parser]:
         parse_phi,
         parse_stablelm,
     )
+    from tuneplan.core.models.remote import (
+        parse_baichuan,
+        parse_chatglm,
+        parse_internlm2,
+        parse_qwen1,
+    )
 
     return {
         **dict.fromkeys(TRAITS, parse_llama_like),
@@ -75,6 +81,11 @@ def _parsers() -> dict[str, _Parser]:
         "t5": parse_t5,
         "mt5": parse_t5,
         "bert": parse_bert,
+        # remote-code families (their repositories' modeling code is never run)
+        "qwen": parse_qwen1,
+        "baichuan": parse_baichuan,
+        "chatglm": parse_chatglm,
+        "internlm2": parse_internlm2,
     }
 
 
