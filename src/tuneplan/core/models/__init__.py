@@ -55,10 +55,12 @@ def _parsers() -> dict[str, _Parser]:
         parse_bloom,
         parse_falcon,
         parse_gpt2,
+        parse_gpt_bigcode,
         parse_gpt_neox,
         parse_opt,
         parse_phi,
         parse_stablelm,
+        parse_starcoder2,
     )
     from tuneplan.core.models.remote import (
         parse_baichuan,
@@ -78,6 +80,8 @@ def _parsers() -> dict[str, _Parser]:
         "falcon": parse_falcon,
         "phi": parse_phi,
         "stablelm": parse_stablelm,
+        "gpt_bigcode": parse_gpt_bigcode,
+        "starcoder2": parse_starcoder2,
         "t5": parse_t5,
         "mt5": parse_t5,
         "bert": parse_bert,
