@@ -194,9 +194,8 @@ def test_every_supported_type_has_a_case() -> None:
 
 
 def _bundled() -> list[str]:
-    from importlib import resources
-
     import csv
+    from importlib import resources
 
     folder = resources.files("tuneplan.data") / "models"
     rows = csv.DictReader((folder / "INDEX.csv").read_text().splitlines())

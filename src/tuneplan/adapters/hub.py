@@ -96,7 +96,7 @@ def spec_from_config(config: dict[str, Any], *, name: str) -> ModelSpec:
     device (``adapters.probe.meta``; the spec says so). Raises ModelConfigError."""
     try:
         return parse_model_config(config, name=name)
-    except ModelConfigError:
+    except ModelConfigError as exc:
         from tuneplan.core.models import SUPPORTED_MODEL_TYPES
 
         model_type = config.get("model_type") if isinstance(config, dict) else None
@@ -105,6 +105,10 @@ def spec_from_config(config: dict[str, Any], *, name: str) -> ModelSpec:
         from tuneplan.adapters.probe.meta import spec_from_transformers, transformers_knows
 
         if not transformers_knows(model_type):
+            if "auto_map" in config:
+                raise ModelConfigError(
+                    f"{exc}; its config asks for remote code (auto_map), which tuneplan never "
+                    "runs", problems=exc.problems) from exc
             raise
         return spec_from_transformers(config, name=name)
 

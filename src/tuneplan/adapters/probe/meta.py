@@ -100,7 +100,7 @@ def _build(config: dict[str, Any], name: str) -> ModelSpec:
         hf = CONFIG_MAPPING[model_type].from_dict(
             {k: v for k, v in config.items() if k not in _DROP_KEYS})
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(hf)
+            model = AutoModelForCausalLM.from_config(hf)  # type: ignore[no-untyped-call]
     except Exception as exc:  # the library's own validation of the config, in one line
         first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
         raise ModelConfigError(f"{name}: transformers {version} cannot build this "
