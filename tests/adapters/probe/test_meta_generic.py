@@ -77,14 +77,24 @@ def test_estimate_says_the_generic_path_was_used() -> None:
     assert any("meta device" in note and "confidence medium" in note for note in est.notes)
 
 
-def test_state_space_blocks_are_counted_and_their_memory_refused() -> None:
-    config = {"model_type": "mamba", "hidden_size": 64, "num_hidden_layers": 2,
-              "vocab_size": 128, "state_size": 8}
-    spec = spec_from_config(config, name="mamba")
+@pytest.mark.parametrize("config", [
+    {"model_type": "mamba", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 128,
+     "state_size": 8},
+    {"model_type": "mamba2", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 128,
+     "num_heads": 4, "head_dim": 32, "expand": 2, "n_groups": 1, "state_size": 16},
+], ids=lambda c: c["model_type"])
+def test_state_space_blocks_are_counted_and_their_estimates_refused(
+        config: dict[str, Any]) -> None:
+    from tuneplan.adapters.bundled import resolve_gpu_spec
+    from tuneplan.core.compute.throughput import estimate_throughput
+
+    spec = spec_from_config(config, name=config["model_type"])
     assert count_parameters(spec).total == _built_total(config)
     assert spec.extra["state_space"] and spec.extra["confidence"] == "low"
     with pytest.raises(UnsupportedError, match=r"state-space .* not modelled"):
         estimate_memory(spec, Strategy(seq_len=32))
+    with pytest.raises(UnsupportedError, match=r"state-space .* not modelled"):
+        estimate_throughput(spec, Strategy(seq_len=32), resolve_gpu_spec("H100"))
 
 
 def test_unknown_type_with_remote_code_is_refused_never_run() -> None:

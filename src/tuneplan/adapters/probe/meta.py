@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from functools import cache
+from functools import lru_cache
 from typing import Any
 
 from tuneplan.core.models import (
@@ -57,7 +57,7 @@ def spec_from_transformers(config: Mapping[str, Any], *, name: str) -> ModelSpec
     return _spec_cached(text, name)
 
 
-@cache
+@lru_cache(maxsize=32)
 def _spec_cached(text: str, name: str) -> ModelSpec:
     return _build(json.loads(text), name)
 

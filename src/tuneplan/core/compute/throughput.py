@@ -376,6 +376,9 @@ def estimate_throughput(model: ModelShape | ModelSpec, strategy: Strategy, gpu: 
     """
     check_speed_strategy(strategy)
     shape = as_shape(model)
+    if shape.spec.extra.get("state_space"):
+        raise UnsupportedError(f"{shape.spec.model_type} has state-space (Mamba-style) mixer "
+                               "blocks: their scan FLOPs and time are not modelled")
     context_limit = context_problem(shape.spec, strategy)
     if context_limit:
         raise UnsupportedError(context_limit)
