@@ -28,7 +28,10 @@ def parse_qwen1(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
     d = read_dims(r, DimKeys(kv_heads=(), head_dim=("kv_channels",), max_pos=(
         "max_position_embeddings", "seq_length")))
     no_bias = r.get_bool("no_bias", default=True)
-    inner = r.get_int("intermediate_size", default=22016) // 2
+    full = r.get_int("intermediate_size", default=22016)
+    r.check(full >= 2, ("intermediate_size",),
+            f"intermediate_size={full} must be at least 2 (w1 and w2 are half of it)")
+    inner = max(full // 2, 1)
     d = dataclasses.replace(d, inter=inner)
     proj = d.heads * d.head_dim
     linears = (lin("c_attn", d.hidden, 3 * proj, bias=True),
