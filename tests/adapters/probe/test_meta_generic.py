@@ -109,3 +109,10 @@ def test_a_config_transformers_cannot_build_is_one_line() -> None:
         spec_from_config({"model_type": "cohere", **_TINY, "hidden_act": "no-such-act"},
                          name="bad")
     assert "\n" not in str(info.value)
+
+
+def test_a_module_tree_too_deep_to_build_is_refused_unbuilt() -> None:
+    with pytest.raises(ModelConfigError, match="1 to 1,000 blocks"):
+        spec_from_config({"model_type": "cohere", **_TINY, "num_hidden_layers": 5000},
+                         name="deep")
+

@@ -32,7 +32,6 @@ from tuneplan.core.models import (
     count_parameters,
 )
 from tuneplan.core.models.blocks import group_blocks
-from tuneplan.core.models.config import MAX_LAYERS
 from tuneplan.errors import ModelConfigError
 
 #: ``ModelSpec.extra["structure"]`` of a spec made here (the analytic parsers set none).
@@ -44,6 +43,10 @@ _ATTENTION_SEGMENTS = frozenset({"self_attn", "attn", "attention", "self_attenti
 _SHARED_SEGMENTS = frozenset({"shared_expert", "shared_experts", "shared_mlp"})
 _ROUTER_NAMES = frozenset({"gate", "router"})
 _DROP_KEYS = ("torch_dtype", "dtype", "transformers_version", "quantization_config")
+#: Most blocks a config may ask the generic path to build. The deepest bundled decoder has 126
+#: (Llama-3.1-405B); building the module tree costs time per block even on the meta device,
+#: so a bound of 1,000 (about 8x the deepest real model) keeps a hostile config from stalling.
+MAX_META_LAYERS = 1_000
 
 
 def spec_from_transformers(config: Mapping[str, Any], *, name: str) -> ModelSpec:
@@ -93,9 +96,15 @@ def _build(config: dict[str, Any], name: str) -> ModelSpec:
         raise ModelConfigError(
             f"{name}: transformers {version} has no causal-LM class for model_type "
             f"{model_type!r}; only decoders are read from their module tree")
-    layers = config.get("num_hidden_layers", config.get("n_layer", config.get("num_layers")))
-    if isinstance(layers, int) and not 0 < layers <= MAX_LAYERS:
-        raise ModelConfigError(f"{name}: {layers} layers is not a model (at most {MAX_LAYERS:,})")
+    for key in ("num_hidden_layers", "n_layer", "num_layers", "n_layers"):
+        layers = config.get(key)
+        if isinstance(layers, int) and not 0 < layers <= MAX_META_LAYERS:
+            raise ModelConfigError(f"{name}: {key}={layers} is not read from a module tree "
+                                   f"(1 to {MAX_META_LAYERS:,} blocks)")
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity(hf_logging.ERROR)   # its config warnings would print each time
     try:
         hf = CONFIG_MAPPING[model_type].from_dict(
             {k: v for k, v in config.items() if k not in _DROP_KEYS})
@@ -105,6 +114,8 @@ def _build(config: dict[str, Any], name: str) -> ModelSpec:
         first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
         raise ModelConfigError(f"{name}: transformers {version} cannot build this "
                                f"{model_type} config: {first}") from exc
+    finally:
+        hf_logging.set_verbosity(verbosity)
     return _read_tree(model, hf, config, name=name, model_type=model_type, version=version)
 
 
