@@ -17,6 +17,7 @@ which every estimate built on it repeats. Needs the ``probe`` extra (torch + tra
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
@@ -104,7 +105,7 @@ def _build(config: dict[str, Any], name: str) -> ModelSpec:
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity(hf_logging.ERROR)   # its config warnings would print each time
+    hf_logging.set_verbosity(logging.ERROR)   # its config warnings would print each time
     try:
         hf = CONFIG_MAPPING[model_type].from_dict(
             {k: v for k, v in config.items() if k not in _DROP_KEYS})
