@@ -52,6 +52,18 @@ COMPUTED = {
     "openai-community__gpt2-xl.json": 1_557_611_200,
     "stabilityai__stablelm-base-alpha-3b.json": 3_637_321_728,
     "tiiuae__falcon-40b.json": 41_303_293_952,
+    # added with the remote-code families and newer releases (INDEX notes; equal to
+    # transformers on the meta device where it can build the type)
+    "Qwen__Qwen-1_8B.json": 1_836_828_672,
+    "baichuan-inc__Baichuan2-7B-Base.json": 7_505_973_248,
+    "bigcode__starcoder2-7b.json": 7_173_923_840,
+    "bigcode__gpt_bigcode-santacoder.json": 1_124_886_528,
+    "allenai__OLMo-2-1124-13B.json": 13_716_198_400,
+    "allenai__OLMo-2-0325-32B.json": 32_234_279_936,
+    "mistralai__Mistral-Small-24B-Base-2501.json": 23_572_403_200,
+    "Qwen__Qwen3-1.7B.json": 1_720_574_976,
+    "codellama__CodeLlama-7b-hf.json": 6_738_546_688,
+    "tiiuae__Falcon3-7B-Instruct.json": 7_455_550_464,
 }
 
 

@@ -87,7 +87,30 @@ def resolve_model(name: str) -> ModelSpec:
     hostile or unsupported config).
     """
     config, label = load_model_config(name)
-    return parse_model_config(config, name=label)
+    return spec_from_config(config, name=label)
+
+
+def spec_from_config(config: dict[str, Any], *, name: str) -> ModelSpec:
+    """The ModelSpec of a config.json dict: tuneplan's own parser for its ``model_type``, else
+    (a type the installed transformers knows) the module tree transformers builds on the meta
+    device (``adapters.probe.meta``; the spec says so). Raises ModelConfigError."""
+    try:
+        return parse_model_config(config, name=name)
+    except ModelConfigError as exc:
+        from tuneplan.core.models import SUPPORTED_MODEL_TYPES
+
+        model_type = config.get("model_type") if isinstance(config, dict) else None
+        if not isinstance(model_type, str) or model_type in SUPPORTED_MODEL_TYPES:
+            raise
+        from tuneplan.adapters.probe.meta import spec_from_transformers, transformers_knows
+
+        if not transformers_knows(model_type):
+            if "auto_map" in config:
+                raise ModelConfigError(
+                    f"{exc}; its config asks for remote code (auto_map), which tuneplan never "
+                    "runs", problems=exc.problems) from exc
+            raise
+        return spec_from_transformers(config, name=name)
 
 
 def load_model_config(name: str) -> tuple[dict[str, Any], str]:
@@ -345,7 +368,7 @@ def list_bundled_models() -> list[dict[str, Any]]:
     """Rows for ``tuneplan models``: name, alias, type, exact total and active parameters."""
     rows = []
     for model in bundled_models():
-        spec = parse_model_config(load_bundled_config(model), name=model.hf_id)
+        spec = spec_from_config(load_bundled_config(model), name=model.hf_id)
         counts = count_parameters(spec)
         rows.append({
             "name": model.hf_id,
@@ -354,5 +377,6 @@ def list_bundled_models() -> list[dict[str, Any]]:
             "total_params": counts.total,
             "active_params": counts.active_per_token,
             "published_params": model.published_params,
+            "structure": spec.extra.get("structure", "analytic"),
         })
     return rows

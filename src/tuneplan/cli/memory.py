@@ -41,6 +41,9 @@ def memory_command(model: ModelArg, request: JobRequest, as_json: JsonFlag = Fal
     table.add_row("reserved peak", format_bytes(est.reserved_peak_bytes))
     table.add_row("whole device", format_bytes(est.device_total_bytes))
     table.add_row("host RAM per node", format_bytes(est.host_ram_bytes))
+    if spec.extra.get("structure"):
+        table.add_row("model structure", f"{spec.extra['structure']} "
+                      f"(confidence {spec.extra.get('confidence', 'medium')})")
     if gpu is not None:
         limit = memory_limit_bytes(gpu)
         room = est.headroom(limit)

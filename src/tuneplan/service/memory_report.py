@@ -62,7 +62,9 @@ def memory_document(est: MemoryEstimate, model: ModelSpec, gpu: GpuSpec | None
     return {
         "model": {"name": model.name, "model_type": model.model_type,
                   "num_layers": model.num_layers, "hidden_size": model.hidden_size,
-                  "vocab_size": model.vocab_size},
+                  "vocab_size": model.vocab_size,
+                  "structure": model.extra.get("structure", "analytic"),
+                  "structure_confidence": model.extra.get("confidence", "high")},
         "strategy": est.strategy.as_dict(),
         "per_gpu": {
             "allocated_peak_bytes": est.allocated_peak_bytes,

@@ -32,6 +32,7 @@ from tuneplan.core.job.methods import (
 )
 from tuneplan.core.job.strategy import Attention, Checkpointing, Precision, Strategy, Task
 from tuneplan.core.models import LinearRole, ModelSpec
+from tuneplan.core.models.provenance import structure_note
 from tuneplan.errors import UnsupportedError
 from tuneplan.explain import Breakdown, Term
 from tuneplan.units import HOUR_S
@@ -375,6 +376,9 @@ def estimate_throughput(model: ModelShape | ModelSpec, strategy: Strategy, gpu: 
     """
     check_speed_strategy(strategy)
     shape = as_shape(model)
+    if shape.spec.extra.get("state_space"):
+        raise UnsupportedError(f"{shape.spec.model_type} has state-space (Mamba-style) mixer "
+                               "blocks: their scan FLOPs and time are not modelled")
     context_limit = context_problem(shape.spec, strategy)
     if context_limit:
         raise UnsupportedError(context_limit)
@@ -388,6 +392,8 @@ def estimate_throughput(model: ModelShape | ModelSpec, strategy: Strategy, gpu: 
     peak, notes = peak_flops_per_s(gpu, s.precision)
     fused = fused_qkv_note(shape.spec, s)
     notes += [fused] if fused else []
+    structure = structure_note(shape.spec)
+    notes += [structure] if structure else []
     notes += _unmodelled(s)
     step, comm, comm_s, more = step_time(
         model=shape, strategy=s, links=links or NodeLinks(), gpu=gpu, assumptions=a, peak=peak,

@@ -35,6 +35,7 @@ from tuneplan.core.memory.refusals import check_strategy
 from tuneplan.core.memory.sharding import ShardPlan, shard_plan
 from tuneplan.core.memory.steady import Static, host_terms, static_terms
 from tuneplan.core.models import LinearRole, ModelSpec
+from tuneplan.core.models.provenance import structure_note
 from tuneplan.explain import Breakdown
 
 
@@ -194,7 +195,7 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
     w = act.widths(strategy, plan, a.dropout_mask_bytes)
     layer_inputs = tuple(act.layer_inputs(model, layer, strategy, w) for layer in model.layers)
     found = _Fixed(
-        notes=tuple(n for n in (fused_qkv_note(model, strategy),
+        notes=tuple(n for n in (structure_note(model), fused_qkv_note(model, strategy),
                                 _recipe_note(strategy, plan, model)) if n),
         behaviours=tuple(versions.behaviours(model, strategy, a.adamw_impl)),
         source=source, assumptions=a, model=model, trainable=trainable, plan=plan, shards=sp,

@@ -80,5 +80,9 @@ def _problems(model: ModelSpec, s: Strategy) -> list[str]:
                    "use --attention eager (or flash with flash-attn 2.6+)")
     if model.extra.get("kv_lora_rank") or model.extra.get("q_lora_rank"):
         out.append("multi-head latent attention (MLA) activations are not estimated yet")
+    if model.extra.get("state_space"):
+        out.append(f"{model.model_type} has state-space (Mamba-style) mixer blocks: their "
+                   "parameters are counted exactly, but the selective scan's saved "
+                   "activations are not modelled, so no memory estimate is given")
     out += check_stack(model, s)
     return out

@@ -55,10 +55,18 @@ def _parsers() -> dict[str, _Parser]:
         parse_bloom,
         parse_falcon,
         parse_gpt2,
+        parse_gpt_bigcode,
         parse_gpt_neox,
         parse_opt,
         parse_phi,
         parse_stablelm,
+        parse_starcoder2,
+    )
+    from tuneplan.core.models.remote import (
+        parse_baichuan,
+        parse_chatglm,
+        parse_internlm2,
+        parse_qwen1,
     )
 
     return {
@@ -72,9 +80,16 @@ def _parsers() -> dict[str, _Parser]:
         "falcon": parse_falcon,
         "phi": parse_phi,
         "stablelm": parse_stablelm,
+        "gpt_bigcode": parse_gpt_bigcode,
+        "starcoder2": parse_starcoder2,
         "t5": parse_t5,
         "mt5": parse_t5,
         "bert": parse_bert,
+        # remote-code families (their repositories' modeling code is never run)
+        "qwen": parse_qwen1,
+        "baichuan": parse_baichuan,
+        "chatglm": parse_chatglm,
+        "internlm2": parse_internlm2,
     }
 
 

@@ -40,6 +40,7 @@ class Traits:
     tie_default: bool = False
     norms_per_layer: int = 2                # RMSNorms of hidden_size per block
     qk_norm: bool = False                   # per-head q_norm/k_norm (head_dim weights each)
+    qk_norm_full: bool = False              # OLMo 2: q_norm/k_norm over all heads' widths
     qkv_bias: str | bool = "attention_bias"  # a config key (default False) or a fixed value
     o_bias: str | bool = "attention_bias"
     mlp_bias: str | bool = False
@@ -73,6 +74,16 @@ TRAITS: dict[str, Traits] = {
                           fallback={"heads": 8, "vocab": 262_208, "hidden": 2304,
                                     "layers": 26, "inter": 9216}),
     "phi3": Traits(qkv_bias=False, o_bias=False, fused=True),
+    # Llama layouts under other names (transformers 5.24 GraniteConfig / SmolLM3Config
+    # defaults): Granite's embedding/residual/logit multipliers and SmolLM3's layers without
+    # RoPE change no tensor.
+    "granite": Traits(mlp_bias="mlp_bias"),
+    "smollm3": Traits(kv_default=4, tie_default=True, mlp_bias="mlp_bias"),
+    # OLMo 2 (modeling_olmo2.py): RMSNorm on the whole q and k projections, and its two block
+    # norms after attention and after the MLP (post-norm; same count and width as pre-norm).
+    "olmo2": Traits(qk_norm_full=True,
+                    note="olmo2 normalises block outputs (post-norm); the memory model's "
+                         "saved norm tensors are those of pre-norm blocks (same widths)"),
     "gpt_oss": Traits(kv_default=8, head_dim_default=64, bias_default=True, moe="gpt_oss"),
 }
 
@@ -154,7 +165,8 @@ def parse_llama_like(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
     attn = _attention(r, t, d)
     mlp_bias = _flag(r, t.mlp_bias)
     moe = _read_moe(r, t, d)
-    norms = t.norms_per_layer * d.hidden + (2 * d.head_dim if t.qk_norm else 0)
+    norms = t.norms_per_layer * d.hidden + (2 * d.head_dim if t.qk_norm else 0) + (
+        (d.heads + d.kv_heads) * d.head_dim if t.qk_norm_full else 0)
     extra = {"attention_sinks": d.heads} if t.moe == "gpt_oss" else {}
     dense = block(attn + _dense_mlp(t, d, mlp_bias), norms, extra=extra)
     sparse = dense if moe is None else block(attn + _moe_linears(t, d, moe), norms, extra=extra,

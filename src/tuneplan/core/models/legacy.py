@@ -168,3 +168,45 @@ def parse_stablelm(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
                   mlp_kind=MlpKind.GATED, act=r.get_str("hidden_act", default="silu"),
                   embedding_params=d.vocab * d.hidden, final_norm_params=2 * d.hidden)
 
+
+
+def parse_gpt_bigcode(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
+    """GPT-BigCode (StarCoder, SantaCoder; transformers 5.24 modeling_gpt_bigcode.py): GPT-2
+    with nn.Linear (not Conv1D) and, with ``multi_query``, one shared key/value head:
+    ``c_attn`` is hidden -> hidden + 2 x head_dim; learned positions; tied head."""
+    d = read_dims(r, DimKeys(hidden=("n_embd", "hidden_size"), layers=("n_layer",
+                             "num_hidden_layers"), heads=("n_head", "num_attention_heads"),
+                             kv_heads=(), head_dim=(), inter=(), max_pos=()))
+    inter = r.get_int("n_inner", default=4 * d.hidden, why="gpt_bigcode: null means 4 x n_embd")
+    positions = r.get_int("n_positions", "max_position_embeddings", default=1024,
+                          hi=MAX_POSITIONS)
+    multi_query = r.get_bool("multi_query", default=True)
+    kv = 1 if multi_query else d.heads
+    d = dataclasses.replace(d, inter=inter, max_pos=positions, kv_heads=kv)
+    linears = (lin("c_attn", d.hidden, d.hidden + 2 * kv * d.head_dim, bias=True),
+               lin("c_proj", d.hidden, d.hidden, bias=True),
+               lin("c_fc", d.hidden, inter, MLP, bias=True),
+               lin("c_proj", inter, d.hidden, MLP, bias=True))
+    return finish(r, name=name, model_type=model_type, d=d,
+                  layers=(block(linears, 4 * d.hidden, count=d.layers),),
+                  tie=r.get_bool("tie_word_embeddings", default=True), norm_kind=LN,
+                  mlp_kind=MlpKind.PLAIN,
+                  act=r.get_str("activation_function", default="gelu_pytorch_tanh"),
+                  embedding_params=(d.vocab + positions) * d.hidden,
+                  final_norm_params=2 * d.hidden)
+
+
+def parse_starcoder2(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
+    """StarCoder2 (transformers 5.24 modeling_starcoder2.py): separate q/k/v/o with GQA and
+    biases (``use_bias``), plain MLP ``c_fc``/``c_proj`` with biases, LayerNorms with bias,
+    tied head by default."""
+    d = read_dims(r, DimKeys(kv_default=2, head_dim=()))
+    bias = r.get_bool("use_bias", default=True)
+    linears = (*qkvo(d, qkv_bias=bias, o_bias=bias),
+               lin("c_fc", d.hidden, d.inter, MLP, bias=bias),
+               lin("c_proj", d.inter, d.hidden, MLP, bias=bias))
+    return finish(r, name=name, model_type=model_type, d=d,
+                  layers=(block(linears, 4 * d.hidden, count=d.layers),),
+                  tie=r.get_bool("tie_word_embeddings", default=True), norm_kind=LN,
+                  mlp_kind=MlpKind.PLAIN, act=r.get_str("hidden_act", default="gelu_pytorch_tanh"),
+                  embedding_params=d.vocab * d.hidden, final_norm_params=2 * d.hidden)
