@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -177,6 +178,16 @@ class Rejection:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RelaxedPlan:
+    """A plan a relaxation gives, whole, with the job it meets: the person's job with that
+    one change (the budget raised, the deadline moved, a flag freed)."""
+
+    plan: Plan
+    job: Job
+    change: str               # the relaxation's words (``Relaxation.change``)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PlanResult:
     """Ranked plans (best first), the Pareto front's ids, and rejected offers."""
 
@@ -190,6 +201,9 @@ class PlanResult:
     memory_estimates: int = 0
     infeasible: Infeasibility | None = None   # set when ``plans`` is empty: why, and changes
     notes: tuple[str, ...] = ()               # settings the model chose (caveats.model_defaults)
+    # the whole plans the relaxations quote (``infeasible.relaxations[].plan``), each with the
+    # job it meets, so a face can save them like ordinary plans (``cost``/``launch`` by id)
+    relaxed: tuple[RelaxedPlan, ...] = ()
 
     @property
     def feasible(self) -> bool:
@@ -234,7 +248,8 @@ def plan_offers(model: ModelSpec, job: Job, offers: Sequence[Offer],
     result = replace(result, notes=notes)
     if result.plans:
         return result
-    return replace(result, infeasible=_diagnose(context, job, search, result, overruns))
+    why, relaxed = _diagnose(context, job, search, result, overruns)
+    return replace(result, infeasible=why, relaxed=relaxed)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -821,10 +836,12 @@ def _alternatives(job: Job) -> Iterable[tuple[str, str, str, Job, bool]]:
 
 
 def _diagnose(context: _Context, job: Job, search: StrategySearch, result: PlanResult,
-              overruns: Sequence[_Priced]) -> Infeasibility:
-    """Why ``result`` has no plan: the binding constraints and their cheapest relaxations."""
+              overruns: Sequence[_Priced]) -> tuple[Infeasibility, tuple[RelaxedPlan, ...]]:
+    """Why ``result`` has no plan: the binding constraints and their cheapest relaxations,
+    and the whole plans those relaxations quote (by id, first relaxation first)."""
     binding: list[Binding] = []
     relax: list[Relaxation] = []
+    whole: dict[str, tuple[Plan, Job]] = {}
     if result.considered == 0:
         binding.append(Binding(constraint="filters", detail=(
             f"no offer passes the job's filters ({len(context.offers)} offers in the "
@@ -834,6 +851,12 @@ def _diagnose(context: _Context, job: Job, search: StrategySearch, result: PlanR
                                              job.budget_usd, job.deadline_s)
         binding += found
         relax += changes
+        quoted = {r.plan.id for r in changes if r.plan is not None}
+        for p in overruns:
+            ref = _priced_ref(p)
+            if ref.id in quoted and ref.id not in whole:
+                met = _meeting(job, ref)
+                whole[ref.id] = (_build_plan(p, met, context.now, context.a), met)
     else:
         binding.append(_rejections_binding(job, result))
         if binding[0].constraint == "memory":
@@ -848,7 +871,27 @@ def _diagnose(context: _Context, job: Job, search: StrategySearch, result: PlanR
                 binding.append(Binding(constraint=constraint, detail=detail))
             relax.append(Relaxation(constraint=constraint, change=change,
                                     plan=plan_ref(sub.plans[0])))
-    return ordered(binding, relax)
+            whole.setdefault(sub.plans[0].id, (sub.plans[0], sub.job))
+    why = ordered(binding, relax)
+    saved: dict[str, RelaxedPlan] = {}
+    for r in why.relaxations:
+        if r.plan is not None and r.plan.id in whole and r.plan.id not in saved:
+            plan, met = whole[r.plan.id]
+            saved[r.plan.id] = RelaxedPlan(
+                plan=replace(plan, why=(f"relaxation: {r.change}", *plan.why)), job=met,
+                change=r.change)
+    return why, tuple(saved.values())
+
+
+def _meeting(job: Job, ref: PlanRef) -> Job:
+    """``job`` with its budget and deadline moved just far enough for the plan ``ref``: the
+    job that plan meets (a budget or deadline it already meets is kept)."""
+    budget, deadline = job.budget_usd, job.deadline_s
+    if budget is not None and ref.cost_usd > budget:
+        budget = ref.cost_usd.quantize(Decimal("0.01"), rounding="ROUND_CEILING")
+    if deadline is not None and ref.hours * HOUR_S > deadline:
+        deadline = float(math.ceil(ref.hours * HOUR_S))
+    return replace(job, budget_usd=budget, deadline_s=deadline)
 
 
 def _rejections_binding(job: Job, result: PlanResult) -> Binding:
