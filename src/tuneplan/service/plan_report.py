@@ -76,6 +76,9 @@ def plan_entry(p: Plan, result: PlanResult, job: Job | None = None) -> dict[str,
                    "allocated_peak_bytes": c.memory.allocated_peak_bytes,
                    "reserved_peak_bytes": c.memory.reserved_peak_bytes,
                    "host_ram_bytes": c.host_ram_bytes, "peak_phase": c.memory.peak_phase,
+                   # a paged optimizer's state in host RAM at the peak (not in the device
+                   # total, which is what stays on the card)
+                   "paged_out_bytes": c.paged_out_bytes,
                    "exact_for_gpu": c.exact, "trainable_params": c.memory.trainable_params,
                    "total_params": c.memory.total_params},
         "throughput": {"tokens_per_second": t.tokens_per_second,

@@ -461,10 +461,12 @@ def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[s
             if bigger is not None:
                 outcome, short = bigger, {}
                 candidates = list(bigger.best.values())
-        elif (want := _nodes_may_pay(job, [c for c in candidates if id(c) not in short])):
-            # One node fits, but leaning on host offload or missing the deadline: more
-            # nodes may be cheaper or in time, so they are plans beside it (ranked alike).
-            more = _more_nodes(search, job, node, inter, a, offer, want=want)
+        elif (pays := _nodes_may_pay(job, [c for c in candidates if id(c) not in short])):
+            # One node fits, but starved of memory or missing the deadline: more nodes may
+            # be cheaper or in time, so they are plans beside it (ranked alike).
+            want, most = pays
+            more = _more_nodes(search, job, node, inter, replace(a, max_nodes=min(
+                most, a.max_nodes)), offer, want=want)
             if more is not None:
                 candidates += list(more.best.values())
     if not candidates:
@@ -562,15 +564,18 @@ def _hardware_problem(job: Job, gpu: GpuSpec, link: str) -> str | None:
 
 
 def _host_ram_short(candidates: Iterable[Candidate], offer: Offer) -> dict[int, str]:
-    """id -> reason for offloading candidates that need more host RAM than the instance has
-    (when its RAM is known)."""
+    """id -> reason for candidates that keep state in host RAM (offload, or a paged
+    optimizer's paged-out state) and need more of it than the instance has (when its RAM is
+    known)."""
     ram = offer.ram_bytes
     if ram is None:
         return {}
-    return {id(c): f"offload needs {c.host_ram_bytes / GiB:,.0f} GiB host RAM, "
+    return {id(c): f"{'offload' if c.strategy.offload is not Offload.NONE else 'paged optimizer'}"
+                   f" needs {c.host_ram_bytes / GiB:,.0f} GiB host RAM, "
                    f"the instance has {ram / GiB:,.0f} GiB"
             for c in candidates
-            if c.strategy.offload is not Offload.NONE and c.host_ram_bytes > ram}
+            if (c.strategy.offload is not Offload.NONE or c.paged_out_bytes)
+            and c.host_ram_bytes > ram}
 
 
 def _multi_node_ok(provider: Provider | None) -> bool:
@@ -598,21 +603,35 @@ def _more_nodes(search: StrategySearch, job: Job, node: Node, inter: float | Non
 
 
 def _nodes_may_pay(job: Job, fitted: Sequence[Candidate]
-                   ) -> Callable[[Candidate], bool] | None:
-    """What more nodes must do to be worth a plan when one node already fits ``fitted``:
-    meet the deadline none of them meets, or run without the host offload all of them
-    need (streaming weights over PCIe is slower than a second node); None when one node is
-    enough."""
+                   ) -> tuple[Callable[[Candidate], bool], int] | None:
+    """What more nodes must do to be worth a plan when one node already fits ``fitted``, and
+    the most nodes to try for it: meet the deadline none of them meets (up to
+    ``max_nodes``), or, when every one of them is ``memory_starved``, run faster per GPU on
+    2 or 4 nodes (the same price per node: cheaper); None when one node is enough."""
     if not fitted:
         return None
     if job.deadline_s is not None and all(
             (c.throughput.hours or 0.0) * HOUR_S > job.deadline_s for c in fitted):
         deadline = job.deadline_s
-        return lambda c: (c.throughput.hours or 0.0) * HOUR_S <= deadline
-    if not job.is_fixed("offload") and all(c.strategy.offload is not Offload.NONE
-                                           for c in fitted):
-        return lambda c: c.strategy.offload is Offload.NONE
+        return (lambda c: (c.throughput.hours or 0.0) * HOUR_S <= deadline), _NO_LIMIT
+    if all(memory_starved(c) for c in fitted):
+        # the same node price per node, so cheaper exactly when each GPU does more
+        # (2 then 4 nodes only: a guess at a cheaper plan, not a requirement; bounded)
+        best = max(c.throughput.tokens_per_second_per_gpu for c in fitted)
+        return (lambda c: c.throughput.tokens_per_second_per_gpu > best), 4
     return None
+
+
+_NO_LIMIT = 1 << 30   # node counts up to ``PlanAssumptions.max_nodes``
+
+
+def memory_starved(c: Candidate) -> bool:
+    """One node holds ``c`` only by leaning on host RAM (offload, a paged optimizer's
+    paged-out state) or at micro-batch 1 with recompute: a second node's memory may make it
+    run faster per GPU, hence cheaper."""
+    s = c.strategy
+    return (s.offload is not Offload.NONE or c.paged_out_bytes > 0
+            or (s.batch_size == 1 and s.checkpointing is not Checkpointing.NONE))
 
 
 def _why_not(need: int | None, refusals: list[str], capacity: int, a: PlanAssumptions, *,
@@ -730,8 +749,19 @@ def _chosen_settings(p: Plan, job: Job) -> list[str]:
                    "set it in the trainer, e.g. a fused linear cross-entropy): these settings "
                    "fit only with it")
     if s.optimizer is not base.optimizer:
-        out.append(f"--optimizer {s.optimizer.value} (8-bit optimizer state): these settings "
-                   "fit only with it")
+        paged = (", paged: bitsandbytes keeps it in CUDA managed memory that the driver pages "
+                 "to host RAM under pressure instead of running out of memory"
+                 if s.optimizer.is_paged else "")
+        out.append(f"--optimizer {s.optimizer.value} (8-bit optimizer state{paged}): these "
+                   "settings fit only with it")
+    spill = p.candidate.paged_out_bytes
+    if spill:
+        term = p.candidate.throughput.step.get("step/paged-optimizer")
+        seconds = float(term.value) if term is not None else 0.0
+        out.append(f"paged optimizer: {spill / GiB:.1f} GiB per GPU of its state waits in host "
+                   f"RAM at the peak, paged back for each update: +{seconds:.1f} s per step "
+                   f"of {p.candidate.throughput.step_seconds:.1f} s (the card stays at its "
+                   "limit; low confidence in the paging rate)")
     if s.checkpointing is Checkpointing.OFFLOAD and base.checkpointing is not (
             Checkpointing.OFFLOAD):
         out.append("activation checkpoints offloaded to host RAM: these settings fit only "
