@@ -171,6 +171,15 @@ def paged_spill(device_total: int, pageable: int, limit: int) -> int:
     return min(pageable, max(0, device_total - limit))
 
 
+def on_card_bytes(est: MemoryEstimate, limit: int, total: int | None = None) -> int:
+    """What of ``est``'s whole-device peak (``total``, default its own) stays on the card
+    under ``limit``: all of it, less a paged optimizer's state that waits in host RAM
+    (``paged_spill``). The job fits exactly when this is within the limit; the planner and
+    ``tuneplan fit`` both compare it."""
+    total = est.device_total_bytes if total is None else total
+    return total - paged_spill(total, pageable_bytes(est), limit)
+
+
 def paging_seconds(spill: int, a: ThroughputAssumptions) -> float:
     """Seconds per optimizer step that ``spill`` bytes of paged state cost: paged back in for
     the update and evicted again when forward and backward need the room, twice over the
@@ -494,8 +503,8 @@ class StrategySearch:
                     out: SearchOutcome) -> list[Candidate]:
         def fits(log2: int) -> bool:
             est = self.at_batch(family, 2**log2)
-            return not isinstance(est, Refused) and (
-                self.device_total(est, generation) - pageable_bytes(est) <= limit)
+            return not isinstance(est, Refused) and on_card_bytes(
+                est, limit, self.device_total(est, generation)) <= limit
 
         # A fixed micro-batch is the only one tried; else 1, 2, 4 ... by bisection.
         fixed_batch = "batch_size" in self.fixed
