@@ -254,6 +254,10 @@ def test_full_fine_tuning_on_a_t4_trains_in_fp16_with_loss_scaling() -> None:
     assert paging is not None and paging.value == pytest.approx(2 * c.paged_out_bytes / 20e9)
     assert c.host_ram_bytes >= c.paged_out_bytes
     assert any("pages to host RAM" in line for line in paged.why)
+    assert paged.risk is not None and paged.risk.streaming > 0
+    assert paged.risk.host_gb_per_step == pytest.approx(2 * c.paged_out_bytes / GB)
+    risks = next(line for line in paged.why if line.startswith("risks:"))
+    assert "paged optimizer state to and from host RAM" in risks
     assert any(line.startswith(f"paged optimizer: {c.paged_out_bytes / GiB:.1f} GiB per GPU")
                for line in paged.why)
     # With the optimizer fixed to plain AdamW, memory binds, and the changes that fit are

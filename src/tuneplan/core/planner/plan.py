@@ -59,7 +59,7 @@ from tuneplan.core.planner.infeasible import (
     budget_and_deadline,
     ordered,
 )
-from tuneplan.core.planner.risk import Risk, assess
+from tuneplan.core.planner.risk import PAGED_TERM, Risk, assess
 from tuneplan.core.planner.search import (
     AUTO_METHODS,
     DEFAULT_MEMORY_MARGIN,
@@ -756,7 +756,7 @@ def _chosen_settings(p: Plan, job: Job) -> list[str]:
                    "settings fit only with it")
     spill = p.candidate.paged_out_bytes
     if spill:
-        term = p.candidate.throughput.step.get("step/paged-optimizer")
+        term = p.candidate.throughput.step.get(PAGED_TERM)
         seconds = float(term.value) if term is not None else 0.0
         out.append(f"paged optimizer: {spill / GiB:.1f} GiB per GPU of its state waits in host "
                    f"RAM at the peak, paged back for each update: +{seconds:.1f} s per step "

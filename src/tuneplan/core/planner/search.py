@@ -44,7 +44,7 @@ from tuneplan.core.memory import MemoryAssumptions, MemoryEstimate, estimate_mem
 from tuneplan.core.memory.overheads import reserve_term, workspace_term
 from tuneplan.core.models import ModelSpec
 from tuneplan.core.planner.caveats import card_problem, precision_on
-from tuneplan.core.planner.risk import memory_penalty
+from tuneplan.core.planner.risk import PAGED_TERM, memory_penalty
 from tuneplan.errors import TuneplanError
 from tuneplan.explain import Breakdown, Term
 
@@ -197,7 +197,7 @@ def with_paging(t: Throughput, spill: int, a: ThroughputAssumptions) -> Throughp
         return t
     step_s = t.step_seconds + extra
     scale = t.step_seconds / step_s
-    term = Term(path="step/paged-optimizer", value=extra, unit="s",
+    term = Term(path=PAGED_TERM, value=extra, unit="s",
                 formula="2 x paged-out optimizer state / host link",
                 inputs={"paged_out_bytes": spill,
                         "host_link_bytes_per_s": a.host_link_bytes_per_s},
