@@ -406,3 +406,24 @@ def test_no_plan_shown_passes_the_cards_usable_memory_less_the_margin(
         assert p.candidate.device_total_bytes <= limit, (p.id, p.gpu.name)
         assert p.capacity_bytes <= p.gpu.usable_memory_bytes
     assert all(p.candidate.exact for p in result.plans[:10])
+
+
+def test_a_given_paged_32_bit_adamw_is_kept_and_pages_what_the_card_cannot_hold() -> None:
+    # 8B full with fp32 AdamW states (64 GB) is 125 GiB at micro-batch 1: no 80 GB card holds
+    # it. Given paged-adamw32bit, the states page to host RAM; the planner keeps the 32-bit
+    # states (not searched: where bitsandbytes runs, paged 8-bit holds them in a quarter of
+    # the bytes, so 32-bit can only be the person's call on numerics).
+    card = [offer("A100 80GB SXM4", 1, "1.90")]
+    full = Strategy(method=Method.FULL)
+    plain = run(LLAMA8B, "full", card, fixed=("optimizer",), strategy=full)
+    assert not plain.plans and plain.infeasible is not None
+    assert plain.infeasible.binding[0].constraint == "memory"
+    given = run(LLAMA8B, "full", card, fixed=("optimizer",),
+                strategy=replace(full, optimizer=Optimizer.PAGED_ADAMW32BIT))
+    (plan,) = given.plans
+    c = plan.candidate
+    assert plan.strategy.optimizer is Optimizer.PAGED_ADAMW32BIT
+    assert 0 < c.paged_out_bytes <= 64e9 and c.device_total_bytes <= plan.capacity_bytes * 0.95
+    paging = c.throughput.step.get("step/paged-optimizer")
+    assert paging is not None and paging.value == pytest.approx(2 * c.paged_out_bytes / 20e9)
+    assert not any(line.startswith("--optimizer") for line in plan.why)  # not a change made
