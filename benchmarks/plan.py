@@ -6,6 +6,7 @@ shared; wall time is printed beside) as the median of N cold runs (each run buil
 strategy search and memory cache), and for one job over catalog subsets and synthetic copies
 (the same offers in made-up regions with shifted prices, so no cache is shared): the README's
 auto job up to 4x, and the QLoRA job at 1x, 10x and 100x the catalog (``--factors``).
+Two of the jobs run again with ``--multi-node`` (more nodes searched beside a starved node).
 Run: python benchmarks/plan.py [--runs 5] [--factors 1,10,100]
 """
 
@@ -32,10 +33,12 @@ JOBS = {
     "Llama-3.1-70B full 50M": ("meta-llama/Llama-3.1-70B", Method.FULL),
     "Qwen2.5-0.5B auto 50M": ("Qwen/Qwen2.5-0.5B", Method.AUTO),
 }
+#: the same jobs with --multi-node (more nodes searched where one node is starved)
+MULTI_NODE = ("Llama-3.1-8B auto 50M (README)", "Llama-3.1-70B full 50M")
 
 
 def _timed(model: str, method: Method, offers: list[Offer],
-           runs: int) -> tuple[float, float, PlanResult]:
+           runs: int, *, multi_node: bool = False) -> tuple[float, float, PlanResult]:
     from tuneplan.adapters.bundled import load_gpu_specs, load_providers
     from tuneplan.adapters.hub import resolve_model
     from tuneplan.adapters.plans import _fabric_rates
@@ -43,7 +46,8 @@ def _timed(model: str, method: Method, offers: list[Offer],
     spec = resolve_model(model)
     gpus = {g.name: g for g in load_gpu_specs()}
     providers = load_providers()
-    job = Job(model=model, strategy=Strategy(method=method), tokens=50_000_000)
+    job = Job(model=model, strategy=Strategy(method=method), tokens=50_000_000,
+              multi_node=multi_node)
     cpu, wall, result = [], [], None
     for _ in range(runs):
         clear_cache()  # cold: no memory work kept from the previous run
@@ -79,9 +83,11 @@ def main() -> None:
         offers = load_catalog()
         print(f"catalog load (seed + read, {len(offers)} offers): "
               f"{(time.perf_counter() - start) * 1000:.0f} ms")
-        for label, (model, method) in JOBS.items():
-            seconds, wall, result = _timed(model, method, offers, args.runs)
-            print(f"{label:32s} {seconds * 1000:5.0f} ms CPU ({wall * 1000:5.0f} wall) "
+        runs = [(label, model, method, False) for label, (model, method) in JOBS.items()]
+        runs += [(f"{label} --multi-node", *JOBS[label], True) for label in MULTI_NODE]
+        for label, model, method, multi in runs:
+            seconds, wall, result = _timed(model, method, offers, args.runs, multi_node=multi)
+            print(f"{label:45s} {seconds * 1000:5.0f} ms CPU ({wall * 1000:5.0f} wall) "
                   f"{len(result.plans):5d} plans  "
                   f"{len(result.rejected):5d} rejected  {result.memory_estimates:5d} memory "
                   "estimates")

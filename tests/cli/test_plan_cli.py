@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from decimal import Decimal
@@ -341,3 +342,40 @@ def test_objective_risk_ranks_by_the_risk_priced_cost_and_says_each_risk(run_cli
         assert any(line.startswith("risks: ") for line in p["why"])
         assert any(line.startswith("range: ") for line in p["why"])
     assert doc["plans"][0]["why"][0].startswith("#1 lowest cost with its risks priced in")
+
+
+def test_a_relaxations_plan_is_saved_for_cost_and_launch(run_cli: Run, tmp_path: Path) -> None:
+    # A budget of one cent and a one-minute deadline: nothing meets both, and the relaxations
+    # quote whole plans (budget raised, deadline moved) that `cost` and `launch` then find.
+    args = ("plan", "Qwen/Qwen2.5-0.5B", "--method", "lora", "--tokens", "20M",
+            "--budget", "0.01", "--deadline", "1m")
+    doc = run_cli(*args, "--json")
+    assert doc.code == 2
+    body = doc.json()
+    assert body["feasible"] is False and body["plans"] == []
+    quoted = [r for r in body["relaxations"] if r["plan"] is not None]
+    assert quoted and {r["constraint"] for r in quoted} >= {"budget"}
+    saved = {p["id"]: p for p in body["relaxation_plans"]}
+    assert {r["plan"]["id"] for r in quoted} <= set(saved)
+    first = quoted[0]
+    entry = saved[first["plan"]["id"]]
+    assert entry["relaxation"] == first["change"]
+    # the job it meets is the person's with the budget and deadline moved to this plan
+    assert Decimal(entry["job"]["budget_usd"]) >= Decimal(first["plan"]["cost_usd"])
+    assert entry["job"]["deadline_s"] >= first["plan"]["hours"] * 3600
+    # The table run prints the ids and saves them too.
+    shown = run_cli(*args)
+    assert shown.code == 2 and first["plan"]["id"] in shown.stdout
+    assert f"tuneplan cost {body['relaxation_plans'][0]['id']}" in shown.stdout
+    cost = run_cli("cost", first["plan"]["id"], "--json")
+    assert cost.code == 0, cost.stderr
+    priced = cost.json()
+    assert priced["plan_id"] == first["plan"]["id"]
+    assert priced["cost"] == entry["cost"]["on_demand_usd"]
+    out = tmp_path / "bundle"
+    launched = run_cli("launch", first["plan"]["id"], "--to", "accelerate", "--out", str(out),
+                       "--json")
+    assert launched.code == 0, launched.stderr
+    assert launched.json()["plan_id"] == first["plan"]["id"]
+    config = json.loads((out / "train_config.json").read_text())
+    assert config["model_name_or_path"] == "Qwen/Qwen2.5-0.5B"

@@ -86,6 +86,33 @@ def test_each_table_fits_80_and_120_columns_with_every_id_whole(
         assert "…" not in shown.stdout  # nothing ellipsised
 
 
+#: The commands whose table is a figure per row (its row id is the figure's name): the
+#: names taken from their --json, the headers that must show.
+FIGURES = {
+    "memory": (("memory", "Qwen/Qwen2.5-0.5B", "--method", "lora"),
+               lambda d: [t["name"] for t in d["per_gpu"]["terms"] if t["bytes"]],
+               ("term", "size")),
+    "throughput": (("throughput", "Qwen/Qwen2.5-0.5B", "--method", "lora", "--gpu", "L4"),
+                   lambda d: [t["name"] for t in d["step"]["terms"]], ("figure", "value")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FIGURES))
+def test_each_figure_table_fits_80_and_120_columns_with_every_name_whole(
+        run_cli: Run, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    args, names_of, headers = FIGURES[name]
+    names = names_of(run_cli(*args, "--json").ok_json())
+    assert names
+    for width in (80, 120):
+        monkeypatch.setenv("COLUMNS", str(width))
+        shown = run_cli(*args)
+        assert shown.code == 0, shown.stderr
+        assert _widest_line(shown.stdout) <= width, (width, shown.stdout)
+        assert [n for n in names if n in shown.stdout] == names, (width, shown.stdout)
+        assert set(headers) <= _header_words(shown.stdout)
+        assert "…" not in shown.stdout
+
+
 def test_plan_at_80_columns_names_what_it_left_out_and_wide_shows_it(
         run_cli: Run, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "80")
@@ -128,10 +155,12 @@ def test_cost_table_csv_and_markdown(run_cli: Run, monkeypatch: pytest.MonkeyPat
     args = ("cost", "Qwen/Qwen2.5-0.5B", "--offer", offer, "--tokens", "10M")
     doc = run_cli(*args, "--json").ok_json()
     total = f"${float(doc['cost']):,.2f}"
-    monkeypatch.setenv("COLUMNS", "80")
-    table = run_cli(*args)
-    assert table.code == 0 and _widest_line(table.stdout) <= 80
-    assert "total cost" in table.stdout and total in table.stdout
+    for width in (80, 120):
+        monkeypatch.setenv("COLUMNS", str(width))
+        table = run_cli(*args)
+        assert table.code == 0 and _widest_line(table.stdout) <= width
+        assert "total cost" in table.stdout and total in table.stdout
+        assert {"figure", "value"} <= _header_words(table.stdout)
     rows = list(csv.reader(io.StringIO(run_cli(*args, "--format", "csv").stdout)))
     assert rows[0] == ["figure", "value"] and ["total cost", total] in rows
     markdown = run_cli(*args, "--format", "markdown").stdout.splitlines()

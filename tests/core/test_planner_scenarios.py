@@ -31,6 +31,7 @@ from tuneplan.core.job.strategy import (
 )
 from tuneplan.core.planner.plan import PlanResult, plan_offers
 from tuneplan.core.planner.risk import assess
+from tuneplan.core.planner.search import memory_limit
 from tuneplan.units import GB, HOUR_S, GiB
 
 LLAMA8B = "meta-llama/Llama-3.1-8B"
@@ -239,13 +240,43 @@ def test_full_fine_tuning_on_a_t4_trains_in_fp16_with_loss_scaling() -> None:
                    strategy=Strategy(method=Method.FULL, loss=Loss.STANDARD)).plans[0]
     assert standard.strategy.checkpointing is Checkpointing.FULL
     assert standard.best_hours > plan.best_hours
-    # 1.5B full does not fit a T4 even with the lean settings tried: memory binds, and a
-    # change that fits is named (another method on the card, or more GPUs).
+    # 1.5B full fits a T4 only with bitsandbytes' paged 8-bit AdamW: what of its state does
+    # not fit beside the rest at the peak waits in host RAM, paid for in every step.
     bigger = run("Qwen/Qwen2.5-1.5B", "full", t4)
-    assert not bigger.plans and bigger.infeasible is not None
-    assert bigger.infeasible.binding[0].constraint == "memory"
+    (paged,) = bigger.plans
+    c = paged.candidate
+    assert paged.strategy.optimizer is Optimizer.PAGED_ADAMW8BIT
+    assert paged.strategy.precision is Precision.FP16_MIXED
+    assert c.paged_out_bytes > 0
+    assert c.device_total_bytes <= int(paged.capacity_bytes * 0.95)   # the card at its limit
+    assert c.device_total_bytes + c.paged_out_bytes > int(paged.capacity_bytes * 0.95)
+    paging = c.throughput.step.get("step/paged-optimizer")
+    assert paging is not None and paging.value == pytest.approx(2 * c.paged_out_bytes / 20e9)
+    assert c.host_ram_bytes >= c.paged_out_bytes
+    assert any("pages to host RAM" in line for line in paged.why)
+    assert paged.risk is not None and paged.risk.streaming > 0
+    assert paged.risk.host_gb_per_step == pytest.approx(2 * c.paged_out_bytes / GB)
+    risks = next(line for line in paged.why if line.startswith("risks:"))
+    assert "paged optimizer state to and from host RAM" in risks
+    assert any(line.startswith(f"paged optimizer: {c.paged_out_bytes / GiB:.1f} GiB per GPU")
+               for line in paged.why)
+    # With the optimizer fixed to plain AdamW, memory binds, and the changes that fit are
+    # named: freeing the optimizer gives the paged plan; another method fits the card.
+    plain = run("Qwen/Qwen2.5-1.5B", "full", t4, fixed=("optimizer",))
+    assert not plain.plans and plain.infeasible is not None
+    assert plain.infeasible.binding[0].constraint == "memory"
+    freed = next(r for r in plain.infeasible.relaxations if r.constraint == "flag:optimizer")
+    assert freed.plan is not None and freed.plan.id == paged.id
     assert any(r.constraint == "flag:method" and r.plan is not None
-               for r in bigger.infeasible.relaxations)
+               for r in plain.infeasible.relaxations)
+    # An 8-bit AdamW that is not paged (fixed) does not fit: the paging is what fits it.
+    unpaged = run("Qwen/Qwen2.5-1.5B", "full", t4, fixed=("optimizer",),
+                  strategy=Strategy(method=Method.FULL, optimizer=Optimizer.ADAMW8BIT))
+    assert not unpaged.plans
+    # Given by the person, the paged optimizer is kept and fits the same way.
+    given = run("Qwen/Qwen2.5-1.5B", "full", t4, fixed=("optimizer",),
+                strategy=Strategy(method=Method.FULL, optimizer=Optimizer.PAGED_ADAMW8BIT))
+    assert given.plans and given.plans[0].candidate.paged_out_bytes > 0
 
 
 def test_memory_headroom_is_a_risk_that_grows_with_the_fill() -> None:
@@ -294,12 +325,105 @@ def test_a_spot_notice_long_enough_to_save_a_checkpoint_is_not_a_risk() -> None:
     assert any("no notice long enough" in line for line in big.why)
 
 
-def test_more_nodes_are_planned_beside_one_that_needs_host_offload() -> None:
-    one = run_linked(LLAMA70B, [P5], strategy=Strategy(method=Method.FULL))
+def test_more_nodes_are_planned_beside_one_starved_by_host_offload_when_cheaper() -> None:
+    # fp32 AdamW states (fixed) for 70B are ~1.1 TB: one 8x H100 node with a small host
+    # (32 vCPUs) must run DeepSpeed's CPU Adam, most of its step. Four nodes hold the states
+    # on the GPUs: cheaper and faster, planned beside the one node with --multi-node.
+    job = {"strategy": Strategy(method=Method.FULL), "fixed": ("optimizer",)}
+    one = run_linked(LLAMA70B, [P5], **job)
     assert [p.strategy.nodes for p in one.plans] == [1]
-    assert one.plans[0].strategy.offload is not Offload.NONE
-    both = run_linked(LLAMA70B, [P5], strategy=Strategy(method=Method.FULL), multi_node=True)
+    alone = one.plans[0]
+    assert alone.strategy.offload is not Offload.NONE
+    assert alone.risk is not None and alone.risk.host_gb_per_step > 0
+    cpu = alone.candidate.throughput.step.get("step/optimizer-offloaded")
+    assert cpu is not None and cpu.value > 0.5 * alone.candidate.throughput.step_seconds
+    both = run_linked(LLAMA70B, [P5], **job, multi_node=True)
     by_nodes = {p.strategy.nodes: p for p in both.plans}
-    assert set(by_nodes) == {1, 2}
-    assert by_nodes[2].strategy.offload is Offload.NONE
-    assert by_nodes[1].risk is not None and by_nodes[1].risk.host_gb_per_step > 0
+    assert set(by_nodes) == {1, 4}     # two nodes are tried and are not cheaper per GPU
+    spread = by_nodes[4]
+    assert spread.strategy.offload is Offload.NONE and spread.strategy.optimizer is (
+        Optimizer.ADAMW)
+    assert both.plans[0] is spread and spread.best_cost < by_nodes[1].best_cost
+    assert spread.best_hours < by_nodes[1].best_hours
+
+
+def test_a_well_fed_node_gets_no_multi_node_plan_beside_it() -> None:
+    # With the optimizer free, 70B fits one p5 (192 vCPUs) with 8-bit paged AdamW: more
+    # nodes run slower per GPU (their collectives cross the fabric), so none is planned.
+    p5 = replace(P5, vcpus=192)
+    result = run_linked(LLAMA70B, [p5], strategy=Strategy(method=Method.FULL),
+                        multi_node=True)
+    assert [p.strategy.nodes for p in result.plans] == [1]
+
+
+def test_70b_full_with_a_deadline_one_node_misses_runs_on_two_nodes() -> None:
+    p5 = replace(P5, vcpus=192)
+    job = {"strategy": Strategy(method=Method.FULL), "multi_node": True}
+    relaxed = run_linked(LLAMA70B, [p5], **job)
+    (one,) = relaxed.plans
+    assert one.strategy.nodes == 1
+    deadline = 0.85 * one.best_hours * HOUR_S
+    rushed = run_linked(LLAMA70B, [p5], **job, deadline_s=deadline)
+    assert rushed.plans
+    best = rushed.plans[0]
+    # the fewest nodes that meet it: two 8x H100 nodes (not four), every GPU's memory used
+    # for a larger micro-batch instead of host RAM
+    assert best.strategy.nodes == 2 and best.strategy.world_size == 16
+    assert best.best_hours * HOUR_S <= deadline
+    assert best.candidate.paged_out_bytes == 0 and best.strategy.offload is Offload.NONE
+    assert best.strategy.batch_size > one.strategy.batch_size
+    assert {p.strategy.nodes for p in rushed.plans} == {2}
+
+
+def test_cpu_adam_is_no_faster_than_the_hosts_memory_allows() -> None:
+    # DeepSpeed's CPU Adam streams 28 B per parameter (fp32 grad, moments and weight read,
+    # weight and moments written): a p5 host (2 sockets x 8 DDR4-3200 channels, 410 GB/s
+    # peak) cannot step 70B parameters in less than 70e9 x 28 / 410e9 = 4.8 s.
+    p5 = replace(P5, vcpus=192)
+    plan = run_linked(LLAMA70B, [p5], strategy=Strategy(method=Method.FULL),
+                      fixed=("optimizer",)).plans[0]
+    assert plan.strategy.offload is not Offload.NONE
+    term = plan.candidate.throughput.step.get("step/optimizer-offloaded")
+    assert term is not None
+    params = plan.candidate.memory.trainable_params
+    cpu_s = float(term.inputs["cpu_s"])   # type: ignore[arg-type]
+    assert params * 28 / 410e9 <= cpu_s <= 2 * params * 28 / 410e9
+
+
+@pytest.mark.parametrize("model,method,objective", [
+    (LLAMA8B, "qlora", Objective.COST), (LLAMA8B, "auto", Objective.RISK),
+    (LLAMA70B, "full", Objective.COST), (LLAMA70B, "full", Objective.TIME),
+    (MOE, "lora", Objective.COST), ("Qwen/Qwen2.5-1.5B", "full", Objective.PARETO)])
+def test_no_plan_shown_passes_the_cards_usable_memory_less_the_margin(
+        market: list[Offer], model: str, method: str, objective: Objective) -> None:
+    # Over the real market: every plan, the top ten (re-estimated exactly for their GPU)
+    # included, keeps its whole-device peak per GPU within usable x 0.95; a paged optimizer's
+    # paged-out state is in host RAM, not on the card.
+    result = run(model, method, market, objective=objective)
+    assert len(result.plans) >= 10
+    for p in result.plans:
+        limit = memory_limit(p.capacity_bytes, result.assumptions.memory_margin)
+        assert p.candidate.device_total_bytes <= limit, (p.id, p.gpu.name)
+        assert p.capacity_bytes <= p.gpu.usable_memory_bytes
+    assert all(p.candidate.exact for p in result.plans[:10])
+
+
+def test_a_given_paged_32_bit_adamw_is_kept_and_pages_what_the_card_cannot_hold() -> None:
+    # 8B full with fp32 AdamW states (64 GB) is 125 GiB at micro-batch 1: no 80 GB card holds
+    # it. Given paged-adamw32bit, the states page to host RAM; the planner keeps the 32-bit
+    # states (not searched: where bitsandbytes runs, paged 8-bit holds them in a quarter of
+    # the bytes, so 32-bit can only be the person's call on numerics).
+    card = [offer("A100 80GB SXM4", 1, "1.90")]
+    full = Strategy(method=Method.FULL)
+    plain = run(LLAMA8B, "full", card, fixed=("optimizer",), strategy=full)
+    assert not plain.plans and plain.infeasible is not None
+    assert plain.infeasible.binding[0].constraint == "memory"
+    given = run(LLAMA8B, "full", card, fixed=("optimizer",),
+                strategy=replace(full, optimizer=Optimizer.PAGED_ADAMW32BIT))
+    (plan,) = given.plans
+    c = plan.candidate
+    assert plan.strategy.optimizer is Optimizer.PAGED_ADAMW32BIT
+    assert 0 < c.paged_out_bytes <= 64e9 and c.device_total_bytes <= plan.capacity_bytes * 0.95
+    paging = c.throughput.step.get("step/paged-optimizer")
+    assert paging is not None and paging.value == pytest.approx(2 * c.paged_out_bytes / 20e9)
+    assert not any(line.startswith("--optimizer") for line in plan.why)  # not a change made

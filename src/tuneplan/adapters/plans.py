@@ -114,7 +114,12 @@ def find_saved_plan(plan_id: str) -> SavedPlan:
         document = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise InvalidValueError(f"no saved plan at {path}: run `tuneplan plan` first") from exc
-    for entry in document.get("plans", []) if isinstance(document, dict) else []:
+    # the ranked plans, then the plans an impossible job's relaxations quote (each entry of
+    # ``relaxation_plans`` carries the job it meets, which wins over the document's)
+    kept = document if isinstance(document, dict) else {}
+    entries = [e for key in ("plans", "relaxation_plans")
+               for e in (kept.get(key) or [] if isinstance(kept.get(key), list) else [])]
+    for entry in entries:
         if isinstance(entry, dict) and entry.get("id") == plan_id:
             return saved_plan_from_entry(
                 {"job": document.get("job"), "model": document.get("model"), **entry})

@@ -141,6 +141,10 @@ def render_infeasible(result: PlanResult, console: Console) -> None:
         console.print(f"  relax {safe(r.constraint)}: {safe(r.text())}")
     if not why.relaxations and any(b.constraint != "estimate" for b in why.binding):
         console.print("  no single change the planner tried gives a plan")
+    if result.relaxed:
+        first = result.relaxed[0].plan.id
+        console.print(f"the relaxations' plans are saved: `tuneplan cost {first}` or "
+                      f"`tuneplan launch {first}` (any plan id above)")
 
 
 def _print_front(result: PlanResult, console: Console) -> None:

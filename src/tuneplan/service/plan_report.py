@@ -11,6 +11,7 @@ from typing import Any
 
 from tuneplan.adapters.plans import CatalogInfo
 from tuneplan.core.catalog.offers import offer_record
+from tuneplan.core.job.strategy import Job
 from tuneplan.core.planner.plan import Plan, PlanResult, fixed_values
 from tuneplan.core.planner.search import memory_limit
 
@@ -41,13 +42,15 @@ def risk_part(p: Plan) -> dict[str, Any] | None:
     return {**p.risk.as_dict(), "hours_range": [low, high], "risk_priced_usd": p.risk_cost}
 
 
-def plan_entry(p: Plan, result: PlanResult) -> dict[str, Any]:
-    """One plan as docs/CLI.md's ``plans[]`` entry."""
+def plan_entry(p: Plan, result: PlanResult, job: Job | None = None) -> dict[str, Any]:
+    """One plan as docs/CLI.md's ``plans[]`` entry; ``job`` (default: the result's) is the job
+    the plan meets, which a relaxation's plan has of its own."""
+    job = job or result.job
     c, t = p.candidate, p.candidate.throughput
     margin = result.assumptions.memory_margin
     limit = memory_limit(p.capacity_bytes, margin)
     offer = offer_record(p.offer)
-    if result.job.spot is False:  # --no-spot: spot prices are not part of the answer
+    if job.spot is False:  # --no-spot: spot prices are not part of the answer
         offer |= {"spot_price_per_hour": None, "spot_price_per_gpu_hour": None}
     cost: dict[str, Any] = {
         "hours": p.hours, "on_demand_usd": p.cost_usd, "spot": spot_part(p),
@@ -73,6 +76,9 @@ def plan_entry(p: Plan, result: PlanResult) -> dict[str, Any]:
                    "allocated_peak_bytes": c.memory.allocated_peak_bytes,
                    "reserved_peak_bytes": c.memory.reserved_peak_bytes,
                    "host_ram_bytes": c.host_ram_bytes, "peak_phase": c.memory.peak_phase,
+                   # a paged optimizer's state in host RAM at the peak (not in the device
+                   # total, which is what stays on the card)
+                   "paged_out_bytes": c.paged_out_bytes,
                    "exact_for_gpu": c.exact, "trainable_params": c.memory.trainable_params,
                    "total_params": c.memory.total_params},
         "throughput": {"tokens_per_second": t.tokens_per_second,
@@ -80,7 +86,7 @@ def plan_entry(p: Plan, result: PlanResult) -> dict[str, Any]:
                        "step_seconds": t.step_seconds, "mfu": t.mfu, "bound": t.bound,
                        "training_hours": t.hours},
         "cost": cost, "pareto": p.id in result.pareto_ids, "risk": risk_part(p),
-        "fixed": sorted(fixed_values(result.job)),
+        "fixed": sorted(fixed_values(job)),
         "why": list(p.why), "warnings": list(p.warnings),
     }
 
@@ -107,4 +113,8 @@ def plan_document(result: PlanResult, catalog: CatalogInfo, top: int) -> dict[st
         "fixed": fixed_values(result.job),
         "binding": [b.as_dict() for b in why.binding] if why else [],
         "relaxations": [r.as_dict() for r in why.relaxations] if why else [],
+        # the plans the relaxations quote, whole and each with the job it meets: saved like
+        # ``plans`` so ``tuneplan cost ID`` / ``launch ID`` find them
+        "relaxation_plans": [{**plan_entry(r.plan, result, r.job), "job": r.job.as_dict(),
+                              "relaxation": r.change} for r in result.relaxed],
     }

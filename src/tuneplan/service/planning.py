@@ -68,13 +68,15 @@ def plan_and_keep(job: Job, model: ModelSpec, top: int, *, now: datetime | None 
                   ) -> tuple[PlanResult, dict[str, Any]]:
     """The CLI's ``plan``: plans and their document, saved for ``launch``/``cost`` when there
     is a plan. An impossible job gives its document too (``feasible: false``, the binding
-    constraints and relaxations); the face decides how to end (``infeasible_message``)."""
+    constraints and relaxations), saved when a relaxation quotes a plan (its
+    ``relaxation_plans``, found by id like ordinary plans); the face decides how to end
+    (``infeasible_message``)."""
     from tuneplan.adapters.plans import save_last_plan
 
     now = now or datetime.now(UTC)
     result = plan_job(job, model, now=now)
     document = plan_json(result, top, now=now)
-    if result.plans:
+    if result.plans or result.relaxed:
         save_last_plan(document)
     return result, document
 

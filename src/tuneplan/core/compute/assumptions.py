@@ -146,7 +146,7 @@ class ThroughputAssumptions:
     overlap_fraction_ddp: float = 0.8
     overlap_fraction_sharded: float = 0.5
     cpu_adam_params_per_s: float = 1.0e9
-    cpu_adam_params_per_s_per_core: float = 2.5e8
+    cpu_adam_params_per_s_per_core: float = 6.0e7
     host_link_bytes_per_s: float = 20e9
     offload_prefetch_overlap: float = 1.0
     # 1: the collectives model (bytes, latency, overlap per framework) carries multi-GPU cost
@@ -283,13 +283,20 @@ THROUGHPUT_WHY: dict[str, str] = {
     "overlap_fraction_ddp": "share of backward time DDP's bucketed all-reduce hides behind",
     "overlap_fraction_sharded": "share of compute ZeRO/FSDP prefetch hides gathers behind",
     "cpu_adam_params_per_s": (
-        "DeepSpeed CPU Adam update rate per rank when the host's vCPUs are not known "
-        "(4 cores' worth of cpu_adam_params_per_s_per_core)"),
+        "DeepSpeed CPU Adam update rate per rank when the host's vCPUs are not known: about "
+        "17 vCPUs' worth of cpu_adam_params_per_s_per_core, a rank's share of a 128-192 "
+        "vCPU host with 8 GPUs; low confidence"),
     "cpu_adam_params_per_s_per_core": (
-        "DeepSpeed CPUAdam (csrc/adam/cpu_adam_impl.cpp, AVX2/AVX-512) is memory-bound: about "
-        "28 B per parameter (fp32 weight, grad, m, v read; weight, m, v written) at the ~7 GB/s "
-        "one server core streams from DRAM: 2.5e8 parameters/s per core, times the vCPUs one "
-        "rank gets (NodeLinks.host_vcpus / GPUs per node); derived, low confidence"),
+        "DeepSpeed CPUAdam (0.19, csrc/includes/cpu_adam.h Step_AVX) streams 28 B per "
+        "parameter: fp32 grad, exp_avg, exp_avg_sq and weight read, weight and both moments "
+        "written. All cores of a socket share its DRAM bandwidth, so the host's bandwidth, "
+        "not one core's streaming rate, sets the pace: a 2-socket GPU host has 12-16 DDR4/5 "
+        "channels (2x EPYC 7R13 in p5.48xlarge: 16 x DDR4-3200 = 410 GB/s peak for 192 "
+        "vCPUs; 2x Xeon 8480C in a DGX H100: 16 x DDR5-4800 = 614 GB/s for 224 vCPUs), "
+        "~75 % of peak achievable (STREAM-class): 1.6-2 GB/s per vCPU, / 28 B = 6e7 "
+        "parameters/s per vCPU, times the vCPUs one rank gets (NodeLinks.host_vcpus / GPUs "
+        "per node): a 70B model's CPU Adam step takes ~6.5 s on one 8-GPU, 192-vCPU node. "
+        "Derived, low confidence (AVX-512 hosts and NUMA placement move it)"),
     "host_link_bytes_per_s": "effective GPU<->host copy rate for offloaded states (pinned)",
     "offload_prefetch_overlap": (
         "share of compute that hides parameter copies from the host: DeepSpeed ZeRO-Infinity and "

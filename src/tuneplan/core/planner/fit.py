@@ -39,6 +39,8 @@ from tuneplan.core.planner.search import (
     StrategySearch,
     largest_fitting,
     memory_limit,
+    on_card_bytes,
+    with_paging,
 )
 from tuneplan.units import GiB
 
@@ -174,14 +176,14 @@ def _method_fit(search: StrategySearch, s: Strategy, limit: int, gen: str) -> Me
 
     def ok(candidate: Strategy) -> bool:
         found = _peak(search, candidate, gen)
-        return not isinstance(found, Refused) and found.device_total_bytes <= limit
+        return not isinstance(found, Refused) and on_card_bytes(found, limit) <= limit
 
     batch = largest_fitting(lambda b: ok(replace(s, batch_size=b)), 1, MAX_BATCH)
     top = (search.model.max_position_embeddings or NO_LIMIT_SEQ) // SEQ_STEP
     steps = largest_fitting(lambda k: ok(replace(s, batch_size=1, seq_len=k * SEQ_STEP)),
                             1, max(1, top))
-    return MethodFit(method=s.method, peak_bytes=est.device_total_bytes,
-                     fits=est.device_total_bytes <= limit, largest_batch=max(0, batch),
+    return MethodFit(method=s.method, peak_bytes=on_card_bytes(est, limit),
+                     fits=on_card_bytes(est, limit) <= limit, largest_batch=max(0, batch),
                      largest_seq_len=max(0, steps) * SEQ_STEP)
 
 
@@ -203,9 +205,12 @@ def _one_gpu_changes(s: Strategy) -> list[Change]:
         out.append(("offload activation checkpoints to host (--offload-activations)",
                     lambda x: replace(x, checkpointing=Checkpointing.OFFLOAD)))
     if not s.optimizer.is_8bit and s.offload is Offload.NONE:
-        out.append(("8-bit optimizer (--optimizer adamw8bit, or paged-adamw8bit to page its "
-                    "state to host RAM under pressure)",
+        out.append(("8-bit optimizer (--optimizer adamw8bit)",
                     lambda x: replace(x, optimizer=Optimizer.ADAMW8BIT)))
+    if not s.optimizer.is_paged and s.offload is Offload.NONE:
+        out.append(("paged 8-bit optimizer (--optimizer paged-adamw8bit: the state that does "
+                    "not fit beside the rest waits in host RAM, paged back for each update)",
+                    lambda x: replace(x, optimizer=Optimizer.PAGED_ADAMW8BIT)))
     if s.loss is not Loss.CHUNKED:
         out.append(("chunked cross-entropy (--loss chunked)",
                     lambda x: replace(x, loss=Loss.CHUNKED)))
@@ -342,33 +347,38 @@ class _Context:
     def __post_init__(self) -> None:
         self._base_speed = self.speed(self.base)
         est = _peak(self.search, self.base, self.gpu.generation)
-        self._base_peak = None if isinstance(est, Refused) else est.device_total_bytes
+        self._base_peak = None if isinstance(est, Refused) else on_card_bytes(est, self.limit)
 
-    def speed(self, s: Strategy) -> float | None:
+    def speed(self, s: Strategy, paged_out: int = 0) -> float | None:
+        """Tokens/s of ``s`` on this GPU, a paged optimizer's paging of ``paged_out`` bytes
+        per GPU included (``search.with_paging``, as the planner prices it)."""
         node = Node(gpu=self.gpu, gpus_per_node=s.gpus, nodes=s.nodes,
                     capacity_bytes=self.gpu.usable_memory_bytes)
         found = self.search.speed(s, node)
-        return None if isinstance(found, Refused) else found.tokens_per_second
+        if isinstance(found, Refused):
+            return None
+        return with_paging(found, paged_out, self.search.throughput_assumptions
+                           ).tokens_per_second
 
     def fits(self, s: Strategy) -> bool:
         est = _peak(self.search, s, self.gpu.generation)
-        return (not isinstance(est, Refused) and est.device_total_bytes <= self.limit
+        return (not isinstance(est, Refused) and on_card_bytes(est, self.limit) <= self.limit
                 and card_problem(s, self.gpu) is None)
 
     def suggest(self, change: str, s: Strategy, scope: str = "one GPU") -> Suggestion | None:
         est = _peak(self.search, s, self.gpu.generation)
         if isinstance(est, Refused) or card_problem(s, self.gpu) is not None:
             return None
-        speed = self.speed(s)
+        peak = on_card_bytes(est, self.limit)   # a paged optimizer's spill is in host RAM
+        speed = self.speed(s, est.device_total_bytes - peak)
         ratio = (speed / self._base_speed if speed is not None and self._base_speed
                  else None)
         return Suggestion(
-            change=change, strategy=s, peak_bytes=est.device_total_bytes,
-            fits=est.device_total_bytes <= self.limit, host_ram_bytes=est.host_ram_bytes,
+            change=change, strategy=s, peak_bytes=peak, fits=peak <= self.limit,
+            host_ram_bytes=est.host_ram_bytes + (est.device_total_bytes - peak) * s.gpus,
             scope=scope, gpus=s.world_size, nodes=s.nodes, tokens_per_second=speed,
             speed_vs_job=ratio,
-            saved_bytes=(None if self._base_peak is None
-                         else self._base_peak - est.device_total_bytes))
+            saved_bytes=(None if self._base_peak is None else self._base_peak - peak))
 
     def suggest_spread(self, what: str, total: int, node_gpus: int, s: Strategy,
                        flags: str = "") -> Suggestion | None:
@@ -398,7 +408,7 @@ def _powers(start: int, limit: int) -> list[int]:
 def _largest_seq(search: StrategySearch, s: Strategy, limit: int, gen: str) -> int:
     def ok(k: int) -> bool:
         found = _peak(search, replace(s, seq_len=k * SEQ_STEP), gen)
-        return not isinstance(found, Refused) and found.device_total_bytes <= limit
+        return not isinstance(found, Refused) and on_card_bytes(found, limit) <= limit
 
     top = max(1, (s.seq_len - 1) // SEQ_STEP)
     return max(0, largest_fitting(ok, 1, top)) * SEQ_STEP

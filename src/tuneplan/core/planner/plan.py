@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -58,7 +59,7 @@ from tuneplan.core.planner.infeasible import (
     budget_and_deadline,
     ordered,
 )
-from tuneplan.core.planner.risk import Risk, assess
+from tuneplan.core.planner.risk import PAGED_TERM, Risk, assess
 from tuneplan.core.planner.search import (
     AUTO_METHODS,
     DEFAULT_MEMORY_MARGIN,
@@ -177,6 +178,16 @@ class Rejection:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RelaxedPlan:
+    """A plan a relaxation gives, whole, with the job it meets: the person's job with that
+    one change (the budget raised, the deadline moved, a flag freed)."""
+
+    plan: Plan
+    job: Job
+    change: str               # the relaxation's words (``Relaxation.change``)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PlanResult:
     """Ranked plans (best first), the Pareto front's ids, and rejected offers."""
 
@@ -190,6 +201,9 @@ class PlanResult:
     memory_estimates: int = 0
     infeasible: Infeasibility | None = None   # set when ``plans`` is empty: why, and changes
     notes: tuple[str, ...] = ()               # settings the model chose (caveats.model_defaults)
+    # the whole plans the relaxations quote (``infeasible.relaxations[].plan``), each with the
+    # job it meets, so a face can save them like ordinary plans (``cost``/``launch`` by id)
+    relaxed: tuple[RelaxedPlan, ...] = ()
 
     @property
     def feasible(self) -> bool:
@@ -234,7 +248,8 @@ def plan_offers(model: ModelSpec, job: Job, offers: Sequence[Offer],
     result = replace(result, notes=notes)
     if result.plans:
         return result
-    return replace(result, infeasible=_diagnose(context, job, search, result, overruns))
+    why, relaxed = _diagnose(context, job, search, result, overruns)
+    return replace(result, infeasible=why, relaxed=relaxed)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -446,10 +461,12 @@ def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[s
             if bigger is not None:
                 outcome, short = bigger, {}
                 candidates = list(bigger.best.values())
-        elif (want := _nodes_may_pay(job, [c for c in candidates if id(c) not in short])):
-            # One node fits, but leaning on host offload or missing the deadline: more
-            # nodes may be cheaper or in time, so they are plans beside it (ranked alike).
-            more = _more_nodes(search, job, node, inter, a, offer, want=want)
+        elif (pays := _nodes_may_pay(job, [c for c in candidates if id(c) not in short])):
+            # One node fits, but starved of memory or missing the deadline: more nodes may
+            # be cheaper or in time, so they are plans beside it (ranked alike).
+            want, most = pays
+            more = _more_nodes(search, job, node, inter, replace(a, max_nodes=min(
+                most, a.max_nodes)), offer, want=want)
             if more is not None:
                 candidates += list(more.best.values())
     if not candidates:
@@ -547,15 +564,18 @@ def _hardware_problem(job: Job, gpu: GpuSpec, link: str) -> str | None:
 
 
 def _host_ram_short(candidates: Iterable[Candidate], offer: Offer) -> dict[int, str]:
-    """id -> reason for offloading candidates that need more host RAM than the instance has
-    (when its RAM is known)."""
+    """id -> reason for candidates that keep state in host RAM (offload, or a paged
+    optimizer's paged-out state) and need more of it than the instance has (when its RAM is
+    known)."""
     ram = offer.ram_bytes
     if ram is None:
         return {}
-    return {id(c): f"offload needs {c.host_ram_bytes / GiB:,.0f} GiB host RAM, "
+    return {id(c): f"{'offload' if c.strategy.offload is not Offload.NONE else 'paged optimizer'}"
+                   f" needs {c.host_ram_bytes / GiB:,.0f} GiB host RAM, "
                    f"the instance has {ram / GiB:,.0f} GiB"
             for c in candidates
-            if c.strategy.offload is not Offload.NONE and c.host_ram_bytes > ram}
+            if (c.strategy.offload is not Offload.NONE or c.paged_out_bytes)
+            and c.host_ram_bytes > ram}
 
 
 def _multi_node_ok(provider: Provider | None) -> bool:
@@ -583,21 +603,35 @@ def _more_nodes(search: StrategySearch, job: Job, node: Node, inter: float | Non
 
 
 def _nodes_may_pay(job: Job, fitted: Sequence[Candidate]
-                   ) -> Callable[[Candidate], bool] | None:
-    """What more nodes must do to be worth a plan when one node already fits ``fitted``:
-    meet the deadline none of them meets, or run without the host offload all of them
-    need (streaming weights over PCIe is slower than a second node); None when one node is
-    enough."""
+                   ) -> tuple[Callable[[Candidate], bool], int] | None:
+    """What more nodes must do to be worth a plan when one node already fits ``fitted``, and
+    the most nodes to try for it: meet the deadline none of them meets (up to
+    ``max_nodes``), or, when every one of them is ``memory_starved``, run faster per GPU on
+    2 or 4 nodes (the same price per node: cheaper); None when one node is enough."""
     if not fitted:
         return None
     if job.deadline_s is not None and all(
             (c.throughput.hours or 0.0) * HOUR_S > job.deadline_s for c in fitted):
         deadline = job.deadline_s
-        return lambda c: (c.throughput.hours or 0.0) * HOUR_S <= deadline
-    if not job.is_fixed("offload") and all(c.strategy.offload is not Offload.NONE
-                                           for c in fitted):
-        return lambda c: c.strategy.offload is Offload.NONE
+        return (lambda c: (c.throughput.hours or 0.0) * HOUR_S <= deadline), _NO_LIMIT
+    if all(memory_starved(c) for c in fitted):
+        # the same node price per node, so cheaper exactly when each GPU does more
+        # (2 then 4 nodes only: a guess at a cheaper plan, not a requirement; bounded)
+        best = max(c.throughput.tokens_per_second_per_gpu for c in fitted)
+        return (lambda c: c.throughput.tokens_per_second_per_gpu > best), 4
     return None
+
+
+_NO_LIMIT = 1 << 30   # node counts up to ``PlanAssumptions.max_nodes``
+
+
+def memory_starved(c: Candidate) -> bool:
+    """One node holds ``c`` only by leaning on host RAM (offload, a paged optimizer's
+    paged-out state) or at micro-batch 1 with recompute: a second node's memory may make it
+    run faster per GPU, hence cheaper."""
+    s = c.strategy
+    return (s.offload is not Offload.NONE or c.paged_out_bytes > 0
+            or (s.batch_size == 1 and s.checkpointing is not Checkpointing.NONE))
 
 
 def _why_not(need: int | None, refusals: list[str], capacity: int, a: PlanAssumptions, *,
@@ -715,8 +749,19 @@ def _chosen_settings(p: Plan, job: Job) -> list[str]:
                    "set it in the trainer, e.g. a fused linear cross-entropy): these settings "
                    "fit only with it")
     if s.optimizer is not base.optimizer:
-        out.append(f"--optimizer {s.optimizer.value} (8-bit optimizer state): these settings "
-                   "fit only with it")
+        paged = (", paged: bitsandbytes keeps it in CUDA managed memory that the driver pages "
+                 "to host RAM under pressure instead of running out of memory"
+                 if s.optimizer.is_paged else "")
+        out.append(f"--optimizer {s.optimizer.value} (8-bit optimizer state{paged}): these "
+                   "settings fit only with it")
+    spill = p.candidate.paged_out_bytes
+    if spill:
+        term = p.candidate.throughput.step.get(PAGED_TERM)
+        seconds = float(term.value) if term is not None else 0.0
+        out.append(f"paged optimizer: {spill / GiB:.1f} GiB per GPU of its state waits in host "
+                   f"RAM at the peak, paged back for each update: +{seconds:.1f} s per step "
+                   f"of {p.candidate.throughput.step_seconds:.1f} s (the card stays at its "
+                   "limit; low confidence in the paging rate)")
     if s.checkpointing is Checkpointing.OFFLOAD and base.checkpointing is not (
             Checkpointing.OFFLOAD):
         out.append("activation checkpoints offloaded to host RAM: these settings fit only "
@@ -821,10 +866,12 @@ def _alternatives(job: Job) -> Iterable[tuple[str, str, str, Job, bool]]:
 
 
 def _diagnose(context: _Context, job: Job, search: StrategySearch, result: PlanResult,
-              overruns: Sequence[_Priced]) -> Infeasibility:
-    """Why ``result`` has no plan: the binding constraints and their cheapest relaxations."""
+              overruns: Sequence[_Priced]) -> tuple[Infeasibility, tuple[RelaxedPlan, ...]]:
+    """Why ``result`` has no plan: the binding constraints and their cheapest relaxations,
+    and the whole plans those relaxations quote (by id, first relaxation first)."""
     binding: list[Binding] = []
     relax: list[Relaxation] = []
+    whole: dict[str, tuple[Plan, Job]] = {}
     if result.considered == 0:
         binding.append(Binding(constraint="filters", detail=(
             f"no offer passes the job's filters ({len(context.offers)} offers in the "
@@ -834,6 +881,12 @@ def _diagnose(context: _Context, job: Job, search: StrategySearch, result: PlanR
                                              job.budget_usd, job.deadline_s)
         binding += found
         relax += changes
+        quoted = {r.plan.id for r in changes if r.plan is not None}
+        for p in overruns:
+            ref = _priced_ref(p)
+            if ref.id in quoted and ref.id not in whole:
+                met = _meeting(job, ref)
+                whole[ref.id] = (_build_plan(p, met, context.now, context.a), met)
     else:
         binding.append(_rejections_binding(job, result))
         if binding[0].constraint == "memory":
@@ -848,7 +901,27 @@ def _diagnose(context: _Context, job: Job, search: StrategySearch, result: PlanR
                 binding.append(Binding(constraint=constraint, detail=detail))
             relax.append(Relaxation(constraint=constraint, change=change,
                                     plan=plan_ref(sub.plans[0])))
-    return ordered(binding, relax)
+            whole.setdefault(sub.plans[0].id, (sub.plans[0], sub.job))
+    why = ordered(binding, relax)
+    saved: dict[str, RelaxedPlan] = {}
+    for r in why.relaxations:
+        if r.plan is not None and r.plan.id in whole and r.plan.id not in saved:
+            plan, met = whole[r.plan.id]
+            saved[r.plan.id] = RelaxedPlan(
+                plan=replace(plan, why=(f"relaxation: {r.change}", *plan.why)), job=met,
+                change=r.change)
+    return why, tuple(saved.values())
+
+
+def _meeting(job: Job, ref: PlanRef) -> Job:
+    """``job`` with its budget and deadline moved just far enough for the plan ``ref``: the
+    job that plan meets (a budget or deadline it already meets is kept)."""
+    budget, deadline = job.budget_usd, job.deadline_s
+    if budget is not None and ref.cost_usd > budget:
+        budget = ref.cost_usd.quantize(Decimal("0.01"), rounding="ROUND_CEILING")
+    if deadline is not None and ref.hours * HOUR_S > deadline:
+        deadline = float(math.ceil(ref.hours * HOUR_S))
+    return replace(job, budget_usd=budget, deadline_s=deadline)
 
 
 def _rejections_binding(job: Job, result: PlanResult) -> Binding:

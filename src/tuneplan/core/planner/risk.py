@@ -103,12 +103,15 @@ def time_error(gpu: str) -> tuple[float, str]:
 #: The step model's term for weights streamed from host RAM (``compute.step.offload_term``):
 #: its value is the copy time not hidden behind compute, its ``bytes`` input what it moves.
 PARAM_OFFLOAD_TERM = "micro-batch/param-offload-exposed"
+#: The planner's term for a paged optimizer's paging (``search.with_paging``).
+PAGED_TERM = "step/paged-optimizer"
 
 
 def host_bytes_per_step(c: Candidate) -> float:
     """Bytes per GPU per optimizer step that cross the host link: the weights streamed each
-    pass under ``--offload optimizer+params`` (the step model's own term), or, under
-    optimizer offload, bf16 gradients down and updated bf16 weights up once per step."""
+    pass under ``--offload optimizer+params`` (the step model's own term), under optimizer
+    offload bf16 gradients down and updated bf16 weights up once per step, or a paged
+    optimizer's paged-out state in and out."""
     s = c.strategy
     if s.offload is Offload.OPTIMIZER_PARAMS:
         term = c.throughput.step.get(PARAM_OFFLOAD_TERM)
@@ -117,7 +120,9 @@ def host_bytes_per_step(c: Candidate) -> float:
             return float(inputs.get("bytes", 0.0)) * float(inputs.get("grad_accum", 1))
     if s.offload is not Offload.NONE:
         return 2.0 * 2 * c.memory.trainable_params / s.world_size
-    return 0.0
+    # a paged optimizer's paged-out state: back in for the update, out again (``search.
+    # with_paging``)
+    return 2.0 * c.paged_out_bytes
 
 
 def assess(c: Candidate, *, link: str, capacity_bytes: int, gpu: str, on_spot: bool,
@@ -148,7 +153,15 @@ def assess(c: Candidate, *, link: str, capacity_bytes: int, gpu: str, on_spot: b
                        f"{over}: {t.comm_seconds_per_step:.1f} s of traffic, {hidden}")
     host = host_bytes_per_step(c)
     streaming = 0.0
-    if host:
+    paging = t.step.get(PAGED_TERM)
+    if host and paging is not None:
+        paged_s = float(paging.value)
+        streaming = min(1.0, paged_s / step_s) * LINK_RISK_SHARE
+        reasons.append(f"paged optimizer state to and from host RAM: {host / GB:,.1f} GB per "
+                       f"GPU per step, {paged_s:.1f} s of the {step_s:.1f} s step (the "
+                       "driver's eviction rate is an assumption; a spike pages more out "
+                       "instead of running out of memory)")
+    elif host:
         term = t.step.get(PARAM_OFFLOAD_TERM)
         moved_s = float(term.value) if term is not None else 0.0  # the part not hidden
         # At stake is the whole copy time, not only the part the estimate leaves exposed:

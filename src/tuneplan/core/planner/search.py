@@ -5,7 +5,10 @@ checkpointing, sharding and offload, finds the largest micro-batch that fits by 
 keeps the fastest strategy per method (under ``--objective risk`` the fastest once its memory
 risk is priced in, half the largest micro-batch tried too). Where the job's own settings fit
 nothing, the lean settings an engineer reaches for are tried in turn (``lean_settings``:
-chunked loss, 8-bit AdamW, activation offload), then optimizer/parameter offload. A field the
+chunked loss, 8-bit AdamW, the same paged, activation offload), then optimizer/parameter
+offload. A paged optimizer's state may wait in host RAM when the peak passes the card
+(``pageable_bytes``): such a candidate keeps the card at its limit and pays for the paging
+in its step time (``with_paging``). A field the
 person fixed (``fixed``: micro-batch, sharding, offload, checkpointing, precision, loss,
 optimizer) is not searched: every candidate keeps its value, so a plan never silently changes
 what was asked for. Memory estimates are cached by (strategy, GPU generation) so offers that
@@ -41,8 +44,9 @@ from tuneplan.core.memory import MemoryAssumptions, MemoryEstimate, estimate_mem
 from tuneplan.core.memory.overheads import reserve_term, workspace_term
 from tuneplan.core.models import ModelSpec
 from tuneplan.core.planner.caveats import card_problem, precision_on
-from tuneplan.core.planner.risk import memory_penalty
+from tuneplan.core.planner.risk import PAGED_TERM, memory_penalty
 from tuneplan.errors import TuneplanError
+from tuneplan.explain import Breakdown, Term
 
 AUTO_METHODS = (Method.FULL, Method.LORA, Method.QLORA)
 #: Sharding tried on several GPUs, cheapest communication first (ties keep the earlier one).
@@ -115,6 +119,9 @@ class Candidate:
     host_ram_bytes: int              # per node, for this strategy's GPUs per node
     throughput: Throughput
     exact: bool = False
+    # per GPU: the paged optimizer state that does not fit beside the rest at the peak and
+    # lives in host RAM (``paged_spill``); 0 unless the optimizer is a paged one
+    paged_out_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -138,6 +145,70 @@ def memory_limit(capacity_bytes: int, margin: float = DEFAULT_MEMORY_MARGIN) -> 
     ``capacity_bytes``: capacity x margin, rounded down. The planner, ``fit``, ``memory --gpu``
     and the plan JSON all compare with this one number."""
     return int(capacity_bytes * margin)
+
+
+def pageable_bytes(est: MemoryEstimate) -> int:
+    """Bytes of ``est``'s device total that may leave the card instead of running out of
+    memory: a bitsandbytes paged optimizer's state. bitsandbytes (0.50,
+    ``optim/optimizer.py`` ``get_state_buffer``; ``functional.py`` ``get_paged``) allocates
+    the state of every tensor of 1e5 elements or more with ``cudaMallocManaged`` (CUDA unified
+    memory, outside torch's allocator: ``core.memory.steady`` counts it outside the
+    allocator) and prefetches each one back to the GPU (``cudaMemPrefetchAsync``) just before
+    its update; under memory pressure the CUDA driver evicts those pages to host RAM rather
+    than failing an allocation. The smaller tensors' state and the rest of the step stay on
+    the card; the memory model's optimizer-state term is taken whole (the small tensors'
+    share is negligible)."""
+    if not est.strategy.optimizer.is_paged:
+        return 0
+    term = est.breakdown.get("optimizer/states")
+    return int(term.value) if term is not None else 0
+
+
+def paged_spill(device_total: int, pageable: int, limit: int) -> int:
+    """Bytes per GPU of paged optimizer state living in host RAM when the step's peak
+    (``device_total``, the paged state included) passes ``limit``: what does not fit, at most
+    the pageable state (more would not fit at all)."""
+    return min(pageable, max(0, device_total - limit))
+
+
+def on_card_bytes(est: MemoryEstimate, limit: int, total: int | None = None) -> int:
+    """What of ``est``'s whole-device peak (``total``, default its own) stays on the card
+    under ``limit``: all of it, less a paged optimizer's state that waits in host RAM
+    (``paged_spill``). The job fits exactly when this is within the limit; the planner and
+    ``tuneplan fit`` both compare it."""
+    total = est.device_total_bytes if total is None else total
+    return total - paged_spill(total, pageable_bytes(est), limit)
+
+
+def paging_seconds(spill: int, a: ThroughputAssumptions) -> float:
+    """Seconds per optimizer step that ``spill`` bytes of paged state cost: paged back in for
+    the update and evicted again when forward and backward need the room, twice over the
+    GPU's host link (``ThroughputAssumptions.host_link_bytes_per_s``, the rate offloaded
+    states move at). Driver-driven eviction can be slower than this bulk copy: low
+    confidence."""
+    return 2 * spill / a.host_link_bytes_per_s
+
+
+def with_paging(t: Throughput, spill: int, a: ThroughputAssumptions) -> Throughput:
+    """``t`` with the paging of ``spill`` bytes per GPU added to every optimizer step (a step
+    term of its own, ``step/paged-optimizer``); time-derived figures follow."""
+    extra = paging_seconds(spill, a)
+    if extra <= 0:
+        return t
+    step_s = t.step_seconds + extra
+    scale = t.step_seconds / step_s
+    term = Term(path=PAGED_TERM, value=extra, unit="s",
+                formula="2 x paged-out optimizer state / host link",
+                inputs={"paged_out_bytes": spill,
+                        "host_link_bytes_per_s": a.host_link_bytes_per_s},
+                source="bitsandbytes paged optimizer: CUDA managed memory evicted to host "
+                       "under pressure, prefetched back before each update (low confidence)")
+    return replace(t, step_seconds=step_s, tokens_per_second=t.tokens_per_second * scale,
+                   tokens_per_second_per_gpu=t.tokens_per_second_per_gpu * scale,
+                   mfu=t.mfu * scale, hours=None if t.hours is None else t.hours / scale,
+                   step=Breakdown(t.step.unit, (*t.step.terms, term)),
+                   notes=(*t.notes, f"paged optimizer: {spill / 1e9:.1f} GB per GPU of its "
+                                    "state lives in host RAM at the peak"))
 
 
 @dataclass(slots=True)
@@ -260,26 +331,45 @@ class StrategySearch:
             for lean in leans:
                 more = self._fit_method(method, node, limit, generation, out, offload=False,
                                         lean=lean)
-                if fitted or (more and "batch_size" in self.fixed):
+                if more and "batch_size" in self.fixed:
                     fitted += more
+                    break
+                if fitted:
+                    fitted += more
+                    if lean.get("optimizer") is Optimizer.PAGED_ADAMW8BIT or (
+                            node.nodes > 1 and self._comm_bound(fitted, node)):
+                        continue  # the 8-bit step's paged twin, or still starved: go on
                     break
                 fitted = more
                 # A fit only at micro-batch 1 is tight: the next lean step is tried too, as
                 # it may fit a larger, faster micro-batch (the faster of them is kept).
-                if fitted and max(c.strategy.batch_size for c in fitted) > 1:
+                if fitted and max(c.strategy.batch_size for c in fitted) > 1 and not (
+                        node.nodes > 1 and self._comm_bound(fitted, node)):
                     break
-            if not fitted and node.gpus_per_node * node.nodes > 1 and "offload" not in self.fixed:
+            starved = bool(fitted) and node.nodes > 1 and self._comm_bound(fitted, node)
+            if (not fitted or starved) and node.gpus_per_node * node.nodes > 1 and (
+                    "offload" not in self.fixed):
                 # DeepSpeed's CPU Adam replaces the optimizer: offload keeps the job's own
                 # optimizer and checkpoints; the chunked loss is tried when it alone fails.
+                # Across nodes, a fit still bound by its collectives tries it too (the
+                # memory it frees is a larger micro-batch); the faster is kept.
                 chunked = {k: v for k, v in leans[-1].items() if k == "loss"}
                 for lean in ({}, chunked) if chunked else ({},):
-                    fitted = self._fit_method(method, node, limit, generation, out,
-                                              offload=True, lean=lean)
-                    if fitted:
+                    more = self._fit_method(method, node, limit, generation, out,
+                                            offload=True, lean=lean)
+                    fitted += more
+                    if more:
                         break
             if fitted:
                 out.best[method] = max(fitted, key=lambda c: self._merit(c, node))
         return out
+
+    def _comm_bound(self, fitted: list[Candidate], node: Node) -> bool:
+        """The best of ``fitted`` spends most of its step on exposed collectives: across
+        nodes, ZeRO-3/FSDP gathers the weights once per micro-batch, so the memory a lean
+        step frees (a larger micro-batch) is what amortises them; the lean steps go on."""
+        return max(fitted, key=lambda c: self._merit(c, node)).throughput.bound == (
+            "communication")
 
     def _merit(self, c: Candidate, node: Node) -> float:
         """What picks the candidate kept per method: tokens/s; with ``headroom`` (``--objective
@@ -293,8 +383,9 @@ class StrategySearch:
         """The settings an engineer reaches for, in turn, when the job's own do not fit,
         each step keeping the ones before: a chunked loss (same numerics, the logits never
         whole), an 8-bit AdamW for full fine-tuning (where bitsandbytes runs on the card),
-        activation checkpoints in host RAM. Only fields left free (``fixed``) change; the
-        first entry is the job's own settings."""
+        the same 8-bit AdamW paged (``pageable_bytes``; not where ``--offload none`` is fixed:
+        its paged-out state would sit in host RAM), activation checkpoints in host RAM. Only
+        fields left free (``fixed``) change; the first entry is the job's own settings."""
         base, fixed = self.base, self.fixed
         out: list[dict[str, object]] = [{}]
         step: dict[str, object] = {}
@@ -308,6 +399,12 @@ class StrategySearch:
             if card_problem(probe, gpu) is None:
                 step = {**step, "optimizer": Optimizer.ADAMW8BIT}
                 out.append(step)
+                # the same state, paged: what does not fit at the peak waits in host RAM
+                # (``pageable_bytes``) at a paging cost per step; a step of its own, not
+                # carried into the next (offloaded checkpoints keep the plain 8-bit AdamW);
+                # a fixed ``--offload none`` keeps the optimizer state on the card
+                if not ("offload" in fixed and base.offload is Offload.NONE):
+                    out.append({**step, "optimizer": Optimizer.PAGED_ADAMW8BIT})
         if "checkpointing" not in fixed and base.checkpointing is Checkpointing.FULL:
             out.append({**step, "checkpointing": Checkpointing.OFFLOAD})
         return out
@@ -319,6 +416,12 @@ class StrategySearch:
         found = self.memory(candidate.strategy, gpu.generation)
         if isinstance(found, Refused):
             return candidate
+        if candidate.paged_out_bytes:
+            # what is on the card stays at the limit; the paged-out state takes the difference
+            spill = max(0, found.device_total_bytes - candidate.device_total_bytes)
+            per_node = spill * candidate.strategy.gpus
+            return replace(candidate, memory=found, paged_out_bytes=spill, exact=True,
+                           host_ram_bytes=host_ram(found, candidate.strategy) + per_node)
         return replace(candidate, memory=found, device_total_bytes=found.device_total_bytes,
                        host_ram_bytes=found.host_ram_bytes, exact=True)
 
@@ -400,7 +503,8 @@ class StrategySearch:
                     out: SearchOutcome) -> list[Candidate]:
         def fits(log2: int) -> bool:
             est = self.at_batch(family, 2**log2)
-            return not isinstance(est, Refused) and self.device_total(est, generation) <= limit
+            return not isinstance(est, Refused) and on_card_bytes(
+                est, limit, self.device_total(est, generation)) <= limit
 
         # A fixed micro-batch is the only one tried; else 1, 2, 4 ... by bisection.
         fixed_batch = "batch_size" in self.fixed
@@ -408,7 +512,8 @@ class StrategySearch:
         if isinstance(first, Refused):
             out.refusals.append(first.reason)
             return []
-        need = self.device_total(first, generation)
+        # a paged optimizer's state may wait in host RAM: only the rest must fit
+        need = self.device_total(first, generation) - pageable_bytes(first)
         if need > limit:
             if out.smallest_need_bytes is None or need < out.smallest_need_bytes:
                 out.smallest_need_bytes = need
@@ -443,6 +548,10 @@ def evaluate_strategy(search: StrategySearch, node: Node, strategy: Strategy, *,
     speed = search.speed(strategy, node)
     if isinstance(speed, Refused):
         return speed
-    return Candidate(strategy=strategy, memory=est, throughput=speed,
-                     device_total_bytes=search.device_total(est, node.gpu.generation),
-                     host_ram_bytes=host_ram(est, strategy))
+    total = search.device_total(est, node.gpu.generation)
+    spill = paged_spill(total, pageable_bytes(est), memory_limit(node.capacity_bytes,
+                                                                  search.margin))
+    return Candidate(strategy=strategy, memory=est, paged_out_bytes=spill,
+                     throughput=with_paging(speed, spill, search.throughput_assumptions),
+                     device_total_bytes=total - spill,
+                     host_ram_bytes=host_ram(est, strategy) + spill * strategy.gpus)
