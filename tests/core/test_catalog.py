@@ -29,7 +29,14 @@ from tuneplan.core.catalog.offers import (
     normalise_gpu_name,
     sort_offers,
 )
-from tuneplan.core.catalog.providers import parse_duration_text, parse_price_text
+from tuneplan.core.catalog.providers import (
+    parse_duration_text,
+    parse_price_text,
+    provider_matches,
+    resold_provider_name,
+    selling_provider,
+    split_resold,
+)
 from tuneplan.errors import InvalidOfferError, UnknownGpuError
 from tuneplan.units import GB, GiB
 
@@ -213,12 +220,53 @@ SNAPSHOT = {source: result for source, result, _ in load_bundled_snapshot()}
 
 def test_snapshot_counts_and_rejections() -> None:
     assert len(SNAPSHOT) == 21
-    assert sum(len(r.offers) for r in SNAPSHOT.values()) == 4802
+    assert sum(len(r.offers) for r in SNAPSHOT.values()) == 4943
     aws = SNAPSHOT["skypilot-snapshot/aws"]
     assert aws.total_rejected == 36  # 31 fractional g6f.2xlarge (0.25 L4) + 5 p5e without price
     assert sum("fractional" in r for r in aws.rejected_rows) == 31
     assert SNAPSHOT["skypilot-snapshot/mithril"].offers == ()  # placeholder prices rejected
     assert SNAPSHOT["skypilot-snapshot/azure"].total_rejected == 16
+
+
+def test_aggregator_rows_name_the_cloud_and_the_reseller() -> None:
+    shade = SNAPSHOT["skypilot-snapshot/shadeform"]
+    assert shade.total_rejected == 0 and len(shade.offers) == 259
+    scaleway = [o for o in shade.offers if o.instance_type == "scaleway_H100x2"]
+    assert {o.provider for o in scaleway} == {"Scaleway (via Shadeform)"}
+    assert {o.region for o in scaleway} == {"warsaw-poland-1", "paris-france-1"}
+    assert all(o.price_per_hour == Decimal("6.08") and o.gpu == "H100 SXM5" for o in scaleway)
+    assert "the machine is Scaleway's, the price and rental terms are Shadeform's" in (
+        scaleway[0].notes)
+    # A prefix with no known provider name stays as the aggregator wrote it.
+    assert {o.provider for o in shade.offers if o.instance_type.startswith("imwt_")} == {
+        "imwt (via Shadeform)"}
+    prime = SNAPSHOT["skypilot-snapshot/primeintellect"].offers
+    roan = [o for o in prime if o.instance_type.startswith("dc_roan__")]
+    assert roan and {o.provider for o in roan} == {"dc_roan (via Prime Intellect)"}
+    verda = [o for o in prime if o.instance_type == "datacrunch__8xH100_80GB__176__1480__SPOT"]
+    assert [o.provider for o in verda] == ["Verda (ex-DataCrunch) (via Prime Intellect)"]
+    assert verda[0].spot_price_per_hour == Decimal("6.84")
+
+
+def test_resold_provider_names_match_cloud_and_reseller() -> None:
+    name = resold_provider_name("paperspace", "shadeform")
+    assert name == "Paperspace (DigitalOcean) (via Shadeform)"
+    assert split_resold(name) == ("Paperspace (DigitalOcean)", "Shadeform")
+    assert split_resold("Paperspace (DigitalOcean)") == ("Paperspace (DigitalOcean)", None)
+    assert selling_provider(name) == "Shadeform"
+    assert selling_provider("Lambda") == "Lambda"
+    assert provider_matches("shadeform", name) and provider_matches("paperspace", name)
+    assert provider_matches(name, name)
+    assert not provider_matches("digitalocean", name)  # DigitalOcean's own GPU cloud
+    assert not provider_matches("lambda", name)
+
+
+def test_bundled_snapshot_has_h100_offers_from_25_clouds() -> None:
+    h100 = [o for r in SNAPSHOT.values() for o in r.offers if o.gpu.startswith("H100")]
+    clouds = {split_resold(o.provider)[0] for o in h100}
+    assert len(clouds) >= 25, sorted(clouds)
+    assert {"Scaleway", "DigitalOcean", "Massed Compute", "Latitude.sh", "Voltage Park",
+            "Denvr Dataworks"} <= clouds
 
 
 def test_gcp_gpu_rows_join_their_host_vm_or_are_marked() -> None:

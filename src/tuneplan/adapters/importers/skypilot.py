@@ -30,6 +30,7 @@ from tuneplan.adapters.importers.validation import (
 )
 from tuneplan.core.catalog.gpu_names import GPU_ALIASES, gpu_name_key
 from tuneplan.core.catalog.offers import Offer, normalise_gpu_name, normalise_provider_name
+from tuneplan.core.catalog.providers import resold_provider_name
 from tuneplan.errors import UnknownGpuError
 from tuneplan.units import GiB, MiB
 
@@ -38,6 +39,10 @@ _REQUIRED = ("InstanceType", "AcceleratorName", "AcceleratorCount", "Price", "Re
 _TOTAL_MEMORY_CLOUDS = frozenset({"vast", "primeintellect"})
 # Source names whose bare GPU name means the PCIe card (RunPod lists SXM/NVL separately).
 _PCIE_BY_DEFAULT = frozenset({"runpod"})
+# Aggregators whose instance names start with the cloud that runs the machine, and the
+# separator after that prefix (Shadeform ``scaleway_H100x2``, Prime Intellect
+# ``datacrunch__8xH100_80GB__176__1480``): their offers are ``<cloud> (via <aggregator>)``.
+_RESELLER_PREFIX = {"shadeform": "_", "primeintellect": "__"}
 # Known errors in the source: (cloud, instance type) -> real GPU count, with the reason.
 _COUNT_FIXES = {("azure", "Standard_ND96isr_H100_v5"): (8, "source says 12 GPUs; the ND96isr "
                                                         "H100 v5 size has 8 (Azure docs)")}
@@ -95,8 +100,10 @@ def _offer(row: dict[str, str], hosts: dict[tuple[str, str], dict[str, str]], cl
     spec = load_gpu_spec(gpu)
     multi_link = count > 1 and any(f in spec.form_factor for f in ("SXM", "OAM", "Superchip"))
     source_host = host or row
+    provider, via_note = _provider(cloud, instance)
+    notes.append(via_note)
     return Offer(
-        provider=normalise_provider_name(cloud.removesuffix("_v7")),
+        provider=provider,
         instance_type=host["InstanceType"] if host else instance,
         gpu=gpu, gpu_count=count, gpu_memory_bytes=spec.memory_bytes,
         vcpus=read_number(source_host.get("vCPUs"), "vCPUs"),
@@ -111,6 +118,20 @@ def _offer(row: dict[str, str], hosts: dict[tuple[str, str], dict[str, str]], cl
         notes="; ".join(n for n in (*notes, *price_notes) if n)
         + ("" if _has(row, "Region") else "; the source gives no region"),
     )
+
+
+def _provider(cloud: str, instance: str) -> tuple[str, str]:
+    """(provider, note): the cloud itself, or for an aggregator's row the cloud named by the
+    instance-name prefix, resold (``Scaleway (via Shadeform)``); a row without the prefix stays
+    the aggregator's own."""
+    own = normalise_provider_name(cloud.removesuffix("_v7"))
+    separator = _RESELLER_PREFIX.get(cloud)
+    upstream, found, _ = instance.partition(separator) if separator else ("", "", "")
+    if not found or not upstream.strip():
+        return own, ""
+    return resold_provider_name(upstream, own), (
+        f"sold through {own} (aggregator): the machine is {normalise_provider_name(upstream)}'s,"
+        f" the price and rental terms are {own}'s")
 
 
 def row_gpu(row: dict[str, str], cloud: str) -> str | None:
