@@ -184,7 +184,7 @@ def test_unknown_source_name_lists_the_valid_ones() -> None:
     assert "aws" not in {s.name for s in select_sources(None)}  # opt-in: huge offer files
     assert [s.name for s in select_sources(["aws"])] == ["aws"]
     chosen = select_sources(["skypilot"])
-    assert len(chosen) == 20 and chosen[0].name == "skypilot/aws"
+    assert len(chosen) == 21 and chosen[0].name == "skypilot/aws"
     assert [s.name for s in select_sources(["skypilot/gcp", "AZURE"])] == ["skypilot/gcp",
                                                                            "azure"]
 

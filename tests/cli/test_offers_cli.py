@@ -68,7 +68,7 @@ def test_offers_csv_and_table(run_cli: Run) -> None:
     assert tuple(rows[0]) == OFFER_RECORD_FIELDS
     assert rows and all(r["gpu"] == "B200 (HGX)" for r in rows)
     table = run_cli("offers", "--gpu", "A100", "--provider", "gcp")
-    assert table.code == 0 and "catalog: 21 sources" in table.stdout and "ago" in table.stdout
+    assert table.code == 0 and "catalog: 22 sources" in table.stdout and "ago" in table.stdout
 
 
 def test_bad_flag_values_are_exit_2(run_cli: Run) -> None:
@@ -95,7 +95,7 @@ def test_gpus_and_providers(run_cli: Run) -> None:
 
 def test_catalog_status_warns_when_older_than_a_week(run_cli: Run) -> None:
     status = run_cli("catalog", "status", "--json").json()
-    assert len(status["sources"]) == 21
+    assert len(status["sources"]) == 22
     old = datetime.now(UTC) - timedelta(days=10)
     with CatalogStore.open() as store:
         lambda_offers = store.offers(OfferFilter(providers=("lambda",)))

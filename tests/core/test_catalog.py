@@ -17,6 +17,7 @@ from tuneplan.adapters.bundled import (
     load_providers,
     read_data_text,
 )
+from tuneplan.adapters.importers.skypilot import row_gpu
 from tuneplan.adapters.importers.snapshot import load_bundled_snapshot
 from tuneplan.core.catalog.offers import (
     CANONICAL_GPUS,
@@ -128,7 +129,9 @@ def test_every_gpu_name_in_the_shipped_snapshot_normalises() -> None:
     names = set()
     for name in list_snapshot_files():
         for row in csv.DictReader(io.StringIO(read_data_text(SNAPSHOT_DIR, name))):
-            if row["AcceleratorName"]:
+            if name == "spheron.csv":  # H100_PCIE_BAREMETAL: the importer strips the variant
+                assert row_gpu(row, "spheron") is not None, row["AcceleratorName"]
+            elif row["AcceleratorName"]:
                 names.add(row["AcceleratorName"])
     assert len(names) > 60
     failures = []
@@ -219,8 +222,8 @@ SNAPSHOT = {source: result for source, result, _ in load_bundled_snapshot()}
 
 
 def test_snapshot_counts_and_rejections() -> None:
-    assert len(SNAPSHOT) == 21
-    assert sum(len(r.offers) for r in SNAPSHOT.values()) == 4943
+    assert len(SNAPSHOT) == 22
+    assert sum(len(r.offers) for r in SNAPSHOT.values()) == 5095
     aws = SNAPSHOT["skypilot-snapshot/aws"]
     assert aws.total_rejected == 36  # 31 fractional g6f.2xlarge (0.25 L4) + 5 p5e without price
     assert sum("fractional" in r for r in aws.rejected_rows) == 31
@@ -243,6 +246,18 @@ def test_aggregator_rows_name_the_cloud_and_the_reseller() -> None:
     prime = SNAPSHOT["skypilot-snapshot/primeintellect"].offers
     roan = [o for o in prime if o.instance_type.startswith("dc_roan__")]
     assert roan and {o.provider for o in roan} == {"dc_roan (via Prime Intellect)"}
+    spheron = SNAPSHOT["skypilot-snapshot/spheron"]
+    assert spheron.total_rejected == 0 and len(spheron.offers) == 152
+    by_type = {o.instance_type: o for o in spheron.offers}
+    # The Provider column names the cloud; "spheron-ai" is Spheron's own machine.
+    assert by_type["n3-H100x8__CANADA-1"].provider == "Spheron"
+    bare = by_type["H100_668d6762247d03149a4c9468_dallas-usa-1"]  # H100_PCIE_BAREMETAL
+    assert (bare.provider, bare.gpu) == ("Sesterce (via Spheron)", "H100 PCIe")
+    fin = by_type["1H100.80S.32V_FIN-03_500"]
+    assert (fin.provider, fin.gpu, fin.spot_price_per_hour) == (
+        "Verda (ex-DataCrunch) (via Spheron)", "H100 SXM5", Decimal("0.8015"))
+    assert by_type["gpu_1x_a6000_low_ram_us-central-2"].gpu == "RTX A6000"
+    assert by_type["V100_32G_668d6762247d03149a4c946f_newyork-usa-1"].gpu == "V100 PCIe 32GB"
     verda = [o for o in prime if o.instance_type == "datacrunch__8xH100_80GB__176__1480__SPOT"]
     assert [o.provider for o in verda] == ["Verda (ex-DataCrunch) (via Prime Intellect)"]
     assert verda[0].spot_price_per_hour == Decimal("6.84")
@@ -266,7 +281,8 @@ def test_bundled_snapshot_has_h100_offers_from_25_clouds() -> None:
     clouds = {split_resold(o.provider)[0] for o in h100}
     assert len(clouds) >= 25, sorted(clouds)
     assert {"Scaleway", "DigitalOcean", "Massed Compute", "Latitude.sh", "Voltage Park",
-            "Denvr Dataworks"} <= clouds
+            "Denvr Dataworks", "Spheron", "Sesterce"} <= clouds
+    assert len(clouds) == 29
 
 
 def test_gcp_gpu_rows_join_their_host_vm_or_are_marked() -> None:

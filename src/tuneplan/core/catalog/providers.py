@@ -35,6 +35,7 @@ PROVIDER_ALIASES: dict[str, str] = {
     "massedcompute": "Massed Compute", "scaleway": "Scaleway", "digitalocean": "DigitalOcean",
     "latitude": "Latitude.sh", "latitudesh": "Latitude.sh", "denvr": "Denvr Dataworks",
     "denvrdataworks": "Denvr Dataworks", "voltagepark": "Voltage Park", "vultr": "Vultr",
+    "spheron": "Spheron", "spheronai": "Spheron", "sesterce": "Sesterce",
 }
 
 

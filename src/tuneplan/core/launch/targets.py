@@ -103,7 +103,7 @@ SKYPILOT_CLOUDS: dict[str, SkyCloud] = {
 #: task schema refuses ``infra: <name>``.
 SKYPILOT_CATALOG_ONLY: dict[str, str] = {
     "Hyperstack": "hyperstack", "Lium": "lium", "Daytona": "daytona",
-    "Jarvislabs": "jarvislabs"}
+    "Jarvislabs": "jarvislabs", "Spheron": "spheron"}
 
 
 class Storage(StrEnum):
