@@ -40,6 +40,20 @@ def test_offers_h100_json_spans_many_providers_with_dates_and_sources(run_cli: R
     assert Decimal(aws["price_per_gpu_hour"]) * 8 == Decimal(aws["price_per_hour"])
 
 
+def test_offers_h100_come_from_25_clouds_and_resold_ones_match_both_names(run_cli: Run) -> None:
+    offers = run_cli("offers", "--gpu", "H100", "--format", "csv")
+    assert offers.code == 0, offers.stderr
+    providers = {row["provider"] for row in csv.DictReader(io.StringIO(offers.stdout))}
+    clouds = {name.split(" (via ")[0] for name in providers}
+    assert len(clouds) >= 25 and "Scaleway (via Shadeform)" in providers
+    sold = run_cli("offers", "--gpu", "H100", "--provider", "shadeform", "--json").json()
+    assert sold and all(o["provider"].endswith(" (via Shadeform)") for o in sold)
+    assert all("sold through Shadeform" in o["notes"] for o in sold)
+    scaleway = run_cli("offers", "--gpu", "H100", "--provider", "scaleway", "--json").json()
+    assert {o["provider"] for o in scaleway} == {"Scaleway (via Shadeform)"}
+    assert {o["instance_type"] for o in scaleway} == {"scaleway_H100", "scaleway_H100x2"}
+
+
 def test_big_nodes_sorted_by_price(run_cli: Run) -> None:
     result = run_cli("offers", "--min-gpu-memory", "80GB", "--count", "8", "--sort", "price",
                      "--json")
