@@ -303,7 +303,7 @@ def test_source_lists_split_on_commas_and_all_takes_every_source() -> None:
     assert "aws" in {s.name for s in everything}  # all includes the opt-in sources
     assert [s.name for s in select_sources(["gpuhunt"])] == [
         f"gpuhunt/{p}" for p in ("aws", "azure", "verda", "gcp", "lambdalabs", "nebius", "oci",
-                                 "runpod", "cloudrift", "vastai", "vultr")]
+                                 "runpod", "cloudrift", "vastai", "vultr", "digitalocean")]
     with pytest.raises(InvalidValueError, match="empty source"):
         select_sources(["runpod,"])
 

@@ -108,6 +108,7 @@ def live_sources() -> tuple[LiveSource, ...]:
     online = tuple(
         LiveSource(name=gpuhunt_online.source_name(provider), group=gpuhunt.SOURCE,
                    fetch=partial(gpuhunt_online.fetch, provider=provider), opt_in=True,
+                   needs_key=gpuhunt_online.PROVIDERS[provider].key_env,
                    supersedes=(vastai.SOURCE,) if provider == "vastai" else ())
         for provider in gpuhunt_online.PROVIDERS)
     clouds = tuple(

@@ -1,8 +1,9 @@
-"""gpuhunt's online providers (vast.ai, Vultr) replayed by a local HTTP server.
+"""gpuhunt's online providers (vast.ai, Vultr, DigitalOcean) replayed by a local HTTP server.
 
 The recorded answers: vast.ai's is a real offer (``fixtures/importers/vastai_bundles_offer.json``);
-Vultr's are the plan lists of gpuhunt's own test (``fixtures/importers/gpuhunt_online``, see
-its README). gpuhunt's provider code parses them; every request goes through our client.
+Vultr's and DigitalOcean's are the bodies of gpuhunt's own tests
+(``fixtures/importers/gpuhunt_online``, see its README). gpuhunt's provider code parses
+them; every request goes through our client.
 """
 
 from __future__ import annotations
@@ -73,6 +74,11 @@ class _Replay(BaseHTTPRequestHandler):
             self._answer((ONLINE / "vultr_plans_metal.json").read_bytes())
         elif self.path == "/vultr/v2/plans?type=all&per_page=500":
             self._answer((ONLINE / "vultr_plans.json").read_bytes())
+        elif self.path == "/do/v2/sizes?per_page=500":
+            if self.headers.get("Authorization") != "Bearer test-token":
+                self._send(b'{"id": "unauthorized"}', 401)
+            else:
+                self._answer((ONLINE / "digitalocean_sizes.json").read_bytes())
         elif self.path.startswith("/broken/"):
             self._answer(b'{"plans_metal": "not a list"}')
         else:
@@ -102,7 +108,8 @@ def _no_requests_library(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _sources(server: str) -> tuple[LiveSource, ...]:
-    urls = {"gpuhunt/vastai": f"{server}/vast/bundles/", "gpuhunt/vultr": f"{server}/vultr/v2"}
+    urls = {"gpuhunt/vastai": f"{server}/vast/bundles/", "gpuhunt/vultr": f"{server}/vultr/v2",
+            "gpuhunt/digitalocean": f"{server}/do"}
     return tuple(replace(s, fetch=partial(s.fetch, base_url=urls[s.name]))
                  for s in live_sources() if s.name in urls)
 
@@ -139,6 +146,36 @@ def test_online_providers_replay_into_the_store(server: str, tmp_path: Path) -> 
     assert sum(line.startswith("GET /vultr/v2/plans?") for line in _Replay.seen) == 2
 
 
+def test_digitalocean_sends_its_token_in_a_header_and_gets_per_gpu_memory(
+        server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with CatalogStore.open(tmp_path / "c.sqlite") as store, httpx.Client() as client:
+        monkeypatch.delenv("DIGITAL_OCEAN_API_KEY", raising=False)
+        (skipped,) = refresh(store, ["gpuhunt/digitalocean"], client, available=_sources(server))
+        assert skipped.status == "skipped" and "DIGITAL_OCEAN_API_KEY" in skipped.message
+        assert _Replay.seen == []  # nothing asked without a token
+        monkeypatch.setenv("DIGITAL_OCEAN_API_KEY", "test-token")
+        (outcome,) = refresh(store, ["gpuhunt/digitalocean"], client, available=_sources(server))
+        assert outcome.status == "ok", outcome.message
+        offers = {o.instance_type: o for o in store.offers()
+                  if o.source == "gpuhunt/digitalocean"}
+    assert set(offers) == {"gpu-h100x8-640gb", "gpu-mi300x8-1536gb"}  # CPU droplets dropped
+    h100 = offers["gpu-h100x8-640gb"]
+    # gpuhunt gives the droplet's 640 GiB of VRAM; per GPU it is 80: an SXM5 H100, not an NVL
+    assert (h100.provider, h100.gpu, h100.gpu_count, h100.region) == (
+        "DigitalOcean", "H100 SXM5", 8, "nyc1")
+    assert h100.price_per_hour == Decimal("23.92")
+    assert offers["gpu-mi300x8-1536gb"].gpu == "MI300X"
+
+
+def test_a_refused_token_is_named_by_status_never_by_value(
+        server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DIGITAL_OCEAN_API_KEY", "wrong-secret")
+    with httpx.Client() as client, pytest.raises(FetchError) as raised:
+        gpuhunt_online.fetch(client, provider="digitalocean", base_url=f"{server}/do")
+    assert str(raised.value) == f"HTTP 401 from {server}/do/v2/sizes"
+    assert "wrong-secret" not in str(raised.value)
+
+
 def test_a_broken_answer_is_one_line_and_keeps_the_previous_snapshot(
         server: str, tmp_path: Path) -> None:
     broken = LiveSource(name="gpuhunt/vultr", group="gpuhunt",
@@ -158,7 +195,8 @@ def test_an_http_error_names_the_url_without_its_query(server: str) -> None:
 
 
 def test_online_sources_run_only_when_named_and_replace_the_vastai_source() -> None:
-    assert {"gpuhunt/vastai", "gpuhunt/vultr"}.isdisjoint(s.name for s in select_sources(None))
+    assert {"gpuhunt/vastai", "gpuhunt/vultr", "gpuhunt/digitalocean"}.isdisjoint(
+        s.name for s in select_sources(None))
     assert [s.name for s in select_sources(["vastai,gpuhunt/vastai"])] == ["gpuhunt/vastai"]
     assert [s.name for s in select_sources(["vastai"])] == ["vastai"]
     everything = {s.name for s in select_sources(["all"])}

@@ -11,10 +11,11 @@ What the provider makes of the answers (GPU names, per-GPU memory, spot variants
 plans) is gpuhunt's; its ``CatalogItem`` objects become offers exactly as the offline
 catalog's do (``gpuhunt._offers``), and every plan it skips with a warning is a rejected row.
 
-Only providers whose public endpoints need no key are listed, each with a recorded response
-shape replayed in the tests: vast.ai's offer search (``POST bundles/``: every rentable offer
-on the marketplace) and Vultr's plan lists (``GET /plans-metal`` and ``/plans``: public; the
-account-specific availability of VDM plans needs a key and is not asked for).
+The providers listed are those with a response shape replayed in the tests: vast.ai's offer
+search (``POST bundles/``: every rentable offer on the marketplace; no key), Vultr's plan
+lists (``GET /plans-metal`` and ``/plans``: public; the account-specific availability of VDM
+plans needs a key and is not asked for) and DigitalOcean's droplet sizes (``GET /v2/sizes``,
+with the token of ``DIGITAL_OCEAN_API_KEY`` in the Authorization header; skipped without it).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import httpx
 
 from tuneplan.adapters.importers import gpuhunt
 from tuneplan.adapters.importers.base import ImportResult, utc_now
-from tuneplan.adapters.importers.network import FetchError, fetch_bytes
+from tuneplan.adapters.importers.network import FetchError, api_key, fetch_bytes
 from tuneplan.adapters.importers.validation import PayloadError
 
 
@@ -48,6 +49,8 @@ class OnlineProvider:
     url_constant: str
     default_url: str
     kwargs: tuple[tuple[str, Any], ...] = ()
+    key_env: str | None = None     # the API key's variable (gpuhunt's own name), if one is needed
+    url_kwarg: str | None = None   # the class takes its base URL as this argument instead
 
 
 #: gpuhunt 0.1.34 online providers wired here, by gpuhunt provider name.
@@ -61,6 +64,13 @@ PROVIDERS: dict[str, OnlineProvider] = {
                             cls="VultrProvider", url_constant="API_URL",
                             default_url="https://api.vultr.com/v2",
                             kwargs=(("api_key", None),)),
+    # digitalocean.py: ``GET <api_url>/v2/sizes`` needs a token (DigitalOceanProvider.from_env
+    # reads DIGITAL_OCEAN_API_KEY); ``STANDARD_CLOUD_API_URL`` is the default ``api_url``.
+    "digitalocean": OnlineProvider(name="digitalocean", module="gpuhunt.providers.digitalocean",
+                                   cls="DigitalOceanProvider",
+                                   url_constant="STANDARD_CLOUD_API_URL",
+                                   default_url="https://api.digitalocean.com",
+                                   key_env="DIGITAL_OCEAN_API_KEY", url_kwarg="api_url"),
 }
 #: A provider module's ``requests`` and URL constant are process-wide: one query at a time.
 _LOCK = threading.Lock()
@@ -148,24 +158,30 @@ def fetch(client: httpx.Client, *, provider: str, base_url: str | None = None,
     FetchError for a failed request; PayloadError when gpuhunt cannot read the answer.
     """
     spec = PROVIDERS[provider]
+    kwargs = dict(spec.kwargs)
+    if spec.key_env:
+        kwargs["api_key"] = api_key(spec.key_env, source_name(provider))
     gpuhunt.require_library()
     from gpuhunt import QueryFilter
 
     module = importlib.import_module(spec.module)
-    stand_in = _Requests(client, provider)
-    with _LOCK, _patched(module, requests=stand_in,
-                         **{spec.url_constant: (base_url or spec.default_url).rstrip("/")
-                            + ("/" if spec.default_url.endswith("/") else "")}), \
-            _captured(spec.module, provider) as warnings:
+    url = ((base_url or spec.default_url).rstrip("/")
+           + ("/" if spec.default_url.endswith("/") else ""))
+    patches: dict[str, Any] = {"requests": _Requests(client, provider)}
+    if spec.url_kwarg:
+        kwargs[spec.url_kwarg] = url
+    else:
+        patches[spec.url_constant] = url
+    with _LOCK, _patched(module, **patches), _captured(spec.module, provider) as warnings:
         try:
-            items = getattr(module, spec.cls)(**dict(spec.kwargs)).get(
-                QueryFilter(), balance_resources=False)
+            items = getattr(module, spec.cls)(**kwargs).get(QueryFilter(),
+                                                            balance_resources=False)
         except FetchError:
             raise
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             raise PayloadError(f"gpuhunt {provider}: unreadable answer "
                                f"({type(exc).__name__}: {str(exc)[:120]})") from exc
-    kept, fractional = _whole_gpus(provider, list(items))
+    kept, fractional = _whole_gpus(provider, _per_gpu_memory(provider, list(items)))
     if provider == "vastai":  # gpuhunt names an offer by its id alone: say what it is
         for item in kept:
             item.instance_name = f"{item.gpu_count}x {item.gpu_name} #{item.instance_name}"
@@ -192,6 +208,18 @@ def _whole_gpus(provider: str, items: list[Any]) -> tuple[list[Any], list[tuple[
         else:
             kept.append(item)
     return kept, rejected
+
+
+def _per_gpu_memory(provider: str, items: list[Any]) -> list[Any]:
+    """gpuhunt's DigitalOcean items carry the droplet's total VRAM as ``gpu_memory``
+    (``digitalocean._make_offers`` copies ``gpu_info.vram.amount``: 640 for
+    ``gpu-h100x8-640gb``), where every other provider gives it per GPU; divide it here, or
+    an 8x H100 would read as a 640 GiB card."""
+    if provider == "digitalocean":
+        for item in items:
+            if item.gpu_count and item.gpu_count > 1 and item.gpu_memory:
+                item.gpu_memory = float(item.gpu_memory) / item.gpu_count
+    return items
 
 
 @contextlib.contextmanager
