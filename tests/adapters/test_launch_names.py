@@ -23,6 +23,7 @@ from tests.waiting import HANG_GUARD_S
 from tuneplan.adapters.bundled import SNAPSHOT_DIR, list_snapshot_files, read_data_text
 from tuneplan.adapters.importers.snapshot import load_sky_catalog
 from tuneplan.core.catalog.offers import Offer
+from tuneplan.core.catalog.providers import selling_provider
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.strategy import Job, Strategy
 from tuneplan.core.launch import targets
@@ -110,7 +111,7 @@ def test_every_catalog_gpu_and_cloud_gets_a_skypilot_name_its_catalog_lists(
     for (provider, gpu), offer in pairs.items():
         choice = skypilot_choice(_spec(offer), catalog)
         cloud = offer.source.removeprefix("skypilot-snapshot/").removesuffix("-v7")
-        if provider in SKYPILOT_CATALOG_ONLY:  # a catalog, but no cloud in the release
+        if selling_provider(provider) in SKYPILOT_CATALOG_ONLY:  # no cloud in the release
             assert isinstance(choice, Refusal) and "has no" in choice.reason, provider
             continue
         if isinstance(choice, Refusal):  # every offer here comes from the snapshot itself
@@ -146,6 +147,19 @@ def test_every_snapshot_cloud_has_its_skypilot_spelling() -> None:
     assert SKYPILOT_CLOUDS["Verda (ex-DataCrunch)"].name == "verda"
 
 
+def test_a_resold_offer_launches_on_its_resellers_cloud(offers: list[Offer]) -> None:
+    assert targets.skypilot_cloud("Scaleway (via Shadeform)") is targets.SKYPILOT_CLOUDS[
+        "Shadeform"]
+    assert targets.dstack_backend("Lambda (via Shadeform)") is None  # no shadeform backend
+    assert targets.dstack_backend("Lambda") == "lambda"
+    resold = next(o for o in offers if o.provider == "Scaleway (via Shadeform)"
+                  and o.instance_type == "scaleway_H100")
+    choice = targets.skypilot_choice(_spec(resold), load_sky_catalog())
+    assert isinstance(choice, targets.SkyChoice)
+    assert (choice.cloud.name, choice.accelerator, choice.instance_listed) == (
+        "shadeform", "H100", True)
+
+
 def test_every_catalog_gpu_gets_a_gpuhunt_name_or_a_refusal(offers: list[Offer]) -> None:
     known = _gpuhunt_known()
     names = {name for name, _ in known}
@@ -162,7 +176,7 @@ def test_every_catalog_gpu_gets_a_gpuhunt_name_or_a_refusal(offers: list[Offer])
             assert (name, int(memory.removesuffix("GB"))) in known, gpu
     # Cards gpuhunt has no entry for (gpuhunt constraints.py KNOWN_*_GPUS).
     assert refused == {"T4G", "K80", "M60", "P4", "A30", "A800 80GB PCIe",
-                       "Radeon Instinct MI25", "Gaudi 2", "RTX A2000"}
+                       "Radeon Instinct MI25", "RTX A2000"}
     for gpu, (name, memory) in GPUHUNT_NAMES.items():
         assert (name, memory) in known if memory else name in names, gpu
 

@@ -184,7 +184,7 @@ def test_unknown_source_name_lists_the_valid_ones() -> None:
     assert "aws" not in {s.name for s in select_sources(None)}  # opt-in: huge offer files
     assert [s.name for s in select_sources(["aws"])] == ["aws"]
     chosen = select_sources(["skypilot"])
-    assert len(chosen) == 20 and chosen[0].name == "skypilot/aws"
+    assert len(chosen) == 21 and chosen[0].name == "skypilot/aws"
     assert [s.name for s in select_sources(["skypilot/gcp", "AZURE"])] == ["skypilot/gcp",
                                                                            "azure"]
 
@@ -297,11 +297,13 @@ def test_source_lists_split_on_commas_and_all_takes_every_source() -> None:
     assert [s.name for s in select_sources(["runpod,vastai", " azure "])] == [
         "runpod", "vastai", "azure"]
     everything = select_sources(["all"])
-    assert len(everything) == len(refresh_module.live_sources())
+    # every source but "vastai": gpuhunt/vastai (opt-in, the same marketplace) replaces it
+    assert {s.name for s in refresh_module.live_sources()} - {s.name for s in everything} == {
+        "vastai"}
     assert "aws" in {s.name for s in everything}  # all includes the opt-in sources
     assert [s.name for s in select_sources(["gpuhunt"])] == [
         f"gpuhunt/{p}" for p in ("aws", "azure", "verda", "gcp", "lambdalabs", "nebius", "oci",
-                                 "runpod", "cloudrift")]
+                                 "runpod", "cloudrift", "vastai", "vultr", "digitalocean")]
     with pytest.raises(InvalidValueError, match="empty source"):
         select_sources(["runpod,"])
 

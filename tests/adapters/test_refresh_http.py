@@ -215,5 +215,5 @@ def test_gpuhunt_sources_are_every_offline_provider_of_the_pinned_library() -> N
 
     assert tuple(OFFLINE_PROVIDERS) == gpuhunt.PROVIDERS
     assert gpuhunt.DEFAULT_URL == CATALOG_URL
-    names = [s.name for s in live_sources() if s.group == "gpuhunt"]
+    names = [s.name for s in live_sources() if s.group == "gpuhunt" and not s.opt_in]
     assert names == [f"gpuhunt/{p}" for p in OFFLINE_PROVIDERS]

@@ -51,8 +51,8 @@ def test_default_path_follows_tuneplan_home(tmp_path: Path, monkeypatch: pytest.
 def test_first_open_seeds_from_the_bundled_snapshot(tmp_path: Path) -> None:
     with CatalogStore.open(tmp_path / "seeded.sqlite") as store:
         statuses = store.status(now=datetime(2026, 12, 1, tzinfo=UTC))
-        assert len(statuses) == 21
-        assert sum(s.offers for s in statuses) == 4802
+        assert len(statuses) == 22
+        assert sum(s.offers for s in statuses) == 5095
         assert {s.fetched_at for s in statuses} == {datetime(2026, 11, 30, tzinfo=UTC)}
         assert not any(s.stale for s in statuses)
         assert store.status(now=datetime(2026, 12, 8, tzinfo=UTC))[0].stale  # 8 days later

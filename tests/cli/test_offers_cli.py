@@ -40,6 +40,20 @@ def test_offers_h100_json_spans_many_providers_with_dates_and_sources(run_cli: R
     assert Decimal(aws["price_per_gpu_hour"]) * 8 == Decimal(aws["price_per_hour"])
 
 
+def test_offers_h100_come_from_25_clouds_and_resold_ones_match_both_names(run_cli: Run) -> None:
+    offers = run_cli("offers", "--gpu", "H100", "--format", "csv")
+    assert offers.code == 0, offers.stderr
+    providers = {row["provider"] for row in csv.DictReader(io.StringIO(offers.stdout))}
+    clouds = {name.split(" (via ")[0] for name in providers}
+    assert len(clouds) >= 25 and "Scaleway (via Shadeform)" in providers
+    sold = run_cli("offers", "--gpu", "H100", "--provider", "shadeform", "--json").json()
+    assert sold and all(o["provider"].endswith(" (via Shadeform)") for o in sold)
+    assert all("sold through Shadeform" in o["notes"] for o in sold)
+    scaleway = run_cli("offers", "--gpu", "H100", "--provider", "scaleway", "--json").json()
+    assert {o["provider"] for o in scaleway} == {"Scaleway (via Shadeform)"}
+    assert {o["instance_type"] for o in scaleway} == {"scaleway_H100", "scaleway_H100x2"}
+
+
 def test_big_nodes_sorted_by_price(run_cli: Run) -> None:
     result = run_cli("offers", "--min-gpu-memory", "80GB", "--count", "8", "--sort", "price",
                      "--json")
@@ -68,7 +82,7 @@ def test_offers_csv_and_table(run_cli: Run) -> None:
     assert tuple(rows[0]) == OFFER_RECORD_FIELDS
     assert rows and all(r["gpu"] == "B200 (HGX)" for r in rows)
     table = run_cli("offers", "--gpu", "A100", "--provider", "gcp")
-    assert table.code == 0 and "catalog: 21 sources" in table.stdout and "ago" in table.stdout
+    assert table.code == 0 and "catalog: 22 sources" in table.stdout and "ago" in table.stdout
 
 
 def test_bad_flag_values_are_exit_2(run_cli: Run) -> None:
@@ -95,7 +109,7 @@ def test_gpus_and_providers(run_cli: Run) -> None:
 
 def test_catalog_status_warns_when_older_than_a_week(run_cli: Run) -> None:
     status = run_cli("catalog", "status", "--json").json()
-    assert len(status["sources"]) == 21
+    assert len(status["sources"]) == 22
     old = datetime.now(UTC) - timedelta(days=10)
     with CatalogStore.open() as store:
         lambda_offers = store.offers(OfferFilter(providers=("lambda",)))

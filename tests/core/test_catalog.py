@@ -17,6 +17,7 @@ from tuneplan.adapters.bundled import (
     load_providers,
     read_data_text,
 )
+from tuneplan.adapters.importers.skypilot import row_gpu
 from tuneplan.adapters.importers.snapshot import load_bundled_snapshot
 from tuneplan.core.catalog.offers import (
     CANONICAL_GPUS,
@@ -29,7 +30,14 @@ from tuneplan.core.catalog.offers import (
     normalise_gpu_name,
     sort_offers,
 )
-from tuneplan.core.catalog.providers import parse_duration_text, parse_price_text
+from tuneplan.core.catalog.providers import (
+    parse_duration_text,
+    parse_price_text,
+    provider_matches,
+    resold_provider_name,
+    selling_provider,
+    split_resold,
+)
 from tuneplan.errors import InvalidOfferError, UnknownGpuError
 from tuneplan.units import GB, GiB
 
@@ -121,7 +129,9 @@ def test_every_gpu_name_in_the_shipped_snapshot_normalises() -> None:
     names = set()
     for name in list_snapshot_files():
         for row in csv.DictReader(io.StringIO(read_data_text(SNAPSHOT_DIR, name))):
-            if row["AcceleratorName"]:
+            if name == "spheron.csv":  # H100_PCIE_BAREMETAL: the importer strips the variant
+                assert row_gpu(row, "spheron") is not None, row["AcceleratorName"]
+            elif row["AcceleratorName"]:
                 names.add(row["AcceleratorName"])
     assert len(names) > 60
     failures = []
@@ -212,13 +222,67 @@ SNAPSHOT = {source: result for source, result, _ in load_bundled_snapshot()}
 
 
 def test_snapshot_counts_and_rejections() -> None:
-    assert len(SNAPSHOT) == 21
-    assert sum(len(r.offers) for r in SNAPSHOT.values()) == 4802
+    assert len(SNAPSHOT) == 22
+    assert sum(len(r.offers) for r in SNAPSHOT.values()) == 5095
     aws = SNAPSHOT["skypilot-snapshot/aws"]
     assert aws.total_rejected == 36  # 31 fractional g6f.2xlarge (0.25 L4) + 5 p5e without price
     assert sum("fractional" in r for r in aws.rejected_rows) == 31
     assert SNAPSHOT["skypilot-snapshot/mithril"].offers == ()  # placeholder prices rejected
     assert SNAPSHOT["skypilot-snapshot/azure"].total_rejected == 16
+
+
+def test_aggregator_rows_name_the_cloud_and_the_reseller() -> None:
+    shade = SNAPSHOT["skypilot-snapshot/shadeform"]
+    assert shade.total_rejected == 0 and len(shade.offers) == 259
+    scaleway = [o for o in shade.offers if o.instance_type == "scaleway_H100x2"]
+    assert {o.provider for o in scaleway} == {"Scaleway (via Shadeform)"}
+    assert {o.region for o in scaleway} == {"warsaw-poland-1", "paris-france-1"}
+    assert all(o.price_per_hour == Decimal("6.08") and o.gpu == "H100 SXM5" for o in scaleway)
+    assert "the machine is Scaleway's, the price and rental terms are Shadeform's" in (
+        scaleway[0].notes)
+    # A prefix with no known provider name stays as the aggregator wrote it.
+    assert {o.provider for o in shade.offers if o.instance_type.startswith("imwt_")} == {
+        "imwt (via Shadeform)"}
+    prime = SNAPSHOT["skypilot-snapshot/primeintellect"].offers
+    roan = [o for o in prime if o.instance_type.startswith("dc_roan__")]
+    assert roan and {o.provider for o in roan} == {"dc_roan (via Prime Intellect)"}
+    spheron = SNAPSHOT["skypilot-snapshot/spheron"]
+    assert spheron.total_rejected == 0 and len(spheron.offers) == 152
+    by_type = {o.instance_type: o for o in spheron.offers}
+    # The Provider column names the cloud; "spheron-ai" is Spheron's own machine.
+    assert by_type["n3-H100x8__CANADA-1"].provider == "Spheron"
+    bare = by_type["H100_668d6762247d03149a4c9468_dallas-usa-1"]  # H100_PCIE_BAREMETAL
+    assert (bare.provider, bare.gpu) == ("Sesterce (via Spheron)", "H100 PCIe")
+    fin = by_type["1H100.80S.32V_FIN-03_500"]
+    assert (fin.provider, fin.gpu, fin.spot_price_per_hour) == (
+        "Verda (ex-DataCrunch) (via Spheron)", "H100 SXM5", Decimal("0.8015"))
+    assert by_type["gpu_1x_a6000_low_ram_us-central-2"].gpu == "RTX A6000"
+    assert by_type["V100_32G_668d6762247d03149a4c946f_newyork-usa-1"].gpu == "V100 PCIe 32GB"
+    verda = [o for o in prime if o.instance_type == "datacrunch__8xH100_80GB__176__1480__SPOT"]
+    assert [o.provider for o in verda] == ["Verda (ex-DataCrunch) (via Prime Intellect)"]
+    assert verda[0].spot_price_per_hour == Decimal("6.84")
+
+
+def test_resold_provider_names_match_cloud_and_reseller() -> None:
+    name = resold_provider_name("paperspace", "shadeform")
+    assert name == "Paperspace (DigitalOcean) (via Shadeform)"
+    assert split_resold(name) == ("Paperspace (DigitalOcean)", "Shadeform")
+    assert split_resold("Paperspace (DigitalOcean)") == ("Paperspace (DigitalOcean)", None)
+    assert selling_provider(name) == "Shadeform"
+    assert selling_provider("Lambda") == "Lambda"
+    assert provider_matches("shadeform", name) and provider_matches("paperspace", name)
+    assert provider_matches(name, name)
+    assert not provider_matches("digitalocean", name)  # DigitalOcean's own GPU cloud
+    assert not provider_matches("lambda", name)
+
+
+def test_bundled_snapshot_has_h100_offers_from_25_clouds() -> None:
+    h100 = [o for r in SNAPSHOT.values() for o in r.offers if o.gpu.startswith("H100")]
+    clouds = {split_resold(o.provider)[0] for o in h100}
+    assert len(clouds) >= 25, sorted(clouds)
+    assert {"Scaleway", "DigitalOcean", "Massed Compute", "Latitude.sh", "Voltage Park",
+            "Denvr Dataworks", "Spheron", "Sesterce"} <= clouds
+    assert len(clouds) == 29
 
 
 def test_gcp_gpu_rows_join_their_host_vm_or_are_marked() -> None:

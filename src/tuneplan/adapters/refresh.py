@@ -24,6 +24,7 @@ from tuneplan.adapters.importers import (
     aws,
     azure,
     gpuhunt,
+    gpuhunt_online,
     lambda_cloud,
     runpod,
     skypilot_live,
@@ -89,7 +90,8 @@ def live_sources() -> tuple[LiveSource, ...]:
         LiveSource(name=aws.SOURCE, group=aws.SOURCE, fetch=aws.fetch, opt_in=True,
                    cacheable=True),
         LiveSource(name=runpod.SOURCE, group=runpod.SOURCE, fetch=runpod.fetch),
-        LiveSource(name=vastai.SOURCE, group=vastai.SOURCE, fetch=vastai.fetch),
+        LiveSource(name=vastai.SOURCE, group=vastai.SOURCE, fetch=vastai.fetch,
+                   supersedes=(gpuhunt_online.source_name("vastai"),)),
         LiveSource(name=lambda_cloud.SOURCE, group=lambda_cloud.SOURCE, fetch=lambda_cloud.fetch,
                    needs_key=lambda_cloud.KEY_ENV),
     )
@@ -100,12 +102,21 @@ def live_sources() -> tuple[LiveSource, ...]:
                    fetch=partial(gpuhunt.fetch, provider=provider),
                    supersedes=(gpuhunt.SOURCE,), cacheable=True)
         for provider in gpuhunt.PROVIDERS)
+    # gpuhunt's online providers, run only when named (or with ``all``). gpuhunt/vastai and
+    # "vastai" read the same marketplace: each retires the other, so the one refreshed last is
+    # current, and when both are chosen only gpuhunt's runs.
+    online = tuple(
+        LiveSource(name=gpuhunt_online.source_name(provider), group=gpuhunt.SOURCE,
+                   fetch=partial(gpuhunt_online.fetch, provider=provider), opt_in=True,
+                   needs_key=gpuhunt_online.PROVIDERS[provider].key_env,
+                   supersedes=(vastai.SOURCE,) if provider == "vastai" else ())
+        for provider in gpuhunt_online.PROVIDERS)
     clouds = tuple(
         LiveSource(name=skypilot_live.source_name(cloud), group=skypilot_live.SOURCE,
                    fetch=partial(skypilot_live.fetch, cloud=cloud),
                    supersedes=_bundled_sources_of(cloud), cacheable=True)
         for cloud in skypilot_live.CLOUDS)
-    return own + hunted + clouds
+    return own + hunted + online + clouds
 
 
 def select_sources(names: Iterable[str] | None,
@@ -130,7 +141,10 @@ def select_sources(names: Iterable[str] | None,
             raise InvalidValueError(f"unknown source {name!r}: choose from "
                                     + ", ".join(valid_source_names(available)))
         chosen.update((s.name, s) for s in matched)
-    return tuple(chosen.values())
+    # A source and one that replaces it would write the same offers twice: the opt-in
+    # replacement (named, or taken by ``all``) runs, the default source it replaces does not.
+    replaced = {old for s in chosen.values() if s.opt_in for old in s.supersedes}
+    return tuple(s for s in chosen.values() if s.name not in replaced)
 
 
 def valid_source_names(available: tuple[LiveSource, ...] | None = None) -> list[str]:

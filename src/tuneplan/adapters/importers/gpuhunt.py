@@ -92,7 +92,7 @@ def fetch(client: httpx.Client, *, provider: str, base_url: str = DEFAULT_URL,
 
     SourceSkipped when the gpuhunt library (extra ``tuneplan[catalog]``) is not installed.
     """
-    _require_library()
+    require_library()
     base = base_url.rstrip("/")
     version = fetch_text(client, f"{base}/{provider}/version", cache=cache).strip()
     if not version or "/" in version or len(version) > 64 or not version.isprintable():
@@ -102,7 +102,8 @@ def fetch(client: httpx.Client, *, provider: str, base_url: str = DEFAULT_URL,
                                  fetched_at or utc_now())
 
 
-def _require_library() -> None:
+def require_library() -> None:
+    """SourceSkipped unless the gpuhunt library (extra ``tuneplan[catalog]``) is installed."""
     try:
         import gpuhunt  # noqa: F401
     except ImportError as exc:
@@ -133,7 +134,7 @@ def parse_gpuhunt_catalog(texts: Mapping[str, str], fetched_at: datetime) -> Imp
     for provider, text in texts.items():
         _check_header(text, provider)
     items, skipped = _query(texts)
-    return merge_results(_offers(provider, [i for i in items if i.provider == provider],
+    return merge_results(items_to_offers(provider, [i for i in items if i.provider == provider],
                                  skipped.get(provider, []), fetched_at)
                          for provider in sorted(texts))
 
@@ -207,8 +208,10 @@ def _captured() -> Iterator[_SkippedRows]:
         logger.propagate = propagate
 
 
-def _offers(provider: str, items: list[Any], skipped: list[tuple[str, str]],
-            fetched_at: datetime) -> ImportResult:
+def items_to_offers(provider: str, items: list[Any], skipped: list[tuple[str, str]],
+                    fetched_at: datetime) -> ImportResult:
+    """Offers of source ``gpuhunt/<provider>`` from gpuhunt ``CatalogItem`` objects (offline
+    catalog or online provider alike); ``skipped`` are (where, why) of rows gpuhunt dropped."""
     collector = OfferCollector()
     for where, reason in skipped:
         collector.reject(where, reason)

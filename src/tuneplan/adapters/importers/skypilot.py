@@ -13,6 +13,7 @@ import ast
 import csv
 import io
 import json
+import re
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from functools import partial
@@ -30,6 +31,7 @@ from tuneplan.adapters.importers.validation import (
 )
 from tuneplan.core.catalog.gpu_names import GPU_ALIASES, gpu_name_key
 from tuneplan.core.catalog.offers import Offer, normalise_gpu_name, normalise_provider_name
+from tuneplan.core.catalog.providers import resold_provider_name
 from tuneplan.errors import UnknownGpuError
 from tuneplan.units import GiB, MiB
 
@@ -38,6 +40,19 @@ _REQUIRED = ("InstanceType", "AcceleratorName", "AcceleratorCount", "Price", "Re
 _TOTAL_MEMORY_CLOUDS = frozenset({"vast", "primeintellect"})
 # Source names whose bare GPU name means the PCIe card (RunPod lists SXM/NVL separately).
 _PCIE_BY_DEFAULT = frozenset({"runpod"})
+# Aggregators whose instance names start with the cloud that runs the machine, and the
+# separator after that prefix (Shadeform ``scaleway_H100x2``, Prime Intellect
+# ``datacrunch__8xH100_80GB__176__1480``): their offers are ``<cloud> (via <aggregator>)``.
+_RESELLER_PREFIX = {"shadeform": "_", "primeintellect": "__"}
+# Aggregators that name the cloud running the machine in a column instead (Spheron
+# ``Provider``: ``sesterce``, ``data-crunch``; ``spheron-ai`` is Spheron's own).
+_RESELLER_COLUMN = {"spheron": ("Provider", "spheronai")}
+# Spheron's AcceleratorName carries the form factor, memory and product variant:
+# ``H100_PCIE_BAREMETAL``, ``A100_80G_SXM4``, ``A6000_PCIE_LOW_RAM`` -> H100 / A100 / A6000
+# (the form factor still reaches ``_gpu`` through the GpuInfo name, the memory through
+# its MiB; bare metal, "high perf" and "low RAM" are machine variants, not GPUs).
+_SPHERON_SUFFIXES = re.compile(r"(?:_(?:BAREMETAL|HIGH_PERF|LOW_RAM))*$")
+_SPHERON_FORM = re.compile(r"(?:_\d+G)?(?:_(?:PCIE|SXM\d?|NVL))?$")
 # Known errors in the source: (cloud, instance type) -> real GPU count, with the reason.
 _COUNT_FIXES = {("azure", "Standard_ND96isr_H100_v5"): (8, "source says 12 GPUs; the ND96isr "
                                                         "H100 v5 size has 8 (Azure docs)")}
@@ -95,8 +110,10 @@ def _offer(row: dict[str, str], hosts: dict[tuple[str, str], dict[str, str]], cl
     spec = load_gpu_spec(gpu)
     multi_link = count > 1 and any(f in spec.form_factor for f in ("SXM", "OAM", "Superchip"))
     source_host = host or row
+    provider, via_note = _provider(cloud, instance, row)
+    notes.append(via_note)
     return Offer(
-        provider=normalise_provider_name(cloud.removesuffix("_v7")),
+        provider=provider,
         instance_type=host["InstanceType"] if host else instance,
         gpu=gpu, gpu_count=count, gpu_memory_bytes=spec.memory_bytes,
         vcpus=read_number(source_host.get("vCPUs"), "vCPUs"),
@@ -111,6 +128,24 @@ def _offer(row: dict[str, str], hosts: dict[tuple[str, str], dict[str, str]], cl
         notes="; ".join(n for n in (*notes, *price_notes) if n)
         + ("" if _has(row, "Region") else "; the source gives no region"),
     )
+
+
+def _provider(cloud: str, instance: str, row: dict[str, str]) -> tuple[str, str]:
+    """(provider, note): the cloud itself, or for an aggregator's row the cloud named by the
+    instance-name prefix or the provider column, resold (``Scaleway (via Shadeform)``); a row
+    naming no other cloud stays the aggregator's own."""
+    own = normalise_provider_name(cloud.removesuffix("_v7"))
+    separator = _RESELLER_PREFIX.get(cloud)
+    upstream, found, _ = instance.partition(separator) if separator else ("", "", "")
+    if cloud in _RESELLER_COLUMN:
+        column, own_key = _RESELLER_COLUMN[cloud]
+        upstream = (row.get(column) or "").strip()
+        found = "" if re.sub(r"[^a-z0-9]", "", upstream.lower()) == own_key else column
+    if not found or not upstream.strip():
+        return own, ""
+    return resold_provider_name(upstream, own), (
+        f"sold through {own} (aggregator): the machine is {normalise_provider_name(upstream)}'s,"
+        f" the price and rental terms are {own}'s")
 
 
 def row_gpu(row: dict[str, str], cloud: str) -> str | None:
@@ -143,6 +178,8 @@ def _count(row: dict[str, str], cloud: str, instance: str) -> tuple[int, list[st
 
 def _gpu(raw: str, instance: str, gpu_info: str | None, cloud: str, count: int) -> str:
     info_name, memory = _gpu_info(gpu_info, cloud, count)
+    if cloud == "spheron":
+        raw = _SPHERON_FORM.sub("", _SPHERON_SUFFIXES.sub("", raw)) or raw
     hints = f"{instance} {info_name}".lower()
     for word, suffix in (("pcie", " PCIe"), ("nvl", " NVL"), ("sxm", " SXM")):
         if word in hints or (suffix == " PCIe" and cloud.removesuffix("_v7") in _PCIE_BY_DEFAULT):

@@ -22,7 +22,7 @@ SCHEMA = "v8"
 CLOUDS = (
     "aws", "azure", "gcp", "lambda", "oci", "runpod", "vast", "cudo", "nebius", "verda",
     "shadeform", "primeintellect", "hyperstack", "jarvislabs", "seeweb", "lium", "daytona",
-    "yotta", "hyperbolic", "mithril",
+    "yotta", "hyperbolic", "mithril", "spheron",
 )
 
 

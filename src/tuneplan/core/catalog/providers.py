@@ -30,6 +30,12 @@ PROVIDER_ALIASES: dict[str, str] = {
     "togetherai": "Together AI", "cudo": "Cudo", "cudocompute": "Cudo", "shadeform": "Shadeform",
     "primeintellect": "Prime Intellect", "seeweb": "Seeweb", "lium": "Lium", "daytona": "Daytona",
     "yotta": "Yotta", "hyperbolic": "Hyperbolic", "mithril": "Mithril", "cloudrift": "CloudRift",
+    # Clouds named by the aggregators' instance-name prefixes (Shadeform ``scaleway_H100``,
+    # Prime Intellect ``datacrunch__8xH100...``); a prefix not listed here stays as written.
+    "massedcompute": "Massed Compute", "scaleway": "Scaleway", "digitalocean": "DigitalOcean",
+    "latitude": "Latitude.sh", "latitudesh": "Latitude.sh", "denvr": "Denvr Dataworks",
+    "denvrdataworks": "Denvr Dataworks", "voltagepark": "Voltage Park", "vultr": "Vultr",
+    "spheron": "Spheron", "spheronai": "Spheron", "sesterce": "Sesterce",
 }
 
 
@@ -43,9 +49,38 @@ def normalise_provider_name(raw: str) -> str:
     return PROVIDER_ALIASES.get(_provider_key(raw), raw.strip())
 
 
+_VIA = " (via "
+
+
+def resold_provider_name(upstream: str, reseller: str) -> str:
+    """The provider of an offer an aggregator sells on another cloud's machines:
+    ``Scaleway (via Shadeform)``. Both facts stay in the name: the hardware is the upstream
+    cloud's; the price, the account and the rental terms are the reseller's."""
+    return f"{normalise_provider_name(upstream)}{_VIA}{normalise_provider_name(reseller)})"
+
+
+def split_resold(provider: str) -> tuple[str, str | None]:
+    """(upstream, reseller) of a ``resold_provider_name``; (provider, None) for a direct one."""
+    if provider.endswith(")") and _VIA in provider:
+        upstream, reseller = provider.rsplit(_VIA, 1)
+        return upstream, reseller[:-1]
+    return provider, None
+
+
+def selling_provider(provider: str) -> str:
+    """Whom the offer is rented from: the reseller of a resold offer, else the provider."""
+    upstream, reseller = split_resold(provider)
+    return reseller or upstream
+
+
 def provider_matches(query: str, provider: str) -> bool:
-    """Case-insensitive match of a ``--provider`` word against a canonical provider name."""
-    return _provider_key(normalise_provider_name(query)) == _provider_key(provider)
+    """Case-insensitive match of a ``--provider`` word against a canonical provider name; a
+    resold offer (``Scaleway (via Shadeform)``) matches its full name, its upstream cloud and
+    its reseller."""
+    wanted = _provider_key(normalise_provider_name(query))
+    upstream, reseller = split_resold(provider)
+    names = (provider, upstream) if reseller is None else (provider, upstream, reseller)
+    return any(wanted == _provider_key(name) for name in names)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

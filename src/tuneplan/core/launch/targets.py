@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from tuneplan.core.catalog.providers import normalise_provider_name
+from tuneplan.core.catalog.providers import normalise_provider_name, selling_provider
 from tuneplan.core.launch.bundle import LaunchSpec
 
 
@@ -103,7 +103,7 @@ SKYPILOT_CLOUDS: dict[str, SkyCloud] = {
 #: task schema refuses ``infra: <name>``.
 SKYPILOT_CATALOG_ONLY: dict[str, str] = {
     "Hyperstack": "hyperstack", "Lium": "lium", "Daytona": "daytona",
-    "Jarvislabs": "jarvislabs"}
+    "Jarvislabs": "jarvislabs", "Spheron": "spheron"}
 
 
 class Storage(StrEnum):
@@ -134,7 +134,9 @@ class Refusal:
 
 
 def skypilot_cloud(provider: str) -> SkyCloud | None:
-    return SKYPILOT_CLOUDS.get(normalise_provider_name(provider))
+    """SkyPilot's cloud for an offer's provider; a resold offer is launched on its reseller's
+    cloud (``Scaleway (via Shadeform)`` -> ``shadeform``)."""
+    return SKYPILOT_CLOUDS.get(normalise_provider_name(selling_provider(provider)))
 
 
 def skypilot_choice(spec: LaunchSpec, catalog: SkyCatalog) -> SkyChoice | Refusal:
@@ -143,7 +145,8 @@ def skypilot_choice(spec: LaunchSpec, catalog: SkyCatalog) -> SkyChoice | Refusa
     offer, nodes = spec.offer, spec.strategy.nodes
     cloud = skypilot_cloud(offer.provider)
     if cloud is None:
-        listed = SKYPILOT_CATALOG_ONLY.get(normalise_provider_name(offer.provider))
+        listed = SKYPILOT_CATALOG_ONLY.get(
+            normalise_provider_name(selling_provider(offer.provider)))
         if listed:
             return Refusal("skypilot", f"SkyPilot {SKYPILOT_VERSION} has no {listed} cloud "
                                        "(its catalog repository lists prices for it, the "
@@ -259,7 +262,8 @@ def dstack_gpu(gpu: str) -> str | None:
 
 
 def dstack_backend(provider: str) -> str | None:
-    return DSTACK_BACKENDS.get(normalise_provider_name(provider))
+    """dstack's backend for an offer's provider; a resold offer is the reseller's."""
+    return DSTACK_BACKENDS.get(normalise_provider_name(selling_provider(provider)))
 
 
 def _volume_region(backend: str, spec: LaunchSpec) -> str:
