@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
@@ -26,6 +26,7 @@ from tests.cli.conftest import CliResult
 from tuneplan.adapters.importers.user_csv import parse_user_csv
 from tuneplan.adapters.store import CatalogStore, default_path
 from tuneplan.cli.options import plain, safe
+from tuneplan.core.catalog.offers import OfferFilter
 from tuneplan.errors import InvalidValueError
 
 Run = Callable[..., CliResult]
@@ -93,6 +94,7 @@ def test_safe_escapes_markup_and_replaces_controls() -> None:
           suppress_health_check=[HealthCheck.function_scoped_fixture,
                                  HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(rows=hostile_rows())
+@example(rows=[GOOD | {"price_per_hour": "", "spot_price_per_hour": "1"}])  # spot price only
 def test_hostile_csvs_are_refused_in_one_line_or_imported_and_stay_data(
         rows: list[dict[str, str]], tmp_path: Path) -> None:
     text = _csv(rows)
@@ -109,8 +111,14 @@ def test_hostile_csvs_are_refused_in_one_line_or_imported_and_stay_data(
     with CatalogStore.open(tmp_path / "hostile.sqlite", seed=False) as store:
         store.replace_source("user-import:h.csv", result.offers, now)
         try:
+            # Listed by the price asked for: on-demand by default, spot with --spot (a row
+            # with only a spot price is an offer of the spot listing alone).
             stored = store.offers()
-            assert {o.instance_type for o in stored} == {o.instance_type for o in result.offers}
+            assert {o.instance_type for o in stored} == {
+                o.instance_type for o in result.offers if o.price_per_hour is not None}
+            spot = store.offers(OfferFilter(spot=True))
+            assert {o.instance_type for o in spot} == {
+                o.instance_type for o in result.offers if o.spot_price_per_hour is not None}
             shown = _render_offers(store)
             assert ESC + "]8" not in shown  # no hyperlink escape from data
             for offer in stored:
