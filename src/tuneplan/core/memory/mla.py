@@ -1,0 +1,173 @@
+"""Multi-head latent attention (MLA: DeepSeek-V2/V3, Kimi-K2) and shared experts: what their
+blocks save for backward, in bytes per token.
+
+Read off the autograd graph of transformers 5.24 ``models/deepseek_v3/modeling_deepseek_v3.py``
+(``DeepseekV3Attention``, ``DeepseekV3MoE``) and ``models/qwen2_moe/modeling_qwen2_moe.py``
+(``Qwen2MoeSparseMoeBlock``), checked with ``torch.autograd.graph.saved_tensors_hooks`` on tiny
+configs and held to the CPU simulation (``tests/core/memory/test_simulation_mla.py``).
+
+MLA per block: ``q_a_proj`` (H -> q rank) and ``kv_a_proj_with_mqa`` (H -> kv rank + rope) read
+the block's normed input; ``q_a_layernorm`` / ``kv_a_layernorm`` (RMSNorms of the ranks) feed
+``q_b_proj`` / ``kv_b_proj``, so those two read latent inputs of their own. Attention runs on
+``query = cat(q_nope, q_rope)`` and ``key`` (a new H·(nope+rope) tensor), with ``value`` a view
+of ``kv_b_proj``'s whole H·(nope+v) output, which therefore stays saved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tuneplan.core.job.strategy import Attention
+from tuneplan.core.models import LayerSpec, LinearRole, ModelSpec
+
+if TYPE_CHECKING:
+    from tuneplan.core.job.strategy import Strategy
+    from tuneplan.core.memory.activations import Shape, Widths
+
+#: The latent projections and the group (saved input) each reads.
+LATENT_GROUPS = {"q_b_proj": "q_lat_in", "kv_b_proj": "kv_lat_in"}
+
+
+@dataclass(frozen=True, slots=True)
+class MlaDims:
+    """MLA ranks and per-head sizes (``ModelSpec.extra`` of the deepseek parsers)."""
+
+    heads: int
+    q_rank: int          # 0: a plain q_proj (DeepSeek-V2-Lite)
+    kv_rank: int
+    nope: int
+    rope: int
+    v: int
+
+    @property
+    def qk(self) -> int:
+        return self.nope + self.rope
+
+
+def mla_dims(model: ModelSpec) -> MlaDims | None:
+    """The model's MLA sizes, or None for other attention."""
+    kv = model.extra.get("kv_lora_rank")
+    if not isinstance(kv, int) or kv <= 0:
+        return None
+    q = model.extra.get("q_lora_rank")
+    return MlaDims(heads=model.num_heads, q_rank=q if isinstance(q, int) else 0, kv_rank=kv,
+                   nope=int(model.extra["qk_nope_head_dim"]),
+                   rope=int(model.extra["qk_rope_head_dim"]), v=int(model.extra["v_head_dim"]))
+
+
+def rope_dim(model: ModelSpec) -> int:
+    """Width of the RoPE cos/sin tables: the rotary part only under MLA (transformers'
+    DeepseekV3Config sets ``head_dim = qk_rope_head_dim`` for its rotary embedding)."""
+    d = mla_dims(model)
+    return model.head_dim if d is None else d.rope
+
+
+def qkv_dims(model: ModelSpec) -> tuple[int, int, int]:
+    """Per-token widths (elements) of the query, key and value attention runs on: MLA's key
+    is expanded to every head (H·(nope+rope)), its value is H·v."""
+    d = mla_dims(model)
+    if d is None:
+        return (model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim,
+                model.num_kv_heads * model.head_dim)
+    return d.heads * d.qk, d.heads * d.qk, d.heads * d.v
+
+
+def latent_width(w: Widths) -> int:
+    """Bytes per element of a latent RMSNorm's output: its weight times its input (a linear's
+    output, ``w.mlp``), type-promoted (fp32 norm weights under autocast give fp32)."""
+    return max(w.mlp, w.norm_weight)
+
+
+def attention_saved(d: MlaDims, strategy: Strategy, w: Widths, shape: Shape) -> int:
+    """Bytes one MLA block's attention saves, beyond its linears' inputs (``layer_inputs``).
+
+    Latent norms: each saves its fp32 input (at fp32 compute ``kv_a_layernorm``'s input is a
+    view of the whole kv_rank+rope output), rsqrt, and the normalized tensor if it trains.
+    Eager: query, key, the value's contiguous copy (its batched matmul reshapes the strided
+    view), fp32 softmax and its cast. SDPA/flash: query, key, value (a view keeping
+    kv_b_proj's whole output), output and the fp32 logsumexp.
+    """
+    c, b = w.compute, shape.batch
+    t_q, t_kv = b * shape.seq_q, b * shape.seq_kv
+    x_in = w.mlp
+    norms = 0
+    for rank, tail in ((d.q_rank, 0), (d.kv_rank, d.rope)):
+        if rank:
+            fp32_in = (rank + tail) * 4 if x_in == 4 else rank * 4
+            norms += t_q * (fp32_in + 4 + (rank * x_in if w.norm_trains else 0))
+    q = k = d.heads * d.qk
+    v_storage = d.heads * (d.nope + d.v)
+    if strategy.attention is Attention.EAGER:
+        scores = b * d.heads * shape.seq_q * shape.seq_kv
+        cast = scores * c if c != 4 else 0
+        return norms + t_q * q * c + t_kv * (k + d.heads * d.v) * c + scores * 4 + cast
+    return norms + t_q * q * c + t_kv * (k + v_storage) * c + t_q * d.heads * d.v * c + \
+        b * d.heads * shape.seq_q * 4
+
+
+def output_is_copied(model: ModelSpec, strategy: Strategy) -> bool:
+    """Whether ``o_proj`` reads a copy of the attention output (not a view of it).
+
+    MLA's query is a ``torch.cat``, laid out (B, heads, S, D); flash kernels (CUDA flash and the
+    CPU flash kernel, chosen when query, key and value share a head size) allocate their output
+    in the query's layout, so transformers' ``transpose(1, 2).contiguous()`` copies it. With
+    v_head_dim != qk_head_dim (DeepSeek-V3: 128 vs 192) CUDA SDPA runs the memory-efficient
+    kernel, whose output is (B, S, heads, D): o_proj's input is then a view. Eager always copies.
+    """
+    d = mla_dims(model)
+    if d is None or strategy.attention is Attention.EAGER:
+        return strategy.attention is Attention.EAGER
+    return d.v == d.qk
+
+
+def shared_expert_saved(layer: LayerSpec, w: Widths, shape: Shape) -> int:
+    """Shared experts: a gated MLP beside the routed experts (gate, act and up outputs,
+    3·T·I_s·bytes); Qwen2-MoE's ``shared_expert_gate`` adds sigmoid(gate)·out, which keeps the
+    T·H shared output and the T·1 sigmoid. Linear inputs are counted in ``layer_inputs``."""
+    shared = [lin for lin in layer.linears if lin.role is LinearRole.SHARED_EXPERT]
+    if not shared:
+        return 0
+    inter = next(lin.out_features for lin in shared if lin.name.endswith("gate_proj"))
+    t, c = shape.tokens, w.mlp
+    saved = 3 * t * inter * c
+    gates = [lin for lin in layer.linears if lin.name.endswith("shared_expert_gate")]
+    if gates:
+        saved += t * shared[-1].out_features * c + t * gates[0].out_features * c
+    return saved
+
+
+#: Model types whose router computes in fp32 whatever the model's dtype: transformers 5.24
+#: DeepseekV3TopkRouter does ``F.linear(hidden_states.type(torch.float32), weight.float())`` and
+#: ``_keep_in_fp32_modules_strict = ["e_score_correction_bias", "gate.weight"]``; it picks
+#: experts by sigmoid scores, limited to ``topk_group`` of ``n_group`` expert groups.
+FP32_ROUTER_TYPES = frozenset({"deepseek_v3"})
+
+
+def fp32_router_input_saved(model: ModelSpec, w: Widths) -> bool:
+    """Whether a trained fp32 router saves its own fp32 copy of the block's normed input
+    (instead of that very tensor): its input is cast unless it is fp32 already."""
+    return model.model_type in FP32_ROUTER_TYPES and w.norm_out != 4
+
+
+def group_router_saved(model: ModelSpec, layer: LayerSpec, w: Widths, shape: Shape,
+                       router_trains: bool) -> int:
+    """What DeepSeek's group-limited router and its grouped-matmul dispatch save beyond the
+    generic router term (softmax/sigmoid scores T·E·4 and top-k weights T·k·4, ``mlp_saved``).
+
+    Per token: the fp32 input copy H·4 when the router trains (and compute is not fp32); the
+    per-group top-2 indices n_group·2·8, the kept groups topk_group·8, the expert mask E·1
+    (bool), the top-k indices k·8 and, with ``norm_topk_prob``, the fp32 denominator 4. Per
+    routed pair: three int64 permutation indices 3·8 and the fp32 routing weight 4 (transformers
+    ``integrations/moe.py`` grouped_mm dispatch; seen with saved_tensors_hooks).
+    """
+    if model.model_type not in FP32_ROUTER_TYPES or not layer.num_experts:
+        return 0
+    t, e, k = shape.tokens, layer.num_experts, layer.experts_per_token
+    groups = int(model.extra.get("n_group", 1))
+    kept = int(model.extra.get("topk_group", 1))
+    per_token = groups * 2 * 8 + kept * 8 + e + k * 8 + (
+        4 if model.extra.get("norm_topk_prob", True) else 0) + k * (3 * 8 + 4)
+    if router_trains and fp32_router_input_saved(model, w):
+        per_token += model.hidden_size * 4
+    return t * per_token
