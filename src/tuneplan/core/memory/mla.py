@@ -15,62 +15,20 @@ of ``kv_b_proj``'s whole H·(nope+v) output, which therefore stays saved.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tuneplan.core.job.strategy import Attention
 from tuneplan.core.models import LayerSpec, LinearRole, ModelSpec
+from tuneplan.core.models.latent import MlaDims, mla_dims, qkv_dims, rope_dim
 
 if TYPE_CHECKING:
     from tuneplan.core.job.strategy import Strategy
     from tuneplan.core.memory.activations import Shape, Widths
 
+__all__ = ["LATENT_GROUPS", "MlaDims", "mla_dims", "qkv_dims", "rope_dim"]
+
 #: The latent projections and the group (saved input) each reads.
 LATENT_GROUPS = {"q_b_proj": "q_lat_in", "kv_b_proj": "kv_lat_in"}
-
-
-@dataclass(frozen=True, slots=True)
-class MlaDims:
-    """MLA ranks and per-head sizes (``ModelSpec.extra`` of the deepseek parsers)."""
-
-    heads: int
-    q_rank: int          # 0: a plain q_proj (DeepSeek-V2-Lite)
-    kv_rank: int
-    nope: int
-    rope: int
-    v: int
-
-    @property
-    def qk(self) -> int:
-        return self.nope + self.rope
-
-
-def mla_dims(model: ModelSpec) -> MlaDims | None:
-    """The model's MLA sizes, or None for other attention."""
-    kv = model.extra.get("kv_lora_rank")
-    if not isinstance(kv, int) or kv <= 0:
-        return None
-    q = model.extra.get("q_lora_rank")
-    return MlaDims(heads=model.num_heads, q_rank=q if isinstance(q, int) else 0, kv_rank=kv,
-                   nope=int(model.extra["qk_nope_head_dim"]),
-                   rope=int(model.extra["qk_rope_head_dim"]), v=int(model.extra["v_head_dim"]))
-
-
-def rope_dim(model: ModelSpec) -> int:
-    """Width of the RoPE cos/sin tables: the rotary part only under MLA (transformers'
-    DeepseekV3Config sets ``head_dim = qk_rope_head_dim`` for its rotary embedding)."""
-    d = mla_dims(model)
-    return model.head_dim if d is None else d.rope
-
-
-def qkv_dims(model: ModelSpec) -> tuple[int, int, int]:
-    """Per-token widths (elements) of the query, key and value attention runs on: MLA's key
-    is expanded to every head (H·(nope+rope)), its value is H·v."""
-    d = mla_dims(model)
-    if d is None:
-        return (model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim,
-                model.num_kv_heads * model.head_dim)
-    return d.heads * d.qk, d.heads * d.qk, d.heads * d.v
 
 
 def latent_width(w: Widths) -> int:
