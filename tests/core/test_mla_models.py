@@ -64,3 +64,50 @@ def test_exact_count_equals_transformers_on_the_meta_device() -> None:
     # the multi-token-prediction layer (num_nextn_predict_layers) is not built by transformers;
     # the routers' score-correction biases are buffers: 58 MoE blocks x 256 experts
     assert buffers == 58 * 256 == resolve_model(NAME).extra["e_score_correction_bias_elements"]
+
+
+#: DeepSeek-V2-Lite style (plain q_proj, 2 shared experts) and V2 style (q LoRA, MLP biases,
+#: group-limited routing, a dense first block)
+V2_CONFIGS = {
+    "lite": {"model_type": "deepseek_v2", "hidden_size": 64, "num_hidden_layers": 3,
+             "num_attention_heads": 4, "intermediate_size": 96, "vocab_size": 128,
+             "q_lora_rank": None, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+             "qk_rope_head_dim": 8, "v_head_dim": 24, "n_routed_experts": 4,
+             "num_experts_per_tok": 2, "moe_intermediate_size": 32},
+    "grouped": {"model_type": "deepseek_v2", "hidden_size": 64, "num_hidden_layers": 3,
+                "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 96,
+                "vocab_size": 128, "q_lora_rank": 24, "kv_lora_rank": 16, "mlp_bias": True,
+                "attention_bias": True, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
+                "v_head_dim": 12, "n_routed_experts": 4, "n_shared_experts": 1,
+                "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                "first_k_dense_replace": 1, "topk_method": "group_limited_greedy",
+                "n_group": 2, "topk_group": 1, "tie_word_embeddings": True},
+}
+
+
+@pytest.mark.probe
+@pytest.mark.parametrize("variant", sorted(V2_CONFIGS))
+def test_deepseek_v2_count_equals_transformers(variant: str) -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tuneplan.core.models import parse_model_config
+
+    config = V2_CONFIGS[variant]
+    hf = transformers.AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf)
+    spec = parse_model_config(config, name=variant)
+    assert sum(p.numel() for p in model.parameters()) == count_parameters(spec).total
+    assert mla_dims(spec) is not None
+
+
+def test_deepseek_v2_refuses_an_unknown_topk_method_and_a_missing_top_k() -> None:
+    from tuneplan.core.models import parse_model_config
+    from tuneplan.errors import ModelConfigError
+
+    bad = {**V2_CONFIGS["lite"], "topk_method": "noaux_tc"}
+    with pytest.raises(ModelConfigError, match="topk_method"):
+        parse_model_config(bad, name="bad")
+    missing = {k: v for k, v in V2_CONFIGS["lite"].items() if k != "num_experts_per_tok"}
+    with pytest.raises(ModelConfigError, match="num_experts_per_tok"):
+        parse_model_config(missing, name="missing")

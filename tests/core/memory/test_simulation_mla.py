@@ -1,4 +1,4 @@
-"""Multi-head latent attention (DeepSeek-V3) and shared experts (DeepSeek-V3, Qwen2-MoE): the
+"""Multi-head latent attention (DeepSeek-V2/V3) and shared experts (DeepSeek, Qwen2-MoE): the
 analytic allocated peak held to the exact CPU simulation (``adapters/probe/harness``), ±3 %.
 
 Tiny models with a small vocabulary, so that the blocks (not the loss) weigh. The SDPA cases
@@ -34,6 +34,20 @@ _DS = {**_BASE, "model_type": "deepseek_v3", "num_key_value_heads": 4, "q_lora_r
 CONFIGS = {
     "deepseek-v3-eager": _DS,
     "deepseek-v3": {**_DS, "v_head_dim": 24},
+    # DeepSeek-V2-Lite style: no q LoRA (a plain q_proj), two shared experts, greedy softmax
+    # router; and DeepSeek-V2 style: q LoRA, MLP biases, group-limited router
+    "deepseek-v2-lite": {**_BASE, "model_type": "deepseek_v2", "q_lora_rank": None,
+                         "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                         "v_head_dim": 24, "n_routed_experts": 4, "n_shared_experts": 2,
+                         "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                         "first_k_dense_replace": 1},
+    "deepseek-v2-eager": {**_BASE, "model_type": "deepseek_v2", "q_lora_rank": 24,
+                          "mlp_bias": True, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+                          "qk_rope_head_dim": 8, "v_head_dim": 16, "n_routed_experts": 4,
+                          "n_shared_experts": 1, "num_experts_per_tok": 2,
+                          "moe_intermediate_size": 32, "first_k_dense_replace": 1,
+                          "topk_method": "group_limited_greedy", "n_group": 2,
+                          "topk_group": 1},
     "qwen2-moe": {**_BASE, "model_type": "qwen2_moe", "num_key_value_heads": 2,
                   "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "shared_expert_intermediate_size": 48},
@@ -49,6 +63,11 @@ CASES: list[Case] = [
     ("deepseek-v3", "lora", 2, 256, False, "sdpa", "adamw", BF16),
     ("deepseek-v3", "lora", 2, 256, True, "sdpa", "adamw", FP32),
     ("deepseek-v3", "lora", 2, 256, False, "sdpa", "adamw", MIXED),
+    ("deepseek-v2-lite", "full", 2, 256, False, "sdpa", "adamw", BF16),
+    ("deepseek-v2-lite", "lora", 2, 256, False, "sdpa", "adamw", FP32),
+    ("deepseek-v2-lite", "lora", 2, 256, False, "sdpa", "adamw", MIXED),
+    ("deepseek-v2-eager", "full", 2, 256, False, "eager", "adamw", BF16),
+    ("deepseek-v2-eager", "lora", 2, 256, True, "eager", "adamw", BF16),
     ("qwen2-moe", "full", 2, 256, False, "sdpa", "adamw", BF16),
     ("qwen2-moe", "full", 2, 256, False, "eager", "sgd", FP32),
     ("qwen2-moe", "lora", 2, 256, False, "sdpa", "adamw", FP32),

@@ -96,10 +96,11 @@ def shared_expert_saved(layer: LayerSpec, w: Widths, shape: Shape) -> int:
 
 
 #: Model types whose router computes in fp32 whatever the model's dtype: transformers 5.24
-#: DeepseekV3TopkRouter does ``F.linear(hidden_states.type(torch.float32), weight.float())`` and
-#: ``_keep_in_fp32_modules_strict = ["e_score_correction_bias", "gate.weight"]``; it picks
-#: experts by sigmoid scores, limited to ``topk_group`` of ``n_group`` expert groups.
-FP32_ROUTER_TYPES = frozenset({"deepseek_v3"})
+#: DeepseekV3TopkRouter and DeepseekV2TopkRouter do ``F.linear(hidden_states.type(
+#: torch.float32), weight.float())`` (``_keep_in_fp32_modules_strict`` keeps ``gate.weight``
+#: fp32). V3 picks experts by sigmoid scores, limited to ``topk_group`` of ``n_group`` groups
+#: (top-2 sums per group); V2 by softmax scores, greedily or group-limited (group maxima).
+FP32_ROUTER_TYPES = frozenset({"deepseek_v3", "deepseek_v2"})
 
 
 def fp32_router_input_saved(model: ModelSpec, w: Widths) -> bool:
@@ -124,8 +125,15 @@ def group_router_saved(model: ModelSpec, layer: LayerSpec, w: Widths, shape: Sha
     t, e, k = shape.tokens, layer.num_experts, layer.experts_per_token
     groups = int(model.extra.get("n_group", 1))
     kept = int(model.extra.get("topk_group", 1))
-    per_token = groups * 2 * 8 + kept * 8 + e + k * 8 + (
-        4 if model.extra.get("norm_topk_prob", True) else 0) + k * (3 * 8 + 4)
+    if model.model_type == "deepseek_v2":
+        # greedy: the top-k indices; group_limited_greedy: also each group's max index, the
+        # kept groups' indices and the expert mask (masked_fill)
+        grouped = model.extra.get("topk_method") == "group_limited_greedy"
+        selection = k * 8 + (groups * 8 + kept * 8 + e if grouped else 0)
+    else:
+        selection = groups * 2 * 8 + kept * 8 + e + k * 8 + (
+            4 if model.extra.get("norm_topk_prob", True) else 0)
+    per_token = selection + k * (3 * 8 + 4)
     if router_trains and fp32_router_input_saved(model, w):
         per_token += model.hidden_size * 4
     return t * per_token
