@@ -169,6 +169,9 @@ def layer_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Widt
             own = lin.role is LinearRole.ROUTER and mla.fp32_router_input_saved(model, w)
             fixed["adapters_mlp"] += param_wrapper_saved(lin, w, strategy,
                                                          set() if own else shared)
+            if lin.role is LinearRole.ROUTER and model.model_type in mla.FP32_ROUTER_TYPES:
+                # its merged weight W + s·B·A is fp32 (the router weight is kept fp32)
+                fixed["adapters_mlp"] += lin.weight_params * max(4 - w.base, 0)
             continue
         if lin.role is LinearRole.EXPERT:
             continue
