@@ -71,6 +71,10 @@ CASES: dict[str, dict[str, Any]] = {
     "deepseek_v3": _cfg("deepseek_v3", **_DS),
     "deepseek_v3-no-q-lora": _cfg("deepseek_v3", **{**_DS, "q_lora_rank": None,
                                                      "attention_bias": True}),
+    # V2: softmax router (group-limited here), MLP biases, two shared experts
+    "deepseek_v2": _cfg("deepseek_v2", **{**_DS, "mlp_bias": True, "n_shared_experts": 2,
+                                           "topk_method": "group_limited_greedy", "n_group": 2,
+                                           "topk_group": 1}),
     # attention sinks, biases everywhere, router bias, 3-D experts with biases
     "gpt_oss": _cfg("gpt_oss", num_key_value_heads=2, head_dim=16, num_local_experts=4,
                     num_experts_per_tok=2, sliding_window=8),

@@ -32,6 +32,7 @@ from tuneplan.core.job.methods import (
 )
 from tuneplan.core.job.strategy import Attention, Checkpointing, Precision, Strategy, Task
 from tuneplan.core.models import LinearRole, ModelSpec
+from tuneplan.core.models.latent import score_dim
 from tuneplan.core.models.provenance import structure_note
 from tuneplan.errors import UnsupportedError
 from tuneplan.explain import Breakdown, Term
@@ -116,7 +117,7 @@ def model_shape_from_spec(spec: ModelSpec) -> ModelShape:
                 stored=group.count * lin.copies, role=lin.role))
     return ModelShape(
         spec=spec, total_params=total, num_layers=spec.num_layers,
-        hidden_size=spec.hidden_size, attention_dim=spec.num_heads * spec.head_dim,
+        hidden_size=spec.hidden_size, attention_dim=score_dim(spec),
         vocab_size=spec.vocab_size, linears=tuple(linears),
         causal=not spec.layers or any(group.kind != "encoder" for group in spec.layers))
 

@@ -26,7 +26,7 @@ from tuneplan.core.job.methods import (
 from tuneplan.core.job.recipes import PrecisionPlan, Recipe, precision_plan
 from tuneplan.core.job.strategy import Checkpointing, Strategy, Task
 from tuneplan.core.memory import activations as act
-from tuneplan.core.memory import experts, litgpt
+from tuneplan.core.memory import experts, litgpt, mla
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.core.memory.logits import loss_moments
 from tuneplan.core.memory.overheads import device_terms, reserve_term, workspace_term
@@ -447,8 +447,9 @@ def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shap
 
 
 def _rope(model: ModelSpec, w: act.Widths, shape: act.Shape) -> Piece:
-    return part("activations/rope", 2 * shape.seq_kv * model.head_dim * w.compute,
-                "RoPE cos and sin 2·S·head_dim·bytes (shared by all blocks)")
+    return part("activations/rope", 2 * shape.seq_kv * mla.rope_dim(model) * w.compute,
+                "RoPE cos and sin 2·S·head_dim·bytes (shared by all blocks; MLA: its "
+                "qk_rope_head_dim)")
 
 
 def _dequant_term(s: Strategy, st: Static) -> list[Piece]:

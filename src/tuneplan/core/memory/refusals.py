@@ -69,17 +69,15 @@ def _problems(model: ModelSpec, s: Strategy) -> list[str]:
     if s.recipe is Recipe.TORCHTUNE and s.precision.is_mixed:
         out.append("torchtune trains in pure bf16/fp32; use --precision bf16")
     if model.is_encoder_decoder or any(
-            lin.role in (LinearRole.CROSS_ATTENTION, LinearRole.SHARED_EXPERT)
+            lin.role is LinearRole.CROSS_ATTENTION
             for layer in model.layers for lin in layer.linears):
-        out.append(f"{model.model_type} (encoder-decoder, cross-attention or shared experts) "
+        out.append(f"{model.model_type} (encoder-decoder, cross-attention) "
                    "activations are not estimated yet")
     if (model.model_type in SOFTCAP_MODEL_TYPES and s.attention is Attention.SDPA
             and s.recipe in (Recipe.HF, Recipe.PLAIN)):
         out.append(f"{model.model_type} caps its attention logits (soft-capping), which SDPA "
                    "cannot do: transformers 5.24 refuses attn_implementation='sdpa' for it; "
                    "use --attention eager (or flash with flash-attn 2.6+)")
-    if model.extra.get("kv_lora_rank") or model.extra.get("q_lora_rank"):
-        out.append("multi-head latent attention (MLA) activations are not estimated yet")
     if model.extra.get("state_space"):
         out.append(f"{model.model_type} has state-space (Mamba-style) mixer blocks: their "
                    "parameters are counted exactly, but the selective scan's saved "

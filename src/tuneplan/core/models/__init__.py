@@ -50,6 +50,7 @@ def _parsers() -> dict[str, _Parser]:
     """model_type -> parser; the parser modules load on the first parse (not on import: the
     CLI's start-up needs the spec types, not the parsers)."""
     from tuneplan.core.models.decoders import TRAITS, parse_deepseek_v3, parse_llama_like
+    from tuneplan.core.models.deepseek_v2 import parse_deepseek_v2
     from tuneplan.core.models.encoders import parse_bert, parse_gemma3, parse_t5
     from tuneplan.core.models.legacy import (
         parse_bloom,
@@ -73,6 +74,7 @@ def _parsers() -> dict[str, _Parser]:
         **dict.fromkeys(TRAITS, parse_llama_like),
         "gemma3": parse_gemma3,
         "deepseek_v3": parse_deepseek_v3,
+        "deepseek_v2": parse_deepseek_v2,
         "gpt2": parse_gpt2,
         "gpt_neox": parse_gpt_neox,
         "opt": parse_opt,
