@@ -78,7 +78,9 @@ def plan_entry(p: Plan, result: PlanResult) -> dict[str, Any]:
         "throughput": {"tokens_per_second": t.tokens_per_second,
                        "tokens_per_second_per_gpu": t.tokens_per_second_per_gpu,
                        "step_seconds": t.step_seconds, "mfu": t.mfu, "bound": t.bound,
-                       "training_hours": t.hours},
+                       "training_hours": t.hours,
+                       "time_basis": t.time_basis.as_dict(
+                           tokens_per_second=t.tokens_per_second, hours=t.hours)},
         "cost": cost, "pareto": p.id in result.pareto_ids, "risk": risk_part(p),
         "fixed": sorted(fixed_values(result.job)),
         "why": list(p.why), "warnings": list(p.warnings),

@@ -13,7 +13,7 @@ from tuneplan.core.catalog.offers import Offer
 from tuneplan.core.job.strategy import Job
 from tuneplan.core.models import ModelSpec
 from tuneplan.core.planner.fit import FitReport
-from tuneplan.core.planner.plan import PlanResult
+from tuneplan.core.planner.plan import PlanAssumptions, PlanResult
 from tuneplan.errors import InfeasibleJobError, InvalidValueError
 
 
@@ -29,7 +29,23 @@ def plan_job_stamped(job: Job, model: ModelSpec, *, store_path: str | Path | Non
     from tuneplan.adapters.plans import plan
 
     stamp, offers = current_offers(store_path)
-    return plan(job, model=model, offers=offers, now=now or datetime.now(UTC)), stamp
+    return plan(job, model=model, offers=offers, now=now or datetime.now(UTC),
+                assumptions=_calibrated(job, store_path)), stamp
+
+
+def _calibrated(job: Job, store_path: str | Path | None) -> PlanAssumptions:
+    """The planner's assumptions with the saved probes (``tuneplan probe``) applied: each
+    probed GPU's speed, and with ``--gpu`` that GPU's memory constants."""
+    from tuneplan.adapters.bundled import resolve_gpu_spec
+    from tuneplan.adapters.calibration import calibrated_plan_assumptions
+
+    gpu = None
+    if job.gpu:
+        try:
+            gpu = resolve_gpu_spec(job.gpu)
+        except InvalidValueError:  # a word-prefix filter (``A100``) names no single spec
+            gpu = None
+    return calibrated_plan_assumptions(gpu, store_path)
 
 
 _CURRENT: dict[str, tuple[tuple[str, int], list[Offer]]] = {}
@@ -93,9 +109,10 @@ def raise_if_infeasible(result: PlanResult) -> None:
 
 
 def fit_job(job: Job, model: ModelSpec, *, store_path: str | Path | None = None) -> FitReport:
-    """The fit solver on ``job.gpu``: largest micro-batch and sequence per method, and the
-    changes that make the job fit (one-GPU ones first; more GPUs labelled with the nodes one
-    offer of that GPU in the catalog holds)."""
+    """The fit solver on ``job.gpu`` with its saved probe calibration applied (memory and
+    speed): largest micro-batch and sequence per method, and the changes that make the job
+    fit (one-GPU ones first; more GPUs labelled with the nodes one offer of that GPU in the
+    catalog holds)."""
     from tuneplan.adapters.bundled import resolve_gpu_spec
     from tuneplan.core.planner.fit import fit
     from tuneplan.core.planner.search import StrategySearch
@@ -103,8 +120,12 @@ def fit_job(job: Job, model: ModelSpec, *, store_path: str | Path | None = None)
     if not job.gpu:
         raise InvalidValueError("fit needs --gpu NAME (see `tuneplan gpus`)")
     gpu = resolve_gpu_spec(job.gpu)
+    from tuneplan.adapters.calibration import calibration_for
+
+    cal = calibration_for(gpu, store_path)  # the saved probe of this GPU, if any
     search = StrategySearch(model=model, base=job.strategy,
-                            tokens=job.tokens_per_epoch, epochs=job.epochs)
+                            tokens=job.tokens_per_epoch, epochs=job.epochs,
+                            memory_assumptions=cal.memory, throughput_assumptions=cal.throughput)
     per_node, basis = node_gpus(gpu.name, store_path=store_path)
     return fit(search, gpu, max_gpus=job.max_gpus or 64, node_gpus=per_node,
                node_gpus_basis=basis)
