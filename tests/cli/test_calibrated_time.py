@@ -116,3 +116,13 @@ def test_throughput_states_its_basis_in_text_and_json(run_cli: Run) -> None:
     assert doc["time_basis"]["basis"] == "calibrated"
     text = run_cli(*args).stdout
     assert "calibrated (model error" in text and "training time range" in text
+
+
+def test_cost_of_a_saved_plan_reprices_it_with_the_same_probe(run_cli: Run) -> None:
+    _save_h100_probe()
+    plan = run_cli(*PLAN, "--gpu", "H100").ok_json()
+    first = next(p for p in plan["plans"] if p["offer"]["gpu"] == "H100 SXM5")
+    cost = run_cli("cost", first["id"], "--json").ok_json()
+    assert cost["throughput"]["tokens_per_second"] == pytest.approx(
+        first["throughput"]["tokens_per_second"])
+    assert cost["throughput"]["time_basis"]["basis"] == "calibrated"

@@ -25,6 +25,7 @@ from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.errors import CatalogError, InvalidValueError
 
 if TYPE_CHECKING:
+    from tuneplan.core.job.strategy import Job
     from tuneplan.core.planner.plan import PlanAssumptions
 
 FORMAT = "tuneplan-calibration"
@@ -305,3 +306,18 @@ def calibrated_plan_assumptions(gpu: GpuSpec | None, path: str | Path | None = N
         if record is not None:
             memory = calibrate(record, gpu, memory=a.memory).memory
     return replace(a, memory=memory, throughput=calibrated_for_gpus(path, a.throughput))
+
+
+def calibrated_for_job(job: Job, path: str | Path | None = None) -> PlanAssumptions:
+    """``calibrated_plan_assumptions`` for a job: the GPU it names (``--gpu``) when that is
+    one spec, else none (a word-prefix filter such as ``A100`` names several). What ``plan``
+    prices with and ``cost PLAN_ID`` re-prices with."""
+    from tuneplan.adapters.bundled import resolve_gpu_spec
+
+    gpu = None
+    if job.gpu:
+        try:
+            gpu = resolve_gpu_spec(job.gpu)
+        except InvalidValueError:
+            gpu = None
+    return calibrated_plan_assumptions(gpu, path)

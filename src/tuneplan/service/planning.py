@@ -13,7 +13,7 @@ from tuneplan.core.catalog.offers import Offer
 from tuneplan.core.job.strategy import Job
 from tuneplan.core.models import ModelSpec
 from tuneplan.core.planner.fit import FitReport
-from tuneplan.core.planner.plan import PlanAssumptions, PlanResult
+from tuneplan.core.planner.plan import PlanResult
 from tuneplan.errors import InfeasibleJobError, InvalidValueError
 
 
@@ -26,26 +26,12 @@ def plan_job(job: Job, model: ModelSpec, *, store_path: str | Path | None = None
 def plan_job_stamped(job: Job, model: ModelSpec, *, store_path: str | Path | None = None,
                      now: datetime | None = None) -> tuple[PlanResult, tuple[str, int]]:
     """``plan_job`` and the stamp of the catalog it planned over (``CatalogStore.stamp``)."""
+    from tuneplan.adapters.calibration import calibrated_for_job
     from tuneplan.adapters.plans import plan
 
     stamp, offers = current_offers(store_path)
     return plan(job, model=model, offers=offers, now=now or datetime.now(UTC),
-                assumptions=_calibrated(job, store_path)), stamp
-
-
-def _calibrated(job: Job, store_path: str | Path | None) -> PlanAssumptions:
-    """The planner's assumptions with the saved probes (``tuneplan probe``) applied: each
-    probed GPU's speed, and with ``--gpu`` that GPU's memory constants."""
-    from tuneplan.adapters.bundled import resolve_gpu_spec
-    from tuneplan.adapters.calibration import calibrated_plan_assumptions
-
-    gpu = None
-    if job.gpu:
-        try:
-            gpu = resolve_gpu_spec(job.gpu)
-        except InvalidValueError:  # a word-prefix filter (``A100``) names no single spec
-            gpu = None
-    return calibrated_plan_assumptions(gpu, store_path)
+                assumptions=calibrated_for_job(job, store_path)), stamp
 
 
 _CURRENT: dict[str, tuple[tuple[str, int], list[Offer]]] = {}
