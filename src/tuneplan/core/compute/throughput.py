@@ -197,8 +197,9 @@ def _unmodelled(s: Strategy) -> list[str]:
         out.append(f"--method {s.method.value}: timed as the frozen model with one hidden-size "
                    "vector per block training (memory does not estimate it)")
     if s.recipe.value != "hf":
-        out.append(f"--recipe {s.recipe.value}: timed with the same kernels as hf (no "
-                   "per-framework speed-ups modelled); the recipe changes memory only")
+        out.append(f"--recipe {s.recipe.value}: timed with the same kernels as hf but its "
+                   "loss (micro-batch/loss: its default and fused cross-entropy); its other "
+                   "kernels (norms, rotary, activations) are not modelled")
     if s.checkpointing is Checkpointing.OFFLOAD:
         out.append("--offload-activations: the host copies of the checkpoints are assumed to "
                    "overlap with compute (no PCIe time added)")
