@@ -125,12 +125,25 @@ def test_zero3_step_grows_with_fabric_latency_and_shrinks_with_bandwidth() -> No
                    seq_len=512, grad_accum=4)
     links = NodeLinks(intra="pcie")
     base = estimate_throughput(MODEL, job, gpu, links=links).step_seconds
-    slow_latency = dataclasses.replace(A, collective_latency_s=10 * A.collective_latency_s)
-    assert estimate_throughput(MODEL, job, gpu, links=links,
-                               assumptions=slow_latency).step_seconds > base
     fast_pcie = dataclasses.replace(A, pcie_efficiency=2 * A.pcie_efficiency)
     assert estimate_throughput(MODEL, job, gpu, links=links,
                                assumptions=fast_pcie).step_seconds < base
+    # across nodes: the fabric's own latency per ring step and its bandwidth (NodeLinks)
+    two_nodes = dataclasses.replace(job, nodes=2)
+    nccl_net_hop = dict(A.nccl_hop_latency_s)["net"]
+
+    def step(latency: float, rate: float) -> float:
+        got = estimate_throughput(MODEL, two_nodes, gpu, links=NodeLinks(
+            inter_node_bytes_per_s=rate, inter_node_latency_s=latency))
+        term = got.step.get("step/communication-exposed")
+        assert term is not None
+        # NCCL's ring model: base + 14 intra-node hops + 1 network hop per gather
+        assert term.inputs["latency_per_collective_s"] == pytest.approx(
+            A.nccl_base_latency_s + 14 * dict(A.nccl_hop_latency_s)["nvlink"] + latency)
+        return got.step_seconds
+
+    assert step(10 * nccl_net_hop, 50e9) > step(nccl_net_hop, 50e9)
+    assert step(nccl_net_hop, 400e9) < step(nccl_net_hop, 50e9)
     # no flat multi-GPU factor on top of the collectives model
     assert estimate_throughput(MODEL, job, gpu, links=links).step.get(
         "step/multi-gpu-sync") is None

@@ -445,7 +445,8 @@ def _communication(model: ModelShape, s: Strategy, links: NodeLinks, gpu: GpuSpe
     fabric = node_fabric(
         interconnect=gpu.interconnect, interconnect_bytes_per_s=gpu.interconnect_bytes_per_s,
         pcie_gen=gpu.pcie_gen, gpus_per_node=s.gpus, nodes=s.nodes, intra=links.intra,
-        inter_node_bytes_per_s=links.inter_node_bytes_per_s, assumptions=a)
+        inter_node_bytes_per_s=links.inter_node_bytes_per_s,
+        inter_node_latency_s=links.inter_node_latency_s, assumptions=a)
     dtype = compute_dtype_bytes(s.precision)
     ranks = s.world_size
     # gathered parameters move as stored: QLoRA-FSDP shards the packed 4-bit weights
@@ -458,7 +459,8 @@ def _communication(model: ModelShape, s: Strategy, links: NodeLinks, gpu: GpuSpe
     collectives = collectives_per_step(sharding=s.sharding, ranks=ranks,
                                        grad_accum=s.grad_accum, num_layers=model.num_layers,
                                        passes_gathering=passes)
-    comm_s = float(comm.total) / fabric.ring_bytes_per_s() + collectives * a.collective_latency_s
+    latency = fabric.ring_latency_s(all_reduce=s.sharding is Sharding.DDP)
+    comm_s = float(comm.total) / fabric.ring_bytes_per_s() + collectives * latency
     matmul_s = micro_matmul_s * s.grad_accum
     if s.sharding in PER_MICROBATCH_GRADS:
         window, share = matmul_s, a.overlap_fraction_sharded
@@ -469,6 +471,8 @@ def _communication(model: ModelShape, s: Strategy, links: NodeLinks, gpu: GpuSpe
         path="step/communication-exposed", value=exposed, unit="s",
         formula="max(0, comm - overlap x compute window)",
         inputs={"comm_s": comm_s, "overlap": share, "window_s": window, "fabric": fabric.intra,
-                "ring_bytes_per_s": fabric.ring_bytes_per_s(), "collectives": collectives},
-        source="bytes / slowest ring hop + latency per collective, partly hidden by compute"))
+                "ring_bytes_per_s": fabric.ring_bytes_per_s(), "collectives": collectives,
+                "latency_per_collective_s": latency},
+        source="bytes / slowest ring hop + NCCL's ring latency per collective (a base and a "
+               "hop per step, the fabric's own across nodes), partly hidden by compute"))
     return term, comm, comm_s, fabric
