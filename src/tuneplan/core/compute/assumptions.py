@@ -166,7 +166,7 @@ class ThroughputAssumptions:
     # NCCL's latency model of a ring collective (Simple protocol), src/graph/tuning.cc
     nccl_base_latency_s: float = 8.4e-6
     nccl_hop_latency_s: tuple[tuple[str, float], ...] = (
-        ("nvlink", 3.4e-6), ("pcie", 5.7e-6), ("net", 9.6e-6))
+        ("nvlink", 3.4e-6), ("pcie", 5.7e-6), ("net", 14.0e-6))
     overlap_fraction_ddp: float = 0.8
     overlap_fraction_sharded: float = 0.5
     cpu_adam_params_per_s: float = 1.0e9
@@ -376,14 +376,15 @@ THROUGHPUT_WHY: dict[str, str] = {
     "inter_node_efficiency": "NCCL bus bandwidth / link bandwidth between nodes",
     "nccl_base_latency_s": (
         "fixed latency of one ring collective, NCCL's own model: baseLat[Ring][Simple] = 8.4 "
-        "us (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel)"),
+        "us (NVIDIA/nccl src/graph/tuning.cc, ncclTopoTuneModel, at commit b6475625)"),
     "nccl_hop_latency_s": (
-        "latency per ring step by the link it crosses, NCCL's hwLat[link][Ring][Simple]: "
-        "NVLink 3.4 us, PCIe 5.7 us, network 9.6 us (src/graph/tuning.cc); a collective over "
-        "n ranks on k nodes pays base + (steps - inter) x intra hop + inter x network hop, "
-        "steps = n-1 (all-gather, reduce-scatter) or 2(n-1) (all-reduce), inter = k-1 or "
-        "2(k-1), as ncclTopoTuneModel computes it; NodeLinks.inter_node_latency_s replaces "
-        "the network hop where the offer states its fabric's latency"),
+        "latency per ring step by the link it crosses, NCCL's hwLat[link][Ring][Simple] at "
+        "the same commit: NVLink 3.4 us, PCIe 5.7 us, network 14.0 us; a collective over n "
+        "ranks on k nodes pays base + (steps - inter) x intra hop + inter x network hop, "
+        "steps = n-1 with inter = k-1 (all-gather, reduce-scatter) or 2(n-1) with inter = 2k "
+        "(all-reduce, k > 1), as ncclTopoTuneModel counts them; NodeLinks."
+        "inter_node_latency_s replaces the network hop where the offer states its fabric's "
+        "latency"),
     "overlap_fraction_ddp": "share of backward time DDP's bucketed all-reduce hides behind",
     "overlap_fraction_sharded": "share of compute ZeRO/FSDP prefetch hides gathers behind",
     "cpu_adam_params_per_s": (

@@ -66,8 +66,10 @@ class Fabric:
         ranks, nodes = self.ranks, self.nodes
         if ranks <= 1:
             return 0.0
-        factor = 2 if all_reduce else 1
-        steps, inter = factor * (ranks - 1), factor * (nodes - 1)
+        if all_reduce:
+            steps, inter = 2 * (ranks - 1), (2 * nodes if nodes > 1 else 0)
+        else:
+            steps, inter = ranks - 1, nodes - 1
         return (self.base_latency_s + (steps - inter) * self.intra_hop_latency_s
                 + inter * self.net_hop_latency_s)
 
