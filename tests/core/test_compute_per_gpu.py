@@ -299,3 +299,20 @@ def test_a_probe_calibration_is_per_gpu_not_per_architecture() -> None:
     # the calibration scales the flash attention term with the linears
     term = slow.step.get("micro-batch/attention")
     assert term is not None and term.inputs["calibration_scale"] < 1
+
+
+def test_torch_compile_is_its_own_named_saving() -> None:
+    gpu = load_gpu_spec("A100 80GB SXM4")
+    job = Strategy(method=Method.LORA, seq_len=2048, batch_size=4)
+    eager = estimate_throughput(MODEL, job, gpu)
+    compiled = estimate_throughput(MODEL, dataclasses.replace(job, compile=True), gpu)
+    assert eager.step.get("micro-batch/torch-compile") is None
+    term = compiled.step.get("micro-batch/torch-compile")
+    assert term is not None and term.value < 0
+    # the linears' time is the eager one; the saving is (1/speedup - 1) of it
+    matmul = compiled.step.value("micro-batch/matmul")
+    assert matmul == pytest.approx(eager.step.value("micro-batch/matmul"))
+    assert term.value == pytest.approx(matmul * (1 / A.compile_speedup - 1))
+    assert compiled.bound_seconds()["compute"] == pytest.approx(
+        matmul + term.value + compiled.step.value("micro-batch/attention"))
+    assert compiled.tokens_per_second > eager.tokens_per_second

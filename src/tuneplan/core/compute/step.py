@@ -92,6 +92,10 @@ def trainable_params(model: ModelShape, strategy: Strategy) -> int:
 
 PRE_AMPERE = ("Volta", "Turing")
 
+#: The compute-bound step terms (``Throughput.bound`` reads them as ``compute``).
+COMPUTE_TERMS = frozenset({"micro-batch/matmul", "micro-batch/attention",
+                           "micro-batch/torch-compile"})
+
 
 def matmul_efficiency(gpu: GpuSpec, precision: Precision, peak: float,
                       a: ThroughputAssumptions) -> tuple[float, dict[str, object]]:
@@ -145,12 +149,13 @@ def _micro_batch_terms(model: ModelShape, s: Strategy, gpu: GpuSpec,
     eff, basis = matmul_efficiency(gpu, s.precision, peak, a)
     size = 1.0 if s.precision is Precision.FP32 else (
         model.hidden_size / (model.hidden_size + a.hidden_size_half_efficiency))
-    speed = peak * eff * size * (a.compile_speedup if s.compile else 1.0)
+    speed = peak * eff * size
     if s.method is Method.LORA8BIT:
         speed /= a.int8_matmul_slowdown
     matmul_s = (mb.flops - mb.attention_flops) / speed
     attention = _attention_term(s, gpu, a, peak, eff, speed, mb)
-    gpu_s = matmul_s + float(attention.value)
+    compiled = _compile_term(s, a, matmul_s)
+    gpu_s = matmul_s + float(attention.value) + (float(compiled.value) if compiled else 0.0)
     host_s, host_inputs = _host_seconds(model, s, a)
     p = a.host_overlap_exponent
     exposed = (gpu_s**p + host_s**p) ** (1 / p) - gpu_s
@@ -169,8 +174,23 @@ def _micro_batch_terms(model: ModelShape, s: Strategy, gpu: GpuSpec,
                     "only where it exceeds GPU time (small micro-batches)"),
     ]
     offload = offload_term(model, s, a, gpu_s + exposed)
-    return (terms + ([offload] if offload else []) + _kernel_memory_terms(model, s, gpu, a, mb)
-            + _memory_bound_terms(model, s, gpu, a))
+    return (terms + ([compiled] if compiled else []) + ([offload] if offload else [])
+            + _kernel_memory_terms(model, s, gpu, a, mb) + _memory_bound_terms(model, s, gpu, a))
+
+
+def _compile_term(s: Strategy, a: ThroughputAssumptions, matmul_s: float) -> Term | None:
+    """What ``--compile`` saves on the matmul-bound part (negative seconds): Inductor's
+    fusions around the GEMMs (norms, activations, casts) that the eager time above carries,
+    ``compile_speedup`` fitted on torchtune's compiled rows; its fused loss and fewer launches
+    are ``micro-batch/loss`` and the host term's own."""
+    if not s.compile:
+        return None
+    saved = matmul_s * (1 / a.compile_speedup - 1)
+    return Term(path="micro-batch/torch-compile", value=saved, unit="s",
+                formula="matmul x (1/compile_speedup - 1)",
+                inputs={"matmul_s": matmul_s, "compile_speedup": a.compile_speedup},
+                source="torch.compile (Inductor) fuses the elementwise work between the GEMMs; "
+                       "the speed-up is fitted on torchtune's compiled rows")
 
 
 def _attention_term(s: Strategy, gpu: GpuSpec, a: ThroughputAssumptions, peak: float,
@@ -413,8 +433,9 @@ def step_time(*, model: ModelShape, strategy: Strategy, links: NodeLinks, gpu: G
                   inputs={**t.inputs, "grad_accum": s.grad_accum}, source=t.source)
              for t in micro]
     terms.append(_optimizer_term(model, s, gpu, a, links))
-    comm_term, comm, comm_s, fabric = _communication(model, s, links, gpu, a,
-                                                     float(micro[0].value + micro[1].value))
+    # the compute-bound part of a micro-batch: the window communication overlaps
+    compute_s = sum(float(t.value) for t in micro if t.path in COMPUTE_TERMS)
+    comm_term, comm, comm_s, fabric = _communication(model, s, links, gpu, a, compute_s)
     terms.append(comm_term)
     eff = a.multi_gpu_efficiency * (a.multi_node_efficiency if s.nodes > 1 else 1.0)
     if s.world_size > 1 and eff != 1.0:

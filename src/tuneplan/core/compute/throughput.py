@@ -19,7 +19,7 @@ from tuneplan.core.catalog.hardware import GpuSpec
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
 from tuneplan.core.compute.communication import NodeLinks
 from tuneplan.core.compute.confidence import TimeBasis, time_basis
-from tuneplan.core.compute.step import MicroBatch, recomputes, step_time
+from tuneplan.core.compute.step import COMPUTE_TERMS, MicroBatch, recomputes, step_time
 from tuneplan.core.job.methods import (
     ESTIMATED_METHODS,
     ESTIMATED_QUANTS,
@@ -308,7 +308,7 @@ def peak_flops_per_s(gpu: GpuSpec, precision: Precision) -> tuple[float, list[st
 
 
 #: Which limit each step term belongs to (terms not listed are bandwidth-bound: memory).
-_BOUND_OF = {"micro-batch/matmul": "compute", "micro-batch/attention": "compute",
+_BOUND_OF = {**dict.fromkeys(COMPUTE_TERMS, "compute"),
              "step/multi-gpu-sync": "communication",
              "step/communication-exposed": "communication",
              "micro-batch/host-overhead-exposed": "host",
