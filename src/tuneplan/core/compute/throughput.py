@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from tuneplan.core.catalog.hardware import GpuSpec
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
 from tuneplan.core.compute.communication import NodeLinks
-from tuneplan.core.compute.step import recomputes, step_time
+from tuneplan.core.compute.confidence import TimeBasis, time_basis
+from tuneplan.core.compute.step import COMPUTE_TERMS, MicroBatch, recomputes, step_time
 from tuneplan.core.job.methods import (
     ESTIMATED_METHODS,
     ESTIMATED_QUANTS,
@@ -198,8 +199,9 @@ def _unmodelled(s: Strategy) -> list[str]:
         out.append(f"--method {s.method.value}: timed as the frozen model with one hidden-size "
                    "vector per block training (memory does not estimate it)")
     if s.recipe.value != "hf":
-        out.append(f"--recipe {s.recipe.value}: timed with the same kernels as hf (no "
-                   "per-framework speed-ups modelled); the recipe changes memory only")
+        out.append(f"--recipe {s.recipe.value}: timed with the same kernels as hf but its "
+                   "loss (micro-batch/loss: its default and fused cross-entropy); its other "
+                   "kernels (norms, rotary, activations) are not modelled")
     if s.checkpointing is Checkpointing.OFFLOAD:
         out.append("--offload-activations: the host copies of the checkpoints are assumed to "
                    "overlap with compute (no PCIe time added)")
@@ -308,7 +310,8 @@ def peak_flops_per_s(gpu: GpuSpec, precision: Precision) -> tuple[float, list[st
 
 
 #: Which limit each step term belongs to (terms not listed are bandwidth-bound: memory).
-_BOUND_OF = {"micro-batch/matmul": "compute", "step/multi-gpu-sync": "communication",
+_BOUND_OF = {**dict.fromkeys(COMPUTE_TERMS, "compute"),
+             "step/multi-gpu-sync": "communication",
              "step/communication-exposed": "communication",
              "micro-batch/host-overhead-exposed": "host",
              "micro-batch/param-offload-exposed": "host", "step/optimizer-offloaded": "host"}
@@ -331,6 +334,8 @@ class Throughput:
     communication: Breakdown
     peak_flops_per_s: float
     assumptions: ThroughputAssumptions
+    #: calibrated (a probe on this GPU) or assumed, with the range of the model's error
+    time_basis: TimeBasis
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -360,6 +365,9 @@ class Throughput:
             "peak_flops_per_s": self.peak_flops_per_s,
             "flops_per_token": self.flops_per_token.as_dict(), "step": self.step.as_dict(),
             "communication": self.communication.as_dict(), "notes": list(self.notes),
+            "time_basis": self.time_basis.as_dict(
+                tokens_per_second=self.tokens_per_second, step_seconds=self.step_seconds,
+                hours=self.hours),
             "assumptions": self.assumptions.describe(),
         }
 
@@ -396,9 +404,16 @@ def estimate_throughput(model: ModelShape | ModelSpec, strategy: Strategy, gpu: 
     structure = structure_note(shape.spec)
     notes += [structure] if structure else []
     notes += _unmodelled(s)
+    attention = float(flops.value("forward/attention") + flops.value("backward/attention"))
+    if recomputes(s):
+        attention += float(flops.value("forward/attention"))
+    computed_mb = computed * s.batch_size
+    micro = MicroBatch(flops=float(flops.total) * computed_mb,
+                       attention_flops=attention * computed_mb, sequences=s.batch_size,
+                       context=context, tokens=computed_mb)
     step, comm, comm_s, more = step_time(
         model=shape, strategy=s, links=links or NodeLinks(), gpu=gpu, assumptions=a, peak=peak,
-        flops_per_token=flops.total, computed_tokens=computed * s.batch_size)
+        micro_batch=micro)
     step_s = float(step.total)
     tokens_per_step = real * s.batch_size * s.grad_accum * s.world_size
     tps = tokens_per_step / step_s
@@ -410,4 +425,5 @@ def estimate_throughput(model: ModelShape | ModelSpec, strategy: Strategy, gpu: 
         step_seconds=step_s, mfu=mfu, comm_seconds_per_step=comm_s,
         comm_bytes_per_step_per_gpu=float(comm.total), tokens_per_step=tokens_per_step,
         hours=hours, flops_per_token=flops, step=step, communication=comm,
-        peak_flops_per_s=peak, assumptions=a, notes=tuple(notes + more))
+        peak_flops_per_s=peak, assumptions=a, time_basis=time_basis(gpu, s.precision, a),
+        notes=tuple(notes + more))
