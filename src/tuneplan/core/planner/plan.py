@@ -679,7 +679,10 @@ def rank_plans(plans: list[Plan], objective: Objective,
     if objective is Objective.TIME:
         return sorted(plans, key=lambda p: (p.best_hours, p.best_cost, p.id)), ids
     if objective is Objective.RISK:
-        return sorted(plans, key=lambda p: (p.risk_cost, p.best_hours, p.id)), ids
+        # Equal risk-priced cost: fewer GPUs first (fewer machines that can fail, no
+        # gradient all-reduce), then the faster plan.
+        return sorted(plans, key=lambda p: (p.risk_cost, p.strategy.world_size, p.best_hours,
+                                            p.id)), ids
     by_cost = sorted(plans, key=lambda p: (p.best_cost, p.best_hours, p.id))
     if objective is Objective.PARETO:
         on = set(ids)
