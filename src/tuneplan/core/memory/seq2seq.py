@@ -1,0 +1,237 @@
+"""Encoder-decoder (T5 / mT5 / T0 / mT0) activations a training step saves, tensor by tensor.
+
+Read off transformers 5.24 ``models/t5/modeling_t5.py`` (T5LayerNorm, T5Attention with its
+attention interface, T5DenseActDense / T5DenseGatedActDense, T5Block, T5Stack) and checked
+tensor by tensor with autograd's saved-tensor hooks on tiny configs (fp32 and bf16, full and
+LoRA, dropout on and off), then against the fake-tensor simulation
+(``tests/core/memory/test_simulation_seq2seq.py``).
+
+One job length: a seq2seq job has a source (encoder) and a target (decoder) length, and the job
+vocabulary has one ``--seq-len``. Both are taken to be ``--seq-len`` (the decoder's cross
+attention then attends S target positions to S source positions); a job with a shorter target
+is over-estimated by its decoder's share.
+
+Per T5 sublayer (self attention, cross attention, feed-forward), with T = B·S tokens:
+
+- T5LayerNorm: ``x.to(fp32).pow(2)`` saves the fp32 input (the residual itself when it is
+  fp32, else a copy), ``x * rsqrt`` saves the residual ``x`` (a second tensor when it is not
+  fp32) and the fp32 rsqrt (T·4); ``weight * h`` saves ``h`` when the weight trains; its output
+  is the sublayer's linear input (saved when a linear there trains or a LoRA reads it);
+- eager attention (T5's own ``eager_attention_forward``): q and k (``q @ kᵀ``), the softmax
+  output B·heads·S·S_kv in the compute dtype (no fp32 upcast in T5), the dropout mask and the
+  dropout output when ``dropout_rate`` > 0, v, and the contiguous output (o's input);
+- SDPA: the position bias is an additive float mask, so no flash kernel; CUDA's
+  memory-efficient kernel saves q, k, v, the output, an fp32 logsumexp B·heads·S and the mask
+  (1·heads·S·S_kv): a contiguous copy per encoder block and a ``torch.where`` per decoder self
+  attention; the cross attention's all-zero bias is one tensor for the stack. Modelled from the
+  kernel's signature (``_efficient_attention_backward`` takes the bias), not simulated: on the
+  CPU a mask that needs a gradient sends SDPA to the math kernel instead;
+- feed-forward: ``relu`` saves its output; ``gelu_new`` (``gated-gelu``: NewGELUActivation,
+  a composite of pow/tanh/mul) saves x, tanh(·), 0.5·x and 1 + tanh(·), then the gate product
+  saves both factors (6·T·I); the dropout output is wo's input (its mask beside it);
+- sublayer output dropout: one mask of T·H per sublayer, and per stack one for the embedding
+  and one after the final norm.
+
+The encoder's output is one tensor that every decoder block's cross-attention k and v read:
+saved once (when k or v train or carry a LoRA), not per block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from tuneplan.core.job.methods import targeted_linears
+from tuneplan.core.job.strategy import Attention, Strategy
+from tuneplan.core.memory.activations import Shape, Widths, _lora_saved, first_norm_without_grad
+from tuneplan.core.models import LayerSpec, Linear, LinearRole, ModelSpec
+
+#: transformers 5.24 ``T5Config.dropout_rate`` default (configuration_t5.py / _mt5.py).
+T5_DROPOUT_DEFAULT = 0.1
+#: Model types whose blocks this module models.
+SEQ2SEQ_TYPES = frozenset({"t5", "mt5"})
+#: transformers 5.24 configuration_t5.py / configuration_mt5.py set ``tie_word_embeddings =
+#: True`` whatever the config says (T5's ``scale_decoder_outputs`` keeps the old meaning), so
+#: ``T5ForConditionalGeneration`` ties ``lm_head`` to ``shared`` even for T5 v1.1 / T0 / mT0
+#: checkpoints that store a separate head (checked on the meta device: bigscience/T0_3B builds
+#: 2,783,959,040 parameters, its checkpoint holds 2,849,757,184).
+HF_T5_FORCED_TIE = (5, 0)
+_O = frozenset({"o"})
+_FF_OUT = frozenset({"wo"})
+
+
+def dropout_rate(model: ModelSpec) -> float:
+    """The config's ``dropout_rate`` (``parse_t5`` keeps it in ``extra``)."""
+    value = model.extra.get("dropout_rate", T5_DROPOUT_DEFAULT)
+    return float(value) if isinstance(value, int | float) else T5_DROPOUT_DEFAULT
+
+
+def forced_tie_note(model: ModelSpec, s: Strategy) -> str | None:
+    """Why the estimate holds a tied head where the checkpoint has a separate one."""
+    if not ties_head(model, s) or model.tie_word_embeddings:
+        return None
+    return (f"transformers {'.'.join(map(str, s.stack.transformers))} ties {model.name}'s "
+            "lm_head to its shared embedding (T5Config forces tie_word_embeddings=True from "
+            "5.0): the step holds and trains one V·H matrix, not the checkpoint's two")
+
+
+def length_note(model: ModelSpec) -> str | None:
+    """The one-length assumption, in words, for an encoder-decoder model."""
+    if not model.is_encoder_decoder:
+        return None
+    return (f"{model.name} is an encoder-decoder: source and target are both --seq-len "
+            "tokens (encoder and decoder each run B·S tokens; cross attention S x S)")
+
+
+def ties_head(model: ModelSpec, s: Strategy) -> bool:
+    return model.model_type in SEQ2SEQ_TYPES and s.stack.at_least("transformers",
+                                                                   HF_T5_FORCED_TIE)
+
+
+def _short(lin: Linear) -> str:
+    return lin.name.rsplit(".", 1)[-1]
+
+
+def _norm(model: ModelSpec, t: int, w: Widths, trains: bool) -> int:
+    """T5LayerNorm's own saved tensors (its output, the linear input, is counted apart)."""
+    h = model.hidden_size
+    fp32_in = t * h * 4
+    residual = 0 if w.residual == 4 else t * h * w.residual
+    normalized = t * h * w.norm_out if trains else 0
+    return fp32_in + residual + t * 4 + normalized
+
+
+def _attention(model: ModelSpec, s: Strategy, w: Widths, shape: Shape, p: float,
+               kind: str) -> int:
+    """One attention's saved tensors without its linears' inputs (q/k/v outputs, scores)."""
+    c, b = w.compute, shape.batch
+    inner = model.num_heads * model.head_dim
+    t_q, t_kv = b * shape.seq_q, b * shape.seq_kv
+    scores = b * model.num_heads * shape.seq_q * shape.seq_kv
+    qkv = (t_q + 2 * t_kv) * inner * c
+    if s.attention is Attention.EAGER:
+        drop = scores * (w.dropout_mask + c) if p > 0 else 0
+        return qkv + scores * c + drop
+    lse = b * model.num_heads * shape.seq_q * 4
+    mask = model.num_heads * shape.seq_q * shape.seq_kv * c if kind != "cross" else 0
+    return qkv + t_q * inner * c + lse + mask
+
+
+def _mlp(model: ModelSpec, layer: LayerSpec, w: Widths, t: int, p: float) -> int:
+    """Feed-forward tensors saved besides the wi inputs: activation internals, gate product
+    factors, and with dropout its mask (wo's input, the dropout output, is counted apart)."""
+    inter = model.intermediate_size
+    gated = any(_short(lin) == "wi_0" for lin in layer.linears)
+    act = model.hidden_act
+    inside = 4 if act == "gelu_new" else 1   # NewGELUActivation's composite ops; relu/fused: 1
+    saved = (inside + 2 if gated else inside) * t * inter * w.compute
+    return saved + (t * inter * w.dropout_mask if p > 0 else 0)
+
+
+def _group(lin: Linear) -> str:
+    name = _short(lin)
+    if lin.role is LinearRole.CROSS_ATTENTION:
+        return "cross_o_in" if name in _O else "kv_in" if name in ("k", "v") else "cross_in"
+    if lin.role is LinearRole.ATTENTION:
+        return "o_in" if name in _O else "attn_in"
+    return "down_in" if name in _FF_OUT else "mlp_in"
+
+
+def _linear_inputs(model: ModelSpec, layer: LayerSpec, s: Strategy, w: Widths,
+                   t: int) -> tuple[dict[str, int], bool]:
+    """Inputs the block's linears save (its norms' outputs, o's and wo's inputs) and LoRA
+    intermediates; second: whether a cross-attention k/v saves the encoder output."""
+    h, inner, inter = model.hidden_size, model.num_heads * model.head_dim, model.intermediate_size
+    targets = {id(lin) for lin in targeted_linears(model, s, layer)} if (
+        s.method.is_lora) else set()
+    out = {"linear_inputs_attn": 0, "linear_inputs_mlp": 0, "linear_inputs_down": 0,
+           "adapters_attn": 0, "adapters_mlp": 0}
+    width = {"attn_in": w.norm_out, "cross_in": w.norm_out, "mlp_in": w.norm_out,
+             "kv_in": w.norm_out, "o_in": w.compute, "cross_o_in": w.compute,
+             "down_in": w.compute}
+    size = {"attn_in": h, "cross_in": h, "mlp_in": h, "kv_in": h, "o_in": inner,
+            "cross_o_in": inner, "down_in": inter}
+    read: set[str] = set()
+    for lin in layer.linears:
+        group = _group(lin)
+        if s.method.trains_base:
+            read.add(group)
+        elif id(lin) in targets:
+            side = "adapters_mlp" if lin.role is LinearRole.MLP else "adapters_attn"
+            # PEFT lora.Linear: lora_A saves x (the tensor itself at equal widths, else a
+            # cast copy per target) and lora_B the rank-r intermediate.
+            out[side] += _lora_saved(lin, t, width[group], w, s, read, group)
+    for group in read - {"kv_in"}:
+        key = ("linear_inputs_down" if group == "down_in" else
+               "linear_inputs_mlp" if group == "mlp_in" else "linear_inputs_attn")
+        out[key] += t * size[group] * width[group]
+    return out, "kv_in" in read
+
+
+def block_saved(model: ModelSpec, layer: LayerSpec, s: Strategy, w: Widths, shape: Shape
+                ) -> tuple[dict[str, int], bool]:
+    """One T5 block's saved bytes by component, and whether it reads the encoder output."""
+    t = shape.tokens
+    p = dropout_rate(model)
+    cross = layer.kind == "decoder-cross"
+    norms = (3 if cross else 2) * _norm(model, t, w, s.method.trains_base)
+    attention = _attention(model, s, w, shape, p, "self")
+    cross_attention = _attention(model, s, w, shape, p, "cross") if cross else 0
+    sublayers = 3 if cross else 2
+    masks = sublayers * t * model.hidden_size * w.dropout_mask if p > 0 else 0
+    inputs, reads_encoder = _linear_inputs(model, layer, s, w, t)
+    parts = {"norms": norms, "attention": attention, "cross_attention": cross_attention,
+             "mlp": _mlp(model, layer, w, t, p), "mlp_tail": 0, "dropout_masks": masks}
+    parts.update(inputs)
+    if "relative_attention_bias" in layer.extra_params and s.method.trains_base:
+        # the bucket lookup (S·S_kv int64 indices) that its embedding backward keeps
+        parts["position_bias"] = shape.seq_q * shape.seq_kv * 8
+    else:
+        parts["position_bias"] = 0
+    return parts, reads_encoder
+
+
+def saved(model: ModelSpec, s: Strategy, w: Widths, shape: Shape) -> dict[str, int]:
+    """Every block's saved bytes, summed by component, plus what each stack saves once: the
+    encoder's final norm and output (read by every decoder block), the embeddings' dropout
+    masks and, under SDPA, the cross attention's one all-zero position bias."""
+    t, h = shape.tokens, model.hidden_size
+    p = dropout_rate(model)
+    total: dict[str, int] = {}
+    reads_encoder = False
+    for layer in model.layers:
+        parts, reads = block_saved(model, layer, s, w, shape)
+        reads_encoder = reads_encoder or reads
+        for key, value in parts.items():
+            total[key] = total.get(key, 0) + value * layer.count
+    once = _norm(model, t, w, s.method.trains_base)              # encoder final norm
+    once += t * h * w.norm_out if reads_encoder else 0            # the encoder output
+    once += 4 * t * h * w.dropout_mask if p > 0 else 0            # embedding + final dropouts
+    if s.attention is not Attention.EAGER:
+        once += model.num_heads * shape.seq_q * shape.seq_kv * w.compute
+    taken = first_norm_without_grad(model, s, w, shape)
+    if taken:
+        # Neither stack's first norm records anything when its input (the frozen embedding's
+        # output) needs no gradient; the estimate takes ``taken`` off for every model.
+        once -= 2 * _norm(model, t, w, trains=False) - taken
+    total["stacks"] = once
+    return total
+
+
+def top_block(model: ModelSpec, s: Strategy, w: Widths, shape: Shape,
+              keys: Iterable[str]) -> dict[str, int]:
+    """The last decoder block's saved bytes (the first to run backward, and the largest),
+    keyed like ``saved`` (``keys``)."""
+    last = [layer for layer in model.layers if layer.kind == "decoder-cross"][-1]
+    parts, _ = block_saved(model, dataclasses.replace(last, extra_params={}), s, w, shape)
+    return {k: parts.get(k, 0) for k in keys}
+
+
+def checkpoint_inputs(model: ModelSpec, s: Strategy, w: Widths, shape: Shape) -> int:
+    """With checkpointing, what every checkpointed T5 block also takes as input and so keeps
+    for its recompute, once per stack: the self-attention position bias (1·heads·S·S_kv, in
+    the weights' dtype), the cross attention's all-zero bias (``requires_grad`` set under
+    checkpointing), the encoder output, and the decoder's causal mask (eager: 1·1·S·S)."""
+    bias = model.num_heads * shape.seq_q * shape.seq_kv * w.compute
+    causal = shape.seq_q * shape.seq_kv * w.compute if s.attention is Attention.EAGER else 0
+    return 3 * bias + shape.tokens * model.hidden_size * w.residual + causal
