@@ -53,8 +53,6 @@ BASE = Strategy(seq_len=512)
 #: refused, or any of these accepted, fails the test: nothing is skipped silently.
 EXPECTED_SKIPS: dict[str, str] = {
     "deepseek-ai/DeepSeek-V3": "deepseek_v3 (encoder-decoder, cross-attention or shared experts)",
-    "bigscience/T0_3B": "t5 (encoder-decoder, cross-attention or shared experts)",
-    "bigscience/mt0-xxl": "mt5 (encoder-decoder, cross-attention or shared experts)",
 }
 #: Models with more than one kind of block: ``freeze`` is not estimated for them.
 FREEZE_REFUSED = "freeze is estimated only for models with one kind of block"

@@ -18,6 +18,7 @@ from tuneplan.core.job import versions
 from tuneplan.core.job.methods import (
     Method,
     Trainable,
+    as_built,
     count_trainable,
     effective_quant,
     fused_qkv_note,
@@ -183,8 +184,7 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
         return found
     check_strategy(model, strategy)
     source = model
-    if seq2seq.ties_head(model, strategy):
-        model = replace(model, tie_word_embeddings=True)   # transformers 5 T5Config
+    model = as_built(model, strategy)   # a T5 head tied under transformers 5
     if strategy.task is Task.SEQ_CLS:
         # *ForSequenceClassification has no vocabulary head: a H×labels ``score`` instead
         # (tiny, counted with the logits); the embedding stays.
@@ -198,7 +198,7 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
     found = _Fixed(
         notes=tuple(n for n in (fused_qkv_note(model, strategy),
                                 seq2seq.forced_tie_note(source, strategy),
-                                seq2seq.length_note(model),
+                                seq2seq.length_note(model, strategy),
                                 _recipe_note(strategy, plan, model)) if n),
         behaviours=tuple(versions.behaviours(model, strategy, a.adamw_impl)),
         source=source, assumptions=a, model=model, trainable=trainable, plan=plan, shards=sp,

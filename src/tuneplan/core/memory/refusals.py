@@ -7,11 +7,16 @@ estimate does not model yet. Validation only: nothing here computes sizes.
 
 from __future__ import annotations
 
-from tuneplan.core.job.methods import ESTIMATED_QUANTS, Method, context_problem, effective_quant
+from tuneplan.core.job.methods import (
+    ESTIMATED_QUANTS,
+    SEQ2SEQ_TYPES,
+    Method,
+    context_problem,
+    effective_quant,
+)
 from tuneplan.core.job.recipes import Recipe
 from tuneplan.core.job.strategy import Attention, Offload, Sharding, Strategy
 from tuneplan.core.job.versions import check_stack
-from tuneplan.core.memory.seq2seq import SEQ2SEQ_TYPES
 from tuneplan.core.models import LinearRole, ModelSpec
 from tuneplan.errors import UnsupportedError
 
