@@ -3,8 +3,8 @@
 Tiny T5 configs train two real steps under the probe harness (``AutoModelForSeq2SeqLM``);
 the analytic allocated peak must be within 3 % on eager attention without checkpointing.
 SDPA is modelled for CUDA's memory-efficient kernel (the CPU takes the math kernel for a mask
-that needs a gradient), so it is not held here; checkpointed T5 jobs are tested for their
-direction only (the estimate is below the simulation by under 10 %: a stated gap).
+that needs a gradient), so it is not held here. Checkpointed T5 jobs: full fine-tuning within
+3 %, LoRA within the gap the estimate's note states (3 % under to 10 % over).
 """
 
 from __future__ import annotations
@@ -77,11 +77,29 @@ def test_t5_allocated_peak_matches_simulation(case: tuple[Any, ...]) -> None:
     assert abs(tensors - measured) / measured <= 0.03, (tensors, measured, estimate.peak_phase)
 
 
+CHECKPOINTED = [
+    ("gated", "full", 2, 128, FP32, ()),
+    ("gated", "full", 1, 256, BF16, ()),
+    ("gated", "lora", 2, 128, FP32, ("q", "v")),
+]
+
+
 @pytest.mark.probe
-def test_checkpointed_t5_is_below_the_simulation_by_the_stated_gap() -> None:
-    tensors, measured, estimate, _ = _peaks(T5, _strategy("full", 2, 128, FP32, (), ckpt=True))
-    assert -0.10 <= (tensors - measured) / measured < 0
-    assert any("checkpointing" in note for note in estimate.notes)
+@pytest.mark.parametrize("case", CHECKPOINTED, ids=lambda c: "-".join(map(str, c[:5])))
+def test_checkpointed_t5_matches_simulation(case: tuple[Any, ...]) -> None:
+    arch, method, b, s, precision, targets = case
+    tensors, measured, estimate, _ = _peaks(CONFIGS[arch], _strategy(
+        method, b, s, precision, targets, ckpt=True))
+    assert abs(tensors - measured) / measured <= 0.03, (tensors, measured, estimate.peak_phase)
+    assert any("with checkpointing" in note for note in estimate.notes)
+
+
+@pytest.mark.probe
+def test_checkpointed_t5_lora_gap_is_the_stated_one() -> None:
+    """relu T5 without dropout, batch 1: the LoRA estimate is over, within the stated 10 %."""
+    tensors, measured, _, _ = _peaks(T5_RELU, _strategy("lora", 1, 256, FP32, ("q", "v"),
+                                                         ckpt=True))
+    assert 0 < (tensors - measured) / measured <= 0.10
 
 
 @pytest.mark.parametrize("name", ["bigscience/T0_3B", "bigscience/mt0-xxl"])
