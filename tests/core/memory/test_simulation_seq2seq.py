@@ -1,6 +1,7 @@
-"""Encoder-decoder (T5) memory held to the CPU simulation, and its counts to transformers/peft.
+"""Encoder-decoder (T5, BART) memory held to the CPU simulation, and its counts to
+transformers/peft.
 
-Tiny T5 configs train two real steps under the probe harness (``AutoModelForSeq2SeqLM``);
+Tiny T5 and BART configs train two real steps under the probe harness (``AutoModelForSeq2SeqLM``);
 the analytic allocated peak must be within 3 % on eager attention without checkpointing.
 SDPA is modelled for CUDA's memory-efficient kernel (the CPU takes the math kernel for a mask
 that needs a gradient), so it is not held here. Checkpointed T5 jobs: full fine-tuning within
@@ -41,16 +42,32 @@ CASES = [
     ("gated", "lora", 2, 128, BF16, ("q", "v")),
     ("relu", "full", 2, 64, FP32, ()),
     ("relu", "lora", 2, 64, FP32, ("q", "v")),
+    ("gated", "lora", 2, 64, FP32, ("all-linear",)),      # the default targets: every linear
+    ("gated", "lora", 2, 128, BF16, ("all-linear",)),
 ]
-CONFIGS = {"gated": T5, "relu": T5_RELU}
+BART: dict[str, Any] = {
+    "model_type": "bart", "d_model": 64, "encoder_ffn_dim": 176, "decoder_ffn_dim": 176,
+    "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_layers": 2,
+    "decoder_layers": 2, "vocab_size": 128, "max_position_embeddings": 256}
+CONFIGS = {"gated": T5, "relu": T5_RELU, "bart": BART}
+# BART (post-LayerNorm, biases, learned positions; SDPA takes the flash kernel on the CPU as on
+# CUDA, no mask): (config, method, batch, seq, precision, targets, attention, checkpointing)
+BART_CASES = [
+    ("bart", "full", 2, 64, FP32, (), Attention.EAGER, False),
+    ("bart", "lora", 2, 64, FP32, ("q_proj", "v_proj"), Attention.EAGER, False),
+    ("bart", "full", 2, 128, FP32, (), Attention.SDPA, False),
+    ("bart", "lora", 2, 128, BF16, ("all-linear",), Attention.SDPA, False),
+    ("bart", "full", 2, 128, FP32, (), Attention.SDPA, True),
+    ("bart", "lora", 2, 128, BF16, ("all-linear",), Attention.EAGER, True),
+]
 
 
 def _strategy(method: str, b: int, s: int, precision: Precision, targets: tuple[str, ...],
-              ckpt: bool = False) -> Strategy:
+              ckpt: bool = False, attention: Attention = Attention.EAGER) -> Strategy:
     return Strategy(method=Method(method), recipe=Recipe.PLAIN, precision=precision,
                     optimizer=Optimizer.ADAMW, batch_size=b, seq_len=s,
                     checkpointing=Checkpointing.FULL if ckpt else Checkpointing.NONE,
-                    attention=Attention.EAGER, lora_rank=8, lora_alpha=16,
+                    attention=attention, lora_rank=8, lora_alpha=16,
                     lora_targets=targets or ("all-linear",))
 
 
@@ -60,7 +77,7 @@ def _peaks(config: dict[str, Any], strategy: Strategy) -> tuple[int, int, Any, A
     measured = measure_step(StepSetup(config=config, strategy=strategy, optimizer_impl="fused"))
     # The CPU dropout kernel keeps a mask of its input's dtype (CUDA: a bool).
     mask = 2 if strategy.precision is BF16 else 4
-    estimate = estimate_memory(parse_model_config(config, name="tiny-t5"), strategy,
+    estimate = estimate_memory(parse_model_config(config, name="tiny-seq2seq"), strategy,
                                MemoryAssumptions(adamw_impl="fused", dropout_mask_bytes=mask))
     tensors = estimate.allocated_peak_bytes - int(
         estimate.breakdown.value("overheads/cublas_workspace"))
@@ -77,10 +94,21 @@ def test_t5_allocated_peak_matches_simulation(case: tuple[Any, ...]) -> None:
     assert abs(tensors - measured) / measured <= 0.03, (tensors, measured, estimate.peak_phase)
 
 
+@pytest.mark.probe
+@pytest.mark.parametrize("case", BART_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_bart_allocated_peak_matches_simulation(case: tuple[Any, ...]) -> None:
+    arch, method, b, s, precision, targets, attention, ckpt = case
+    tensors, measured, estimate, step = _peaks(CONFIGS[arch], _strategy(
+        method, b, s, precision, targets, ckpt=ckpt, attention=attention))
+    assert estimate.trainable_params == step.trainable_params
+    assert abs(tensors - measured) / measured <= 0.03, (tensors, measured, estimate.peak_phase)
+
+
 CHECKPOINTED = [
     ("gated", "full", 2, 128, FP32, ()),
     ("gated", "full", 1, 256, BF16, ()),
     ("gated", "lora", 2, 128, FP32, ("q", "v")),
+    ("gated", "lora", 2, 128, FP32, ("all-linear",)),
 ]
 
 

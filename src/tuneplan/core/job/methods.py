@@ -284,7 +284,7 @@ class Trainable:
 
 
 #: Encoder-decoder model types whose blocks the memory model estimates (core/memory/seq2seq.py).
-SEQ2SEQ_TYPES = frozenset({"t5", "mt5"})
+SEQ2SEQ_TYPES = frozenset({"t5", "mt5", "bart"})
 #: transformers 5.24 configuration_t5.py / configuration_mt5.py set ``tie_word_embeddings =
 #: True`` whatever the config says (T5's ``scale_decoder_outputs`` keeps the old meaning), so
 #: ``T5ForConditionalGeneration`` ties ``lm_head`` to ``shared`` even for T5 v1.1 / T0 / mT0
@@ -295,7 +295,7 @@ HF_T5_FORCED_TIE = (5, 0)
 
 def ties_head(model: ModelSpec, strategy: Strategy) -> bool:
     """The job's transformers ties ``model``'s head to its embedding whatever its config says."""
-    return model.model_type in SEQ2SEQ_TYPES and strategy.stack.at_least(
+    return model.model_type in ("t5", "mt5") and strategy.stack.at_least(
         "transformers", HF_T5_FORCED_TIE)
 
 

@@ -86,7 +86,9 @@ def _logit_bytes(plan: PrecisionPlan, w: Widths, head_trains: bool) -> int:
 def _loss_moments(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan, w: Widths,
                   shape: Shape, head_trains: bool, chunks: int) -> LossMoments:
     t, v = shape.tokens, model.vocab_size
-    kept = [part("activations/final_norm", norm_saved(model, t, w),
+    final = 0 if model.is_encoder_decoder and not model.final_norm_params else (
+        norm_saved(model, t, w))   # BART has no final norm
+    kept = [part("activations/final_norm", final,
                  "final norm: fp32 input T·H·4 + rsqrt T·4 (+ normalized if it trains)",
                  tokens=t, hidden=model.hidden_size)]
     if head_trains:

@@ -1,4 +1,5 @@
-"""Encoder-decoder (T5 / mT5 / T0 / mT0) activations a training step saves, tensor by tensor.
+"""Encoder-decoder (T5 / mT5 / T0 / mT0, and BART) activations a training step saves, tensor by
+tensor.
 
 Read off transformers 5.24 ``models/t5/modeling_t5.py`` (T5LayerNorm, T5Attention with its
 attention interface, T5DenseActDense / T5DenseGatedActDense, T5Block, T5Stack) and checked
@@ -34,6 +35,13 @@ Per T5 sublayer (self attention, cross attention, feed-forward), with T = B·S t
 
 The encoder's output is one tensor that every decoder block's cross-attention k and v read:
 saved once (when k or v train or carry a LoRA), not per block.
+
+BART (transformers 5.24 ``models/bart/modeling_bart.py``) differs where its blocks do: post
+``nn.LayerNorm`` (each saves its input, the residual sum, and fp32 mean and rstd; its output is
+the next sublayer's input), fused ``gelu`` (saves its input), its own dropout rates
+(``dropout`` on sublayer outputs and the embedding, ``attention_dropout``, ``activation_dropout``),
+no position bias (SDPA takes the flash kernel), no final norm, and each stack's
+``layernorm_embedding`` recording its input only when the embedding's output needs a gradient.
 """
 
 from __future__ import annotations
@@ -43,19 +51,45 @@ from collections.abc import Iterable
 
 from tuneplan.core.job.methods import targeted_linears, ties_head
 from tuneplan.core.job.strategy import Attention, Checkpointing, Strategy
-from tuneplan.core.memory.activations import Shape, Widths, _lora_saved, first_norm_without_grad
+from tuneplan.core.memory.activations import (
+    Shape,
+    Widths,
+    _lora_saved,
+    first_norm_without_grad,
+    norm_saved,
+)
 from tuneplan.core.models import LayerSpec, Linear, LinearRole, ModelSpec
 
 #: transformers 5.24 ``T5Config.dropout_rate`` default (configuration_t5.py / _mt5.py).
 T5_DROPOUT_DEFAULT = 0.1
-_O = frozenset({"o"})
-_FF_OUT = frozenset({"wo"})
+_O = frozenset({"o", "out_proj"})
+_FF_OUT = frozenset({"wo", "fc2"})
+
+
+def _extra(model: ModelSpec, key: str, default: float) -> float:
+    value = model.extra.get(key, default)
+    return float(value) if isinstance(value, int | float) else default
 
 
 def dropout_rate(model: ModelSpec) -> float:
-    """The config's ``dropout_rate`` (``parse_t5`` keeps it in ``extra``)."""
-    value = model.extra.get("dropout_rate", T5_DROPOUT_DEFAULT)
-    return float(value) if isinstance(value, int | float) else T5_DROPOUT_DEFAULT
+    """The sublayer-output dropout: T5's ``dropout_rate`` (everywhere), BART's ``dropout``
+    (the parsers keep them in ``extra``)."""
+    if is_bart(model):
+        return _extra(model, "dropout", 0.1)
+    return _extra(model, "dropout_rate", T5_DROPOUT_DEFAULT)
+
+
+def attention_dropout(model: ModelSpec) -> float:
+    return _extra(model, "attention_dropout", 0.0) if is_bart(model) else dropout_rate(model)
+
+
+def activation_dropout(model: ModelSpec) -> float:
+    return _extra(model, "activation_dropout", 0.0) if is_bart(model) else dropout_rate(model)
+
+
+def is_bart(model: ModelSpec) -> bool:
+    """BART's post-LayerNorm blocks (else T5's pre-norm T5LayerNorm blocks)."""
+    return model.model_type == "bart"
 
 
 def forced_tie_note(model: ModelSpec, s: Strategy) -> str | None:
@@ -85,7 +119,10 @@ def _short(lin: Linear) -> str:
 
 
 def _norm(model: ModelSpec, t: int, w: Widths, trains: bool) -> int:
-    """T5LayerNorm's own saved tensors (its output, the linear input, is counted apart)."""
+    """T5LayerNorm's own saved tensors (its output, the linear input, is counted apart);
+    BART's nn.LayerNorm: its input (the residual sum) and the fp32 mean and rstd."""
+    if is_bart(model):
+        return norm_saved(model, t, w)
     h = model.hidden_size
     fp32_in = t * h * 4
     residual = 0 if w.residual == 4 else t * h * w.residual
@@ -105,7 +142,9 @@ def _attention(model: ModelSpec, s: Strategy, w: Widths, shape: Shape, p: float,
         drop = scores * (w.dropout_mask + c) if p > 0 else 0
         return qkv + scores * c + drop
     lse = b * model.num_heads * shape.seq_q * 4
-    mask = model.num_heads * shape.seq_q * shape.seq_kv * c if kind != "cross" else 0
+    # T5's position bias is SDPA's float mask; BART has none (is_causal / no mask)
+    mask = model.num_heads * shape.seq_q * shape.seq_kv * c if (
+        kind != "cross" and not is_bart(model)) else 0
     return qkv + t_q * inner * c + lse + mask
 
 
@@ -115,7 +154,8 @@ def _mlp(model: ModelSpec, layer: LayerSpec, w: Widths, t: int, p: float) -> int
     inter = model.intermediate_size
     gated = any(_short(lin) == "wi_0" for lin in layer.linears)
     act = model.hidden_act
-    inside = 4 if act == "gelu_new" else 1   # NewGELUActivation's composite ops; relu/fused: 1
+    # NewGELUActivation's composite ops: 4; relu (its output) or fused gelu (its input): 1
+    inside = 4 if act == "gelu_new" else 1
     saved = (inside + 2 if gated else inside) * t * inter * w.compute
     return saved + (t * inter * w.dropout_mask if p > 0 else 0)
 
@@ -123,7 +163,14 @@ def _mlp(model: ModelSpec, layer: LayerSpec, w: Widths, t: int, p: float) -> int
 def _shared_act_output(layer: LayerSpec, p: float) -> bool:
     """Without dropout a plain (relu) feed-forward's activation output is wo's input itself
     (``F.dropout`` with p = 0 returns its input), so it is saved once."""
-    return p == 0 and not any(_short(lin) == "wi_0" for lin in layer.linears)
+    return p == 0 and model_act_saves_output(layer) and not any(
+        _short(lin) == "wi_0" for lin in layer.linears)
+
+
+def model_act_saves_output(layer: LayerSpec) -> bool:
+    """T5's plain feed-forward (``wi``) is relu, which saves its output; BART's fc1 is gelu,
+    which saves its input."""
+    return any(_short(lin) == "wi" for lin in layer.linears)
 
 
 def _group(lin: Linear) -> str:
@@ -159,6 +206,10 @@ def _linear_inputs(model: ModelSpec, layer: LayerSpec, s: Strategy, w: Widths,
             # PEFT lora.Linear: lora_A saves x (the tensor itself at equal widths, else a
             # cast copy per target) and lora_B the rank-r intermediate.
             out[side] += _lora_saved(lin, t, width[group], w, s, read, group)
+    if s.attention is not Attention.EAGER:
+        # SDPA's output is laid out (B, S, heads, d): o's input is a view of the output it
+        # saves (counted with the attention), not a copy
+        read -= {"o_in", "cross_o_in"}
     for group in read - {"kv_in"}:
         key = ("linear_inputs_down" if group == "down_in" else
                "linear_inputs_mlp" if group == "mlp_in" else "linear_inputs_attn")
@@ -171,16 +222,17 @@ def block_saved(model: ModelSpec, layer: LayerSpec, s: Strategy, w: Widths, shap
     """One T5 block's saved bytes by component, and whether it reads the encoder output."""
     t = shape.tokens
     p = dropout_rate(model)
+    p_attn, p_act = attention_dropout(model), activation_dropout(model)
     cross = layer.kind == "decoder-cross"
     norms = (3 if cross else 2) * _norm(model, t, w, s.method.trains_base)
-    attention = _attention(model, s, w, shape, p, "self")
-    cross_attention = _attention(model, s, w, shape, p, "cross") if cross else 0
+    attention = _attention(model, s, w, shape, p_attn, "self")
+    cross_attention = _attention(model, s, w, shape, p_attn, "cross") if cross else 0
     sublayers = 3 if cross else 2
     masks = sublayers * t * model.hidden_size * w.dropout_mask if p > 0 else 0
     inputs, reads_encoder = _linear_inputs(model, layer, s, w, t)
     parts = {"norms": norms, "attention": attention, "cross_attention": cross_attention,
-             "mlp": _mlp(model, layer, w, t, p), "mlp_tail": 0, "dropout_masks": masks}
-    if inputs["linear_inputs_down"] and _shared_act_output(layer, p):
+             "mlp": _mlp(model, layer, w, t, p_act), "mlp_tail": 0, "dropout_masks": masks}
+    if inputs["linear_inputs_down"] and _shared_act_output(layer, p_act):
         parts["mlp"] -= t * model.intermediate_size * w.compute
     parts.update(inputs)
     if "relative_attention_bias" in layer.extra_params and s.method.trains_base:
@@ -204,16 +256,23 @@ def saved(model: ModelSpec, s: Strategy, w: Widths, shape: Shape) -> dict[str, i
         reads_encoder = reads_encoder or reads
         for key, value in parts.items():
             total[key] = total.get(key, 0) + value * layer.count
-    once = _norm(model, t, w, s.method.trains_base)              # encoder final norm
-    once += t * h * w.norm_out if reads_encoder else 0            # the encoder output
-    once += 4 * t * h * w.dropout_mask if p > 0 else 0            # embedding + final dropouts
-    if s.attention is not Attention.EAGER:
-        once += model.num_heads * shape.seq_q * shape.seq_kv * w.compute
     taken = first_norm_without_grad(model, s, w, shape)
-    if taken:
-        # Neither stack's first norm records anything when its input (the frozen embedding's
-        # output) needs no gradient; the estimate takes ``taken`` off for every model.
-        once -= 2 * _norm(model, t, w, trains=False) - taken
+    if is_bart(model):
+        # no final norm or final dropout; each stack's layernorm_embedding records its input
+        # only when something below it needs a gradient (the estimate takes ``taken`` off
+        # for every model as if the first block's norm read the frozen embedding)
+        once = taken + (0 if taken else 2 * norm_saved(model, t, w))
+        once += 2 * t * h * w.dropout_mask if p > 0 else 0      # embedding dropouts
+    else:
+        once = _norm(model, t, w, s.method.trains_base)          # encoder final norm
+        once += 4 * t * h * w.dropout_mask if p > 0 else 0       # embedding + final dropouts
+        if s.attention is not Attention.EAGER:
+            once += model.num_heads * shape.seq_q * shape.seq_kv * w.compute
+        if taken:
+            # Neither stack's first norm records anything when its input (the frozen
+            # embedding's output) needs no gradient; the estimate takes ``taken`` off.
+            once -= 2 * _norm(model, t, w, trains=False) - taken
+    once += t * h * w.norm_out if reads_encoder else 0            # the encoder output
     total["stacks"] = once
     return total
 
@@ -234,9 +293,11 @@ def checkpoint_inputs(model: ModelSpec, s: Strategy, w: Widths, shape: Shape) ->
     all-zero bias (``requires_grad`` under checkpointing), the encoder output, the decoder's
     causal mask (eager: B·1·S·S), the bias buckets (S·S int64) when the bias trains, and the
     gradients the biases accumulate through the backward of every block (fp32 here)."""
-    bias = model.num_heads * shape.seq_q * shape.seq_kv * w.compute
     causal = shape.batch * shape.seq_q * shape.seq_kv * w.compute if (
         s.attention is Attention.EAGER) else 0
+    if is_bart(model):   # no position bias: the encoder output and the causal mask
+        return shape.tokens * model.hidden_size * w.norm_out + causal
+    bias = model.num_heads * shape.seq_q * shape.seq_kv * w.compute
     trains = s.method.trains_base
     buckets = shape.seq_q * shape.seq_kv * 8 if trains else 0
     # two bias-sized gradients live in the decoder's backward (measured with LoRA as well as

@@ -2,8 +2,8 @@
 
 Exact learnable-parameter counts by component. This module reads no files: the adapters
 (``adapters/hub.py``) load the JSON and call ``parse_model_config``. The spec types live in
-``core/models/spec.py`` and the per-family parsers in ``core/model_{decoders,legacy,encoders}.py``;
-everything public is re-exported here.
+``core/models/spec.py`` and the per-family parsers in
+``core/models/{decoders,legacy,encoders,seq2seq}.py``; everything public is re-exported here.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def _parsers() -> dict[str, _Parser]:
         parse_phi,
         parse_stablelm,
     )
+    from tuneplan.core.models.seq2seq import parse_bart
 
     return {
         **dict.fromkeys(TRAITS, parse_llama_like),
@@ -75,6 +76,7 @@ def _parsers() -> dict[str, _Parser]:
         "t5": parse_t5,
         "mt5": parse_t5,
         "bert": parse_bert,
+        "bart": parse_bart,
     }
 
 
