@@ -68,9 +68,27 @@ def check_supported(setup: StepSetup) -> None:
         )
 
 
-def auto_class(task: Task) -> Any:
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+def is_encoder_decoder(config: Mapping[str, Any] | None) -> bool:
+    """A T5-style config (``is_encoder_decoder``, or a model_type that is one)."""
+    if not config:
+        return False
+    return bool(config.get("is_encoder_decoder")) or config.get("model_type") in _SEQ2SEQ_TYPES
 
+
+_SEQ2SEQ_TYPES = frozenset({"t5", "mt5", "bart", "mbart", "umt5"})
+
+
+def auto_class(task: Task, config: Mapping[str, Any] | None = None) -> Any:
+    """The Auto class a job builds: an encoder-decoder language model is an
+    ``AutoModelForSeq2SeqLM`` (T5ForConditionalGeneration), not a causal LM."""
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSeq2SeqLM,
+        AutoModelForSequenceClassification,
+    )
+
+    if task is Task.CAUSAL_LM and is_encoder_decoder(config):
+        return AutoModelForSeq2SeqLM
     return AutoModelForCausalLM if task is Task.CAUSAL_LM else AutoModelForSequenceClassification
 
 
@@ -79,7 +97,7 @@ def build_base(setup: StepSetup, *, checkpointing: bool = True) -> nn.Module:
     ``setup.param_dtype``; with the job's checkpointing unless ``checkpointing`` is False."""
     check_supported(setup)
     s = setup.strategy
-    auto = auto_class(s.task)
+    auto = auto_class(s.task, setup.config)
     hf = make_config(setup.config, s.task)
     torch.manual_seed(setup.seed)
     device = torch.device("meta") if setup.fake else torch.device("cpu")
@@ -112,7 +130,8 @@ def peft_config(setup: StepSetup) -> Any:
     import peft
 
     s = setup.strategy
-    task_type = "CAUSAL_LM" if s.task is Task.CAUSAL_LM else "SEQ_CLS"
+    task_type = ("SEQ_2_SEQ_LM" if is_encoder_decoder(setup.config) else "CAUSAL_LM") if (
+        s.task is Task.CAUSAL_LM) else "SEQ_CLS"
     # PEFT takes the string "all-linear" or a list of module names.
     targets: Any = ALL_LINEAR if s.all_linear else list(s.lora_targets)
     to_save = list(s.trainable_modules) or None

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tuneplan.core.catalog.hardware import GpuSpec
+from tuneplan.core.compute import seq2seq
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
 from tuneplan.core.compute.communication import NodeLinks
 from tuneplan.core.compute.confidence import TimeBasis, time_basis
@@ -233,6 +234,10 @@ def flops_per_token(model: ModelShape | ModelSpec, strategy: Strategy, a: Throug
     causal = a.causal_attention_factor if model.causal else 1.0
     factor = a.eager_attention_factor if s.attention is Attention.EAGER else causal
     attn = 4 * model.num_layers * context * model.attention_dim * factor
+    if model.spec.is_encoder_decoder:   # encoder self + decoder self + cross attention
+        factor = seq2seq.attention_layers(model.spec, causal, s.attention is Attention.EAGER,
+                                          a.eager_attention_factor) / model.num_layers
+        attn = 4 * model.num_layers * context * model.attention_dim * factor
     backprop, weight = _backward_params(model, s)
     adapters, adapters_stored = adapter_params(model, s)
     terms = [

@@ -8,7 +8,7 @@ DoRA adds an ``out``-sized magnitude, IA3 one vector per target, prefix tuning o
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -283,8 +283,33 @@ class Trainable:
         return self.base_params + self.adapter_params
 
 
+#: Encoder-decoder model types whose blocks the memory model estimates (core/memory/seq2seq.py).
+SEQ2SEQ_TYPES = frozenset({"t5", "mt5", "bart"})
+#: transformers 5.24 configuration_t5.py / configuration_mt5.py set ``tie_word_embeddings =
+#: True`` whatever the config says (T5's ``scale_decoder_outputs`` keeps the old meaning), so
+#: ``T5ForConditionalGeneration`` ties ``lm_head`` to ``shared`` even for T5 v1.1 / T0 / mT0
+#: checkpoints that store a separate head (checked on the meta device: bigscience/T0_3B builds
+#: 2,783,959,040 parameters, its checkpoint holds 2,849,757,184).
+HF_T5_FORCED_TIE = (5, 0)
+
+
+def ties_head(model: ModelSpec, strategy: Strategy) -> bool:
+    """The job's transformers ties ``model``'s head to its embedding whatever its config says."""
+    return model.model_type in ("t5", "mt5") and strategy.stack.at_least(
+        "transformers", HF_T5_FORCED_TIE)
+
+
+def as_built(model: ModelSpec, strategy: Strategy) -> ModelSpec:
+    """``model`` as the job's transformers builds it (a T5 head tied under transformers 5)."""
+    if ties_head(model, strategy) and not model.tie_word_embeddings:
+        return replace(model, tie_word_embeddings=True)
+    return model
+
+
 def count_trainable(model: ModelSpec, strategy: Strategy) -> Trainable:
-    """Trainable parameters of ``strategy.method`` on ``model``; raises UnsupportedError."""
+    """Trainable parameters of ``strategy.method`` on ``model`` as the job's transformers
+    builds it (``as_built``); raises UnsupportedError."""
+    model = as_built(model, strategy)
     method = strategy.method
     if method not in ESTIMATED_METHODS:
         raise UnsupportedError(f"method {method.value!r} is not estimated yet; use one of "

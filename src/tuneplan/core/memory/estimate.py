@@ -18,6 +18,7 @@ from tuneplan.core.job import versions
 from tuneplan.core.job.methods import (
     Method,
     Trainable,
+    as_built,
     count_trainable,
     effective_quant,
     fused_qkv_note,
@@ -26,7 +27,7 @@ from tuneplan.core.job.methods import (
 from tuneplan.core.job.recipes import PrecisionPlan, Recipe, precision_plan
 from tuneplan.core.job.strategy import Checkpointing, Strategy, Task
 from tuneplan.core.memory import activations as act
-from tuneplan.core.memory import experts, litgpt, mla
+from tuneplan.core.memory import experts, litgpt, mla, seq2seq
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.core.memory.logits import loss_moments
 from tuneplan.core.memory.overheads import device_terms, reserve_term, workspace_term
@@ -184,6 +185,7 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
         return found
     check_strategy(model, strategy)
     source = model
+    model = as_built(model, strategy)   # a T5 head tied under transformers 5
     if strategy.task is Task.SEQ_CLS:
         # *ForSequenceClassification has no vocabulary head: a H×labels ``score`` instead
         # (tiny, counted with the logits); the embedding stays.
@@ -196,6 +198,8 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
     layer_inputs = tuple(act.layer_inputs(model, layer, strategy, w) for layer in model.layers)
     found = _Fixed(
         notes=tuple(n for n in (structure_note(model), fused_qkv_note(model, strategy),
+                                seq2seq.forced_tie_note(source, strategy),
+                                seq2seq.length_note(model, strategy),
                                 _recipe_note(strategy, plan, model)) if n),
         behaviours=tuple(versions.behaviours(model, strategy, a.adamw_impl)),
         source=source, assumptions=a, model=model, trainable=trainable, plan=plan, shards=sp,
@@ -248,7 +252,10 @@ def _shape(s: Strategy, batch: int) -> act.Shape:
 
 def _saved(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
            layer_inputs: tuple[act.LayerInputs, ...]) -> dict[str, int]:
-    """All blocks' saved bytes by component (``act.block_saved`` times each kind's count)."""
+    """All blocks' saved bytes by component (``act.block_saved`` times each kind's count;
+    encoder-decoder models: ``seq2seq.saved``)."""
+    if model.is_encoder_decoder:
+        return seq2seq.saved(model, s, w, shape)
     per_block: dict[str, int] = {}
     for layer, inputs in zip(model.layers, layer_inputs, strict=True):
         for key, value in act.block_saved(model, layer, s, w, shape, inputs).items():
@@ -325,6 +332,12 @@ def _inputs(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape) -> l
                            model.hidden_size * w.residual, "embedding output before the "
                            "virtual tokens are prepended B·S·H·bytes, held by the graph",
                            "transformers enable_input_require_grads; peft prompt tuning"))
+    if model.is_encoder_decoder and s.checkpointing is not Checkpointing.NONE:
+        inputs.append(part("activations/checkpoint_inputs",
+                           seq2seq.checkpoint_inputs(model, s, w, shape),
+                           "inputs every checkpointed T5 block keeps: position biases, "
+                           "encoder output, causal mask", "transformers T5Stack.forward",
+                           tokens=shape.tokens))
     embed = [lin for lin in outer_targets(model, s) if lin.role is LinearRole.EMBEDDING]
     if embed:
         # peft lora.Embedding: after_A = embedding(x, A.T) (T·r) is saved by the matmul with B
@@ -361,7 +374,8 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
     line, batch = fixed.saved_line, shape.batch
     per_block = {k: batch * per + rest for k, per, rest in line} if line is not None else (
         _saved(model, s, w, shape, fixed.layer_inputs))
-    one = {k: v // layers for k, v in per_block.items()}
+    one = {k: v // layers for k, v in per_block.items()} if not model.is_encoder_decoder else (
+        seq2seq.top_block(model, s, w, shape, per_block))
     current, transient, when = _current_block(model, s, w, shape, one,
                                               s.checkpointing is not Checkpointing.NONE,
                                               fixed.experts_adapted)
@@ -447,6 +461,8 @@ def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shap
 
 
 def _rope(model: ModelSpec, w: act.Widths, shape: act.Shape) -> Piece:
+    if model.is_encoder_decoder:   # T5: relative position bias (counted in its blocks)
+        return part("activations/rope", 0, "no rotary positions (relative position bias)")
     return part("activations/rope", 2 * shape.seq_kv * mla.rope_dim(model) * w.compute,
                 "RoPE cos and sin 2·S·head_dim·bytes (shared by all blocks; MLA: its "
                 "qk_rope_head_dim)")

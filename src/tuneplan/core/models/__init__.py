@@ -2,8 +2,8 @@
 
 Exact learnable-parameter counts by component. This module reads no files: the adapters
 (``adapters/hub.py``) load the JSON and call ``parse_model_config``. The spec types live in
-``core/models/spec.py`` and the per-family parsers in ``core/model_{decoders,legacy,encoders}.py``;
-everything public is re-exported here.
+``core/models/spec.py`` and the per-family parsers in
+``core/models/{decoders,legacy,encoders,seq2seq}.py``; everything public is re-exported here.
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ def _parsers() -> dict[str, _Parser]:
         parse_internlm2,
         parse_qwen1,
     )
+    from tuneplan.core.models.seq2seq import parse_bart
 
     return {
         **dict.fromkeys(TRAITS, parse_llama_like),
@@ -92,6 +93,7 @@ def _parsers() -> dict[str, _Parser]:
         "baichuan": parse_baichuan,
         "chatglm": parse_chatglm,
         "internlm2": parse_internlm2,
+        "bart": parse_bart,
     }
 
 
