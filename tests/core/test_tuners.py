@@ -1,0 +1,73 @@
+"""Every peft tuner type is planned or refused with a reason; each planned tuner's trainable
+count is peft's own on tiny Llamas (``get_peft_model`` with the config the probe and the launch
+bundle build, ``tuners.peft_spec``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuneplan.core.job.methods import ESTIMATED_METHODS, Method, _RANKED, count_trainable
+from tuneplan.core.job.strategy import Strategy
+from tuneplan.core.job.tuners import PEFT_TYPES, RANK_FIELD, TUNER_METHODS, peft_spec
+from tuneplan.core.models import parse_model_config
+from tuneplan.errors import UnsupportedError
+
+SMALL = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 1024,
+         "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 2048,
+         "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": False}
+GQA = {**SMALL, "num_key_value_heads": 2, "intermediate_size": 704}
+TUNERS = sorted(TUNER_METHODS, key=str)
+
+
+def test_rank_field_and_method_agree() -> None:
+    assert frozenset(RANK_FIELD) == _RANKED
+    assert all(m.uses_rank for m in RANK_FIELD)
+    assert not Method.OFT.uses_rank and Method.LORA.uses_rank
+
+
+def test_every_installed_peft_type_is_planned_or_refused() -> None:
+    peft = pytest.importorskip("peft")
+    installed = {t.value for t in peft.PeftType}
+    assert installed <= set(PEFT_TYPES), installed - set(PEFT_TYPES)
+    for name, answer in PEFT_TYPES.items():
+        assert isinstance(answer, str) and answer or answer in ESTIMATED_METHODS, name
+
+
+def _peft_count(config: dict[str, object], strategy: Strategy) -> int:
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    from tuneplan.adapters.probe.build import make_config
+    from transformers import AutoModelForCausalLM
+
+    spec = peft_spec(parse_model_config(config, name="tiny"), strategy)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(make_config(config, strategy.task))
+    wrapped = peft.get_peft_model(model, getattr(peft, spec.config_class)(**spec.kwargs))
+    for name, p in wrapped.named_parameters():
+        if any(f".{f}." in name for f in spec.freeze):
+            p.requires_grad_(False)
+    trainable, _ = wrapped.get_nb_trainable_parameters()
+    return int(trainable)
+
+
+@pytest.mark.parametrize("method", TUNERS, ids=str)
+@pytest.mark.parametrize("arch", ["small", "gqa"])
+def test_trainable_count_is_peft_s(method: Method, arch: str) -> None:
+    config = SMALL if arch == "small" else GQA
+    strategy = Strategy(method=method, lora_rank=16, num_virtual_tokens=12)
+    spec = parse_model_config(config, name="tiny")
+    try:
+        ours = count_trainable(spec, strategy).total
+    except UnsupportedError as exc:
+        assert arch == "gqa" and method is Method.C3A, exc  # 128-wide k/v: block 256
+        return
+    assert ours == _peft_count(config, strategy)
+
+
+@pytest.mark.parametrize("method", [Method.HRA, Method.LOKR, Method.MISS, Method.VERA],
+                         ids=str)
+def test_rank_changes_the_count_as_in_peft(method: Method) -> None:
+    strategy = Strategy(method=method, lora_rank=4, lora_targets=("q_proj", "down_proj"))
+    ours = count_trainable(parse_model_config(SMALL, name="tiny"), strategy).total
+    assert ours == _peft_count(SMALL, strategy)
