@@ -70,6 +70,9 @@ RANK_FIELD: dict[Method, str] = {
     Method.HRA: "r", Method.MISS: "r", Method.SHIRA: "r", Method.RANDLORA: "r",
     Method.LORA_FA: "r"}
 
+#: Tuner buffers are made with torch's default dtype, fp32, after the model is built (peft
+#: vera/model.py ``_init_vera_A_vera_B``, randlora/model.py, boft/layer.py ``boft_P``).
+TUNER_BUFFER_BYTES = 4
 # PEFT 0.21.2 defaults (each tuner's config.py), for the knobs that change memory:
 ADALORA_TARGET_R = 8          # adalora/config.py target_r (capped at init_r here)
 OFT_BLOCK_SIZE = 32           # oft/config.py oft_block_size (r=0: blocks = in / 32)
@@ -245,79 +248,119 @@ class Held:
     fixed: int = 0
     input: bool = False
     source: str = ""
+    #: alive only while the module runs forward / backward (fixed bytes, bytes per token)
+    forward: int = 0
+    backward: int = 0
+    backward_per_token: int = 0
 
 
 def frozen_buffers(model: ModelSpec, strategy: Strategy) -> tuple[int, str]:
-    """(elements, what) of frozen buffers a tuner registers: VeRA's shared projections
+    """(bytes, what) of frozen buffers a tuner registers: VeRA's shared projections
     ``vera_A`` (r, max in) and ``vera_B`` (max out, r); RandLoRA's ``randlora_A``
     (r, max bases, max min-dim) and ``randlora_B`` (max max-dim, max bases, r); BOFT's
-    permutation ``boft_P`` (factors, in, in) per target. Stored in fp32."""
+    permutation ``boft_P`` (factors, in, in) per target, all fp32; FourierFT's int64
+    spectrum indices (2, n_frequency) per target."""
     method, r = strategy.method, strategy.lora_rank
     targets = [(lin, layer.count) for layer in model.layers
                for lin in targeted_linears(model, strategy, layer)]
-    if not targets or method not in (Method.VERA, Method.RANDLORA, Method.BOFT):
+    if not targets or method not in (Method.VERA, Method.RANDLORA, Method.BOFT,
+                                     Method.FOURIERFT):
         return 0, ""
+    four = TUNER_BUFFER_BYTES
+    if method is Method.FOURIERFT:
+        count = sum(k * lin.copies for lin, k in targets)
+        return count * 2 * FOURIER_FREQUENCIES * 8, "FourierFT indices (2, n_frequency) int64"
     if method is Method.VERA:
         n = max(lin.in_features for lin, _ in targets)
         m = max(lin.out_features for lin, _ in targets)
-        return r * (n + m), "VeRA shared vera_A (r, max in) + vera_B (max out, r)"
+        return r * (n + m) * four, "VeRA shared vera_A (r, max in) + vera_B (max out, r) fp32"
     if method is Method.RANDLORA:
         dims = [(min(lin.in_features, lin.out_features), max(lin.in_features, lin.out_features))
                 for lin, _ in targets]
         k = max(randlora_bases(a, b, r) for a, b in dims)
         lo, hi = max(a for a, _ in dims), max(b for _, b in dims)
-        return r * k * lo + hi * k * r, ("RandLoRA shared randlora_A (r, bases, min dim) + "
-                                         "randlora_B (max dim, bases, r)")
-    return (sum(BOFT_BUTTERFLY * lin.in_features ** 2 * k * lin.copies for lin, k in targets),
-            "BOFT permutations boft_P (factors, in, in) per target")
+        return (r * k * lo + hi * k * r) * four, (
+            "RandLoRA shared randlora_A (r, bases, min dim) + randlora_B (max dim, bases, r) fp32")
+    return (sum(BOFT_BUTTERFLY * lin.in_features ** 2 * k * lin.copies for lin, k in targets)
+            * four, "BOFT permutations boft_P (factors, in, in) per target, fp32")
 
 
 def held(method: Method, lin: Linear, r: int, adapter: int) -> Held:
     """Tensors ``method``'s module on ``lin`` saves for backward (``adapter`` bytes wide:
     PEFT casts the input to the adapter dtype). Read from each tuner's ``layer.py`` forward
-    (peft 0.21.2), checked in the CPU simulation."""
+    (peft 0.21.2) and listed with ``torch.autograd.graph.saved_tensors_hooks`` on a tiny
+    Llama's linears; the peak they make is checked in the CPU simulation."""
     n, m = lin.in_features, lin.out_features
     a = adapter
     if method is Method.ADALORA:
         # (x @ (A·E).T) @ B.T: x, the product A·E (r, in) and the rank-r intermediate
-        return Held(per_token=r * a, fixed=r * n * a, input=True,
+        # backward: the gradient of the scaled (T, out) update
+        return Held(per_token=r * a, fixed=r * n * a, input=True, backward_per_token=m * a,
                     source="peft adalora.SVDLinear.forward")
     if method is Method.LORA_FA:
         # lora_A frozen: x is not needed for a weight gradient; B saves A's output (T, r)
         return Held(per_token=r * a, source="peft lora.Linear.forward, lora_A frozen")
     if method is Method.VERA:
         # lambda_b · B(lambda_d · A(x)): A(x) (T, r) and B(...) (T, out) saved for the lambdas
-        return Held(per_token=(2 * r + m) * a, source="peft vera.Linear.forward")
-    if method in (Method.LOHA, Method.LOKR, Method.FOURIERFT, Method.SHIRA):
-        # F.linear(x, delta_w): x and the materialised (out, in) update
+        return Held(per_token=(r + m) * a, source="peft vera.Linear.forward")
+    if method is Method.LOHA:
+        # F.linear(x, delta_w): x and the materialised (out, in) update; the two Hadamard
+        # factors (out, in) exist while it is made, and HadaWeight's backward remakes one
+        # and multiplies the gradient by it
+        return Held(fixed=m * n * a, input=True, forward=2 * m * n * a, backward=2 * m * n * a,
+                    source="peft loha.HadaWeight / Linear._get_delta_activations")
+    if method is Method.LOKR:
+        # F.linear(x, kron(w1, w2)): x and the materialised (out, in) update
         return Held(fixed=m * n * a, input=True,
-                    source=f"peft {method.value} forward: F.linear(x, delta_weight)")
+                    source="peft lokr.Linear._get_delta_activations")
+    if method is Method.FOURIERFT:
+        # the (out, in) update from ifft2 of the scattered spectrum, and the int64 indices
+        # while it is made: the dense fp32 spectrum and ifft2's complex64 result
+        return Held(fixed=m * n * a, input=True, forward=m * n * (4 + 8),
+                    source="peft fourierft.FourierFTLinear.forward")
+    if method is Method.SHIRA:
+        # the sparse COO update (int64 row/col indices + values) and the dense (out, in) sum
+        # backward: the dense (out, in) gradient of the sum
+        return Held(fixed=m * n * a + r * (n + m) * (2 * 8 + a), input=True,
+                    backward=m * n * a, source="peft shira.Linear.forward")
     if method is Method.MISS:
         # x reshaped to (T, in / r, r) and summed: the rank-r sum is saved for miss_block
         return Held(per_token=r * a, source="peft miss.MissLinear.forward")
     if method is Method.HRA:
-        # r Householder steps on an (in, in) identity, each saved; then W @ delta and the
-        # rotated weight (out, in) saved by F.linear with x
+        # r Householder steps on an (in, in) identity, each product saved (r + 1 of them),
+        # the normalised u (in, r) and its columns, then the rotated weight (out, in) with x
+        # each step's (in, in) product temporaries: 2 · in² while the next one is made
         return Held(fixed=(2 * r * n + n * n * (r + 1) + m * n) * a, input=True,
+                    forward=2 * n * n * a,
                     source="peft hra.HRALinear.get_delta_weight/forward")
     if method is Method.OFT:
         b = oft_block(n)
-        # x rotated by the block-diagonal Cayley transform: x (T, in) and the blocks
-        return Held(fixed=6 * (n // b) * b * b * a, input=True,
+        # x rotated by the Cayley-Neumann transform of (in / b) blocks: 4 block stacks + x
+        return Held(fixed=4 * (n // b) * b * b * a, input=True,
                     source="peft oft.OFTRotationModule.forward")
     if method is Method.BOFT:
-        # butterfly blocks made dense (in, in), permuted twice, the rotated and scaled
-        # weight (out, in), with x for F.linear
-        return Held(fixed=(3 * n * n + 2 * m * n) * a, input=True,
+        blocks = n // BOFT_BLOCK_SIZE
+        # the butterfly made dense (in, in) and permuted (in, in), the Cayley blocks, the
+        # boft_s scale and the scaled output (T, out), with x for F.linear
+        return Held(per_token=m * a, fixed=(2 * n * n + 3 * blocks * BOFT_BLOCK_SIZE ** 2
+                                            + blocks * BOFT_BLOCK_SIZE + 2 * m) * a,
+                    input=True, forward=(n * n + 2 * m * n) * a,
                     source="peft boft.Linear.forward")
     if method is Method.ROAD:
-        # the base output (T, out) rotated in pairs: the output and its half-swapped copy
-        return Held(per_token=2 * m * a, source="peft road._apply_road")
+        # the base output (T, out) and its pair-rotated copy, and six (out,) cos/sin vectors
+        return Held(per_token=2 * m * a, fixed=6 * m * a, source="peft road._apply_road")
     if method is Method.RANDLORA:
-        return Held(per_token=r * a, fixed=0, input=True, source="peft randlora.Linear.forward")
+        # F.linear(F.linear(x, B'), A') with B' = basis (bases·r, min dim) the trainable
+        # side: saved with x when in <= out, with the (T, bases·r) intermediate otherwise
+        k = randlora_bases(n, m, r) * r
+        if n > m:
+            return Held(per_token=k * a, fixed=k * m * a, source="peft randlora.Linear.forward")
+        return Held(fixed=k * n * a, input=True, source="peft randlora.Linear.forward")
     if method is Method.C3A:
-        # fp32 x, its FFT (complex64, in/2+1 per block) for the block circular convolution
-        return Held(per_token=n * 4 + n * 8, source="peft c3a.BlockCircularConvolution")
+        # BlockCircularConvolution saves its fp32 input and the kernel (a parameter)
+        # its backward: the complex64 FFT of the output gradient (T, out)
+        return Held(input=True, backward_per_token=8 * m,
+                    source="peft c3a.BlockCircularConvolution")
     raise AssertionError(method)
 
 

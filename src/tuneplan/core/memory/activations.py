@@ -24,6 +24,7 @@ from tuneplan.core.job.methods import (
 )
 from tuneplan.core.job.recipes import PrecisionPlan
 from tuneplan.core.job.strategy import Attention, Checkpointing, Strategy
+from tuneplan.core.job.tuners import WEIGHT_TUNERS, held
 from tuneplan.core.job.versions import bnb_4bit_saves_input, bnb_8bit_keeps_cat
 from tuneplan.core.memory.experts import experts_adapted, param_wrapped, param_wrapper_saved
 from tuneplan.core.memory.parts import Piece, part
@@ -122,8 +123,9 @@ class LayerInputs:
 def layer_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Widths) -> LayerInputs:
     """Saved linear inputs (and adapter intermediates) of ``layer``, per token + fixed."""
     method = strategy.method
+    tuner = method in WEIGHT_TUNERS
     targets = set(id(lin) for lin in targeted_linears(model, strategy, layer)) if (
-        method.is_lora or method is Method.IA3) else set()
+        method.is_lora or method is Method.IA3 or tuner) else set()
     dims = {"attn_in": (model.hidden_size, w.norm_out), "mlp_in": (model.hidden_size, w.norm_out),
             "o_in": (model.num_heads * model.head_dim, w.compute),
             "down_in": (model.intermediate_size, w.mlp)}
@@ -164,6 +166,9 @@ def layer_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Widt
                 out[_saved_key(group)] += lin.in_features
         if id(lin) not in targets:
             continue
+        if tuner:
+            _tuner_saved(lin, d_in, w, strategy, side, group, out, fixed, shared)
+            continue
         if method is Method.IA3:
             out[f"adapters_{side}"] += _ia3_saved(lin, 1, d_in, w, shared, group)
         else:
@@ -178,6 +183,37 @@ def layer_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Widt
     return LayerInputs(per_token=out, fixed=fixed, shared=frozenset(shared),
                        experts_train=method.trains_base or experts_adapted(model, layer,
                                                                            strategy))
+
+
+def _tuner_saved(lin: Linear, d_in: int, w: Widths, strategy: Strategy, side: str,
+                 group: str, out: dict[str, int], fixed: dict[str, int],
+                 shared: set[str]) -> None:
+    """What a ``tuners.WEIGHT_TUNERS`` module on ``lin`` saves (``tuners.held``): per-token
+    and fixed bytes, and its input: the block's tensor itself, or PEFT's cast of it to the
+    adapter dtype (one per target)."""
+    h = held(strategy.method, lin, strategy.lora_rank, w.adapter)
+    out[f"adapters_{side}"] += h.per_token
+    fixed[f"adapters_{side}"] += h.fixed * lin.copies
+    if h.input and d_in != w.adapter:
+        out[f"adapters_{side}"] += lin.in_features * w.adapter
+    elif h.input:
+        shared.add(group)
+
+
+def tuner_transients(model: ModelSpec, strategy: Strategy, w: Widths,
+                     tokens: int) -> tuple[int, int]:
+    """(forward, backward) bytes a ``tuners.WEIGHT_TUNERS`` module holds only while it runs
+    (its materialised update's temporaries, FFTs): the largest over the targeted linears,
+    one module running at a time. (0, 0) for other methods."""
+    if strategy.method not in WEIGHT_TUNERS:
+        return 0, 0
+    fwd = bwd = 0
+    for layer in model.layers:
+        for lin in targeted_linears(model, strategy, layer):
+            h = held(strategy.method, lin, strategy.lora_rank, w.adapter)
+            fwd = max(fwd, h.forward)
+            bwd = max(bwd, h.backward + tokens * h.backward_per_token)
+    return fwd, bwd
 
 
 def forward_live(model: ModelSpec, strategy: Strategy, w: Widths, shape: Shape,
@@ -346,9 +382,12 @@ def backward_transients(model: ModelSpec, strategy: Strategy, w: Widths,
         pairs, inter = t * model.num_experts_per_token, (
             model.moe_intermediate_size or model.intermediate_size)
     # At the gate·up product's backward: the down input's gradient and both factors'.
+    _, tuner = tuner_transients(model, strategy, w, t)
+    more, why = (tuner, " + the tuner's backward temporaries (tuners.held)") if tuner else (0, "")
     mlp = part("activations/backward_transient",
-               (3 if gated else 2) * pairs * inter * c + t * model.hidden_size * c,
-               "MLP backward gradients (3 gated / 2 plain)·T·I·bytes + T·H·bytes", tokens=t)
+               (3 if gated else 2) * pairs * inter * c + t * model.hidden_size * c + more,
+               "MLP backward gradients (3 gated / 2 plain)·T·I·bytes + T·H·bytes" + why,
+               tokens=t)
     if strategy.attention is Attention.EAGER:
         # softmax backward: its fp32 output gradient and fp32 input gradient (measured).
         size = 2 * shape.batch * model.num_heads * shape.seq_q * shape.seq_kv * 4 + \
@@ -358,7 +397,7 @@ def backward_transients(model: ModelSpec, strategy: Strategy, w: Widths,
         size = t * (model.num_heads + 2 * model.num_kv_heads) * model.head_dim * c + \
             t * model.hidden_size * c
         formula = "flash/SDPA q, k, v gradients + T·H·bytes"
-    return mlp, part("activations/backward_transient", size, formula, tokens=t)
+    return mlp, part("activations/backward_transient", size + more, formula + why, tokens=t)
 
 
 def forward_transient(model: ModelSpec, strategy: Strategy, w: Widths,

@@ -405,6 +405,8 @@ def _forward_moment(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Sha
         parts, temp, when = at_gate, temps["mlp_in"], "gate/up"
     else:
         parts, temp, when = at_down, temps["down_in"], "down"
+    tuner, _ = act.tuner_transients(model, s, w, shape.tokens)  # its update being made
+    temp += tuner
     return (_group("activations/running_block/", parts,
                    f"block at its {when} projection · saved {{k}}",
                    {"held": f"block at its {when} projection · held unsaved: residual sum, "

@@ -19,6 +19,7 @@ from tuneplan.core.job.methods import (
     targeted_linears,
 )
 from tuneplan.core.job.recipes import PrecisionPlan
+from tuneplan.core.job.tuners import WEIGHT_TUNERS, linear_matrices
 from tuneplan.core.job.strategy import Checkpointing, Sharding, Strategy, Task
 from tuneplan.core.memory.activations import linear_group
 from tuneplan.core.memory.assumptions import MemoryAssumptions
@@ -234,6 +235,9 @@ def _linear_grad(lin: Linear, s: Strategy, plan: PrecisionPlan, targeted: bool) 
         return 0
     if s.method is Method.IA3:
         return lin.in_features * lin.copies * plan.adapter_bytes  # upper bound of the vector
+    if s.method in WEIGHT_TUNERS:
+        per = sum(r * c * k for r, c, k in linear_matrices(s.method, lin, s.lora_rank))
+        return per * lin.copies * plan.adapter_bytes
     per = lora_rank_of(lin, s) * (lin.in_features + lin.out_features) + (
         lin.out_features if s.method is Method.DORA else 0)
     return per * lin.copies * plan.adapter_bytes
