@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuneplan.core.job.methods import ESTIMATED_METHODS, Method, _RANKED, count_trainable
+from tuneplan.core.job.methods import _RANKED, ESTIMATED_METHODS, Method, count_trainable
 from tuneplan.core.job.strategy import Strategy
 from tuneplan.core.job.tuners import PEFT_TYPES, RANK_FIELD, TUNER_METHODS, peft_spec
 from tuneplan.core.models import parse_model_config
@@ -31,14 +31,15 @@ def test_every_installed_peft_type_is_planned_or_refused() -> None:
     installed = {t.value for t in peft.PeftType}
     assert installed <= set(PEFT_TYPES), installed - set(PEFT_TYPES)
     for name, answer in PEFT_TYPES.items():
-        assert isinstance(answer, str) and answer or answer in ESTIMATED_METHODS, name
+        assert (isinstance(answer, str) and answer) or answer in ESTIMATED_METHODS, name
 
 
 def _peft_count(config: dict[str, object], strategy: Strategy) -> int:
     torch = pytest.importorskip("torch")
     peft = pytest.importorskip("peft")
-    from tuneplan.adapters.probe.build import make_config
     from transformers import AutoModelForCausalLM
+
+    from tuneplan.adapters.probe.build import make_config
 
     spec = peft_spec(parse_model_config(config, name="tiny"), strategy)
     torch.manual_seed(0)

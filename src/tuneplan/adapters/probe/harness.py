@@ -24,7 +24,6 @@ from tuneplan.adapters.probe import build, qlora
 from tuneplan.adapters.probe.tracker import StorageTracker, TrackerResult
 from tuneplan.core.job.methods import Method, Quant
 from tuneplan.core.job.recipes import Recipe
-from tuneplan.core.job.tuners import TUNER_METHODS
 from tuneplan.core.job.strategy import (
     Attention,
     Checkpointing,
@@ -35,6 +34,7 @@ from tuneplan.core.job.strategy import (
     Sharding,
     Strategy,
 )
+from tuneplan.core.job.tuners import TUNER_METHODS
 from tuneplan.errors import InvalidValueError, ProbeError, UnsupportedError
 
 OptimizerImpl = Literal["fused", "foreach", "single"]

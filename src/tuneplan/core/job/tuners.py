@@ -178,7 +178,7 @@ def check_linear(method: Method, model: ModelSpec, lin: Linear, r: int) -> None:
     if method is Method.C3A and (n % C3A_BLOCK or m % C3A_BLOCK):
         raise UnsupportedError(f"c3a: {where}: peft's block_size {C3A_BLOCK} must divide "
                                "both sizes")
-    if method is Method.FOURIERFT and FOURIER_FREQUENCIES > n * m:
+    if method is Method.FOURIERFT and n * m < FOURIER_FREQUENCIES:
         raise UnsupportedError(f"fourierft: {where}: peft's n_frequency "
                                f"{FOURIER_FREQUENCIES} exceeds in·out")
     if method is Method.SHIRA and r * (n + m) > n * m:
@@ -250,6 +250,7 @@ class Held:
     source: str = ""
     #: alive only while the module runs forward / backward (fixed bytes, bytes per token)
     forward: int = 0
+    forward_per_token: int = 0
     backward: int = 0
     backward_per_token: int = 0
 
@@ -294,8 +295,10 @@ def held(method: Method, lin: Linear, r: int, adapter: int) -> Held:
     a = adapter
     if method is Method.ADALORA:
         # (x @ (A·E).T) @ B.T: x, the product A·E (r, in) and the rank-r intermediate
-        # backward: the gradient of the scaled (T, out) update
-        return Held(per_token=r * a, fixed=r * n * a, input=True, backward_per_token=m * a,
+        # backward: the gradient of the scaled (T, out) update and the one its matmuls send
+        # back to x (T, in)
+        return Held(per_token=r * a, fixed=r * n * a, input=True,
+                    backward_per_token=(m + n) * a,
                     source="peft adalora.SVDLinear.forward")
     if method is Method.LORA_FA:
         # lora_A frozen: x is not needed for a weight gradient; B saves A's output (T, r)
@@ -357,9 +360,10 @@ def held(method: Method, lin: Linear, r: int, adapter: int) -> Held:
             return Held(per_token=k * a, fixed=k * m * a, source="peft randlora.Linear.forward")
         return Held(fixed=k * n * a, input=True, source="peft randlora.Linear.forward")
     if method is Method.C3A:
-        # BlockCircularConvolution saves its fp32 input and the kernel (a parameter)
-        # its backward: the complex64 FFT of the output gradient (T, out)
-        return Held(input=True, backward_per_token=8 * m,
+        # BlockCircularConvolution saves its fp32 input and the kernel (a parameter); its
+        # complex64 FFTs: of the input (T, in) and the product (T, out) in forward, in
+        # backward the output gradient's (T, out, 8 B) and its real-valued product (4 B)
+        return Held(input=True, backward_per_token=12 * m, forward_per_token=8 * (n + m),
                     source="peft c3a.BlockCircularConvolution")
     raise AssertionError(method)
 
@@ -379,25 +383,44 @@ class PeftSpec:
 
 
 def peft_spec(model: ModelSpec, strategy: Strategy) -> PeftSpec:
-    """The PEFT config of a ``TUNER_METHODS`` job (the probe and the launch bundle build this
-    one), with the knobs the estimate read: targets from ``--lora-targets`` (PEFT takes
-    "all-linear" as it is), ``--lora-rank`` into ``RANK_FIELD``, peft's defaults otherwise."""
+    """The PEFT config of a ``TUNER_METHODS`` job on ``model`` (the probe builds this one),
+    with the knobs the estimate read: targets from ``--lora-targets`` as ``peft_lora_targets``
+    maps them (PEFT takes "all-linear" as it is), ``--lora-rank`` into ``RANK_FIELD``, peft's
+    defaults otherwise. Refuses what the estimate refuses."""
     from tuneplan.core.job.methods import peft_lora_targets
 
-    method = strategy.method
     tuner_matrices(model, strategy)  # the same refusals as the estimate
+    layers = sum(layer.count for layer in model.layers)
+    return _spec(strategy, list(peft_lora_targets(model, strategy)), layers)
+
+
+def launch_peft(strategy: Strategy) -> PeftSpec:
+    """``peft_spec`` without the model, as the launch bundle's ``train.py`` receives it: the
+    targets as given (train.py maps split q/k/v names onto a fused linear itself) and, for
+    adaption prompt, ``adapter_layers`` None (train.py sets the model's block count)."""
+    return _spec(strategy, list(strategy.lora_targets), None)
+
+
+#: Tuners the launch bundle's train.py cannot run as planned, and why.
+LAUNCH_REFUSALS: dict[Method, str] = {
+    Method.ADALORA: ("adalora needs update_and_allocate called every step with the run's "
+                     "total_step (its rank budget); the bundle's train.py does not drive it"),
+}
+
+
+def _spec(strategy: Strategy, targets: list[str], layers: int | None) -> PeftSpec:
+    method = strategy.method
     task = "CAUSAL_LM" if strategy.task.value == "causal-lm" else "SEQ_CLS"
     kwargs: dict[str, object] = {"task_type": task}
     if method is Method.P_TUNING:
         kwargs["num_virtual_tokens"] = strategy.num_virtual_tokens
         return PeftSpec(config_class=OTHER_TUNERS[method], kwargs=kwargs)
     if method is Method.LLAMA_ADAPTER:
-        layers = sum(layer.count for layer in model.layers)
+        # every block adapted (peft counts adapter_layers from the top)
         kwargs |= {"adapter_len": strategy.num_virtual_tokens, "adapter_layers": layers}
         return PeftSpec(config_class=OTHER_TUNERS[method], kwargs=kwargs)
     if method is Method.LAYERNORM:
         return PeftSpec(config_class=OTHER_TUNERS[method], kwargs=kwargs)
-    targets = list(peft_lora_targets(model, strategy))
     kwargs["target_modules"] = "all-linear" if strategy.all_linear else targets
     if strategy.trainable_modules:
         kwargs["modules_to_save"] = list(strategy.trainable_modules)

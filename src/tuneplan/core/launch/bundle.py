@@ -20,6 +20,7 @@ from tuneplan.core.catalog.offers import Offer, offer_record
 from tuneplan.core.cost.estimate import CostAssumptions, checkpoint_bytes
 from tuneplan.core.cost.spot import young_daly_interval_s
 from tuneplan.core.job.strategy import Loss, Sharding, Strategy
+from tuneplan.core.job.tuners import LAUNCH_REFUSALS, TUNER_METHODS, launch_peft
 from tuneplan.core.planner.record import SavedPlan
 from tuneplan.errors import InvalidValueError
 from tuneplan.units import GB, HOUR_S
@@ -143,6 +144,9 @@ def launch_spec(plan: SavedPlan) -> LaunchSpec:
     (hourly when no interruption is expected); kept = what the disk holds beside the weights,
     within [MIN_KEPT, MAX_KEPT]. Raises InvalidValueError when the plan cannot be launched."""
     s = plan.strategy
+    if s.method in LAUNCH_REFUSALS:
+        raise InvalidValueError(f"plan {plan.id} cannot be launched: "
+                                f"{LAUNCH_REFUSALS[s.method]}")
     if plan.step_s <= 0 or plan.total_params < 1:
         raise InvalidValueError(f"plan {plan.id} cannot be launched: step time "
                                 f"{plan.step_s} s, {plan.total_params} parameters")
@@ -192,6 +196,8 @@ def train_config(spec: LaunchSpec, *, output_dir: str = CHECKPOINT_DIR) -> dict[
         "dataset": {"kind": "jsonl", "path": "data/train.jsonl", "text_field": "text",
                     "cache_dir": "data/tokenised"},
         "deepspeed": "ds_config.json" if spec.zero_stage is not None else None,
+        # PEFT's other tuners: the config train.py builds (core/job/tuners.py), else None
+        "peft": launch_peft(s).as_dict() if s.method in TUNER_METHODS else None,
     }
 
 

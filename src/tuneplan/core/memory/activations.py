@@ -74,7 +74,9 @@ def widths(strategy: Strategy, plan: PrecisionPlan, dropout_mask_bytes: int) -> 
     # to the input's dtype, so after PEFT's fp32 norm upcast the MLP runs in fp32.
     quantized = effective_quant(strategy) is not None
     return Widths(compute=plan.compute_bytes, residual=residual, norm_out=norm_out,
-                  adapter=plan.adapter_bytes, autocast=plan.autocast, norm_trains=full,
+                  adapter=plan.adapter_bytes, autocast=plan.autocast,
+                  # LN tuning trains copies of the norms: they save their output too
+                  norm_trains=full or strategy.method is Method.LAYERNORM,
                   mlp=norm_out if quantized else plan.compute_bytes,
                   dropout_mask=dropout_mask_bytes, base=base)
 
@@ -211,7 +213,7 @@ def tuner_transients(model: ModelSpec, strategy: Strategy, w: Widths,
     for layer in model.layers:
         for lin in targeted_linears(model, strategy, layer):
             h = held(strategy.method, lin, strategy.lora_rank, w.adapter)
-            fwd = max(fwd, h.forward)
+            fwd = max(fwd, h.forward + tokens * h.forward_per_token)
             bwd = max(bwd, h.backward + tokens * h.backward_per_token)
     return fwd, bwd
 
@@ -360,7 +362,8 @@ def first_norm_without_grad(model: ModelSpec, strategy: Strategy, w: Widths,
     first norm a tensor without grad: autograd records nothing there.
     """
     m = strategy.method
-    if m.trains_base or m is Method.PROMPT or strategy.checkpointing is not Checkpointing.NONE:
+    if m.trains_base or m.adds_virtual_tokens or m is Method.LAYERNORM or (
+            strategy.checkpointing is not Checkpointing.NONE):
         return 0
     if any(lin.role is LinearRole.EMBEDDING for lin in outer_targets(model, strategy)):
         return 0  # a LoRA on the embedding: its output requires grad
@@ -382,12 +385,16 @@ def backward_transients(model: ModelSpec, strategy: Strategy, w: Widths,
         pairs, inter = t * model.num_experts_per_token, (
             model.moe_intermediate_size or model.intermediate_size)
     # At the gate·up product's backward: the down input's gradient and both factors'.
+    # A tuner's backward temporaries (tuners.held) peak inside one target's backward: at a
+    # gate/up target, beside both products' gradients and the input gradient; elsewhere
+    # beside the gradient flowing in and out. Whichever is larger is the block's transient.
     _, tuner = tuner_transients(model, strategy, w, t)
-    more, why = (tuner, " + the tuner's backward temporaries (tuners.held)") if tuner else (0, "")
-    mlp = part("activations/backward_transient",
-               (3 if gated else 2) * pairs * inter * c + t * model.hidden_size * c + more,
-               "MLP backward gradients (3 gated / 2 plain)·T·I·bytes + T·H·bytes" + why,
-               tokens=t)
+    own = (3 if gated else 2) * pairs * inter * c + t * model.hidden_size * c
+    at_target = tuner + 2 * pairs * inter * c + t * model.hidden_size * c
+    mlp = part("activations/backward_transient", max(own, at_target) if tuner else own,
+               "MLP backward gradients (3 gated / 2 plain)·T·I·bytes + T·H·bytes"
+               + (", or a tuner target's backward temporaries + 2·T·I·bytes + T·H·bytes, "
+                  "the larger" if tuner else ""), tokens=t)
     if strategy.attention is Attention.EAGER:
         # softmax backward: its fp32 output gradient and fp32 input gradient (measured).
         size = 2 * shape.batch * model.num_heads * shape.seq_q * shape.seq_kv * 4 + \
@@ -397,7 +404,10 @@ def backward_transients(model: ModelSpec, strategy: Strategy, w: Widths,
         size = t * (model.num_heads + 2 * model.num_kv_heads) * model.head_dim * c + \
             t * model.hidden_size * c
         formula = "flash/SDPA q, k, v gradients + T·H·bytes"
-    return mlp, part("activations/backward_transient", size + more, formula + why, tokens=t)
+    if tuner and tuner + 2 * t * model.hidden_size * c > size:
+        size, formula = tuner + 2 * t * model.hidden_size * c, (
+            "a tuner target's backward temporaries + 2·T·H·bytes")
+    return mlp, part("activations/backward_transient", size, formula, tokens=t)
 
 
 def forward_transient(model: ModelSpec, strategy: Strategy, w: Widths,

@@ -240,7 +240,7 @@ def _recipe_note(strategy: Strategy, plan: PrecisionPlan,
 
 
 def _shape(s: Strategy, batch: int) -> act.Shape:
-    prompt = s.num_virtual_tokens if s.method is Method.PROMPT else 0
+    prompt = s.num_virtual_tokens if s.method.adds_virtual_tokens else 0
     prefix = s.num_virtual_tokens if s.method is Method.PREFIX else 0
     return act.Shape(batch=batch, seq_q=s.seq_len + prompt, seq_kv=s.seq_len + prompt + prefix)
 
@@ -317,7 +317,7 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
 def _inputs(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape) -> list[Piece]:
     inputs = [part("activations/inputs", 2 * shape.tokens * 8,
                    "input ids + labels: 2·T·8 (int64)", tokens=shape.tokens)]
-    if s.method is Method.PROMPT and s.checkpointing is not Checkpointing.NONE:
+    if s.method.adds_virtual_tokens and s.checkpointing is not Checkpointing.NONE:
         # enable_input_require_grads (PEFT + checkpointing) turns the frozen embedding's output
         # into a leaf that requires grad; torch.cat's graph holds it until backward ends.
         inputs.append(part("activations/embedding_output", s.batch_size * s.seq_len *

@@ -19,8 +19,8 @@ from tuneplan.core.job.methods import (
     targeted_linears,
 )
 from tuneplan.core.job.recipes import PrecisionPlan
-from tuneplan.core.job.tuners import WEIGHT_TUNERS, linear_matrices
 from tuneplan.core.job.strategy import Checkpointing, Sharding, Strategy, Task
+from tuneplan.core.job.tuners import WEIGHT_TUNERS, linear_matrices
 from tuneplan.core.memory.activations import linear_group
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.core.memory.optimizer import optimizer_bytes
