@@ -72,3 +72,67 @@ def test_rank_changes_the_count_as_in_peft(method: Method) -> None:
     strategy = Strategy(method=method, lora_rank=4, lora_targets=("q_proj", "down_proj"))
     ours = count_trainable(parse_model_config(SMALL, name="tiny"), strategy).total
     assert ours == _peft_count(SMALL, strategy)
+
+
+def _launch_cfg(strategy: Strategy) -> dict[str, object]:
+    """train_config.json of the bundled 8B plan fixture with ``strategy`` as its job."""
+    import json
+    from pathlib import Path
+
+    from tuneplan.adapters.plans import saved_plan_from_entry
+    from tuneplan.core.launch.bundle import launch_spec, train_config
+
+    root = Path(__file__).parents[2]
+    data = json.loads((root / "tests" / "fixtures" / "launch" /
+                       "plan_llama8b_qlora_aws.json").read_text())
+    entry = {**data["plans"][0], "job": data["job"], "strategy": strategy.as_dict()}
+    entry = json.loads(json.dumps(entry, default=str))
+    return train_config(launch_spec(saved_plan_from_entry(entry)))
+
+
+def _train_module() -> object:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "src" / "tuneplan" / "data" / "launch" / "train.py"
+    spec = importlib.util.spec_from_file_location("tuneplan_train_tuners", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("method", [m for m in TUNERS if m is not Method.ADALORA], ids=str)
+def test_launch_bundle_builds_the_estimated_tuner(method: Method) -> None:
+    """train.py builds, from the bundle's train_config.json, the model the estimate counted."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    from tuneplan.adapters.probe.build import make_config
+
+    strategy = Strategy(method=method, lora_rank=16, num_virtual_tokens=12,
+                        lora_targets=("q_proj", "v_proj", "down_proj"))
+    cfg = _launch_cfg(strategy)
+    assert cfg["method"] == method.value and cfg["peft"] is not None
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(make_config(SMALL, strategy.task))
+    built = _train_module().add_adapters(model, cfg)  # type: ignore[attr-defined]
+    trainable, _ = built.get_nb_trainable_parameters()
+    assert trainable == count_trainable(parse_model_config(SMALL, name="tiny"), strategy).total
+
+
+def test_launch_refuses_adalora_with_its_reason() -> None:
+    from tuneplan.errors import InvalidValueError
+
+    with pytest.raises(InvalidValueError, match="update_and_allocate"):
+        _launch_cfg(Strategy(method=Method.ADALORA))
+
+
+def test_lora_rank_is_refused_where_the_tuner_has_no_rank() -> None:
+    from tuneplan.service.jobflags import JobFlagError, job_from_values
+
+    with pytest.raises(JobFlagError, match="--lora-rank applies only to"):
+        job_from_values("m", {"method": "oft", "lora-rank": 8}, command="memory")
+    job = job_from_values("m", {"method": "vera", "lora-rank": 8}, command="memory")
+    assert job.strategy.lora_rank == 8

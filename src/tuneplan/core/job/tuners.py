@@ -226,8 +226,8 @@ def tuner_matrices(model: ModelSpec, strategy: Strategy) -> list[tuple[int, int,
                 (1, h, PTUNING_LAYERS + 1)]
     if method is Method.LLAMA_ADAPTER:
         # adaption_prompt (1, adapter_len, H) and adaption_gate (1,) per adapted layer (all).
-        layers = sum(layer.count for layer in model.layers)
-        return [(strategy.num_virtual_tokens, model.hidden_size, layers), (1, 1, layers)]
+        blocks = sum(layer.count for layer in model.layers)
+        return [(strategy.num_virtual_tokens, model.hidden_size, blocks), (1, 1, blocks)]
     mats: list[tuple[int, int, int]] = []
     for layer in model.layers:
         for lin in targeted_linears(model, strategy, layer):

@@ -138,8 +138,9 @@ def weight_terms(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan,
                       params=trainable.adapter_params, bytes_per_param=plan.adapter_bytes))
     buffers, what = frozen_buffers(model, strategy)
     if buffers:
-        terms.append(part("weights/adapter_buffers", buffers, what, f"peft {version_text(strategy.stack.peft)} "
-                          "register_buffer in the tuner's layer.py/model.py"))
+        terms.append(part("weights/adapter_buffers", buffers, what,
+                          f"peft {version_text(strategy.stack.peft)} register_buffer in the "
+                          "tuner's layer.py/model.py"))
     return terms
 
 
