@@ -433,3 +433,22 @@ def _spec(strategy: Strategy, targets: list[str], layers: int | None) -> PeftSpe
         kwargs["lora_alpha"] = strategy.lora_alpha
         return PeftSpec(config_class="LoraConfig", kwargs=kwargs, freeze=("lora_A",))
     return PeftSpec(config_class=WEIGHT_TUNERS[method], kwargs=kwargs)
+
+
+#: Tuners whose estimate misses the CPU simulation by more than 3 % with activation
+#: checkpointing (tests/core/memory/test_simulation_tuners.py holds the list).
+CHECKPOINTING_MISSES = frozenset({Method.LOKR, Method.ROAD, Method.C3A})
+
+
+def tuner_note(strategy: Strategy) -> str | None:
+    """What a tuner estimate rests on, in words (None for other methods)."""
+    method = strategy.method
+    if method not in TUNER_METHODS:
+        return None
+    ckpt = strategy.checkpointing.value != "none"
+    how = ("peft's trainable tensors, frozen buffers, saved tensors and temporaries of its "
+           "forward/backward read from peft 0.21.2 (core/job/tuners.py)")
+    held_to = ("held to the CPU simulation within 3 % on a small Llama (fp32, batch 2)"
+               if not (ckpt and method in CHECKPOINTING_MISSES) else
+               "with checkpointing it missed the CPU simulation by 3-6 % on a small Llama")
+    return f"--method {method.value}: {how}; {held_to}"

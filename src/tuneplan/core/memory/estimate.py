@@ -25,6 +25,7 @@ from tuneplan.core.job.methods import (
 )
 from tuneplan.core.job.recipes import PrecisionPlan, Recipe, precision_plan
 from tuneplan.core.job.strategy import Checkpointing, Strategy, Task
+from tuneplan.core.job.tuners import tuner_note
 from tuneplan.core.memory import activations as act
 from tuneplan.core.memory import experts, litgpt
 from tuneplan.core.memory.assumptions import MemoryAssumptions
@@ -195,7 +196,8 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
     layer_inputs = tuple(act.layer_inputs(model, layer, strategy, w) for layer in model.layers)
     found = _Fixed(
         notes=tuple(n for n in (fused_qkv_note(model, strategy),
-                                _recipe_note(strategy, plan, model)) if n),
+                                _recipe_note(strategy, plan, model),
+                                tuner_note(strategy)) if n),
         behaviours=tuple(versions.behaviours(model, strategy, a.adamw_impl)),
         source=source, assumptions=a, model=model, trainable=trainable, plan=plan, shards=sp,
         static=static, widths=w,
