@@ -82,9 +82,10 @@ FOURIER_FREQUENCIES = 1000    # fourierft/config.py n_frequency
 ROAD_GROUP = 64               # road/config.py group_size (variant road_1: out / 2 angle pairs)
 C3A_BLOCK = 256               # c3a/config.py block_size
 PTUNING_LAYERS = 2            # p_tuning/config.py encoder_num_layers (MLP: 3 linears)
-#: Model types peft 0.21 has adaption-prompt support for (adaption_prompt/config.py
-#: TRANSFORMERS_MODEL_CONFIG) and default LN-tuning targets for (utils/constants.py).
-ADAPTION_PROMPT_TYPES = frozenset({"llama", "mistral", "gpt2"})
+#: Model types estimated with adaption prompt: peft 0.21's TRANSFORMERS_MODEL_CONFIG
+#: (adaption_prompt/config.py) has llama, mistral and gpt2; gpt2 (Conv1D attention) is not
+#: estimated. Model types peft 0.21 has default LN-tuning targets for (utils/constants.py).
+ADAPTION_PROMPT_TYPES = frozenset({"llama", "mistral"})
 LN_TUNING_TYPES = frozenset({"llama", "bloom", "mistral", "gemma", "gemma2", "gemma3_text",
                              "qwen2", "qwen3", "falcon", "phi", "gpt2", "gptj"})
 
@@ -197,11 +198,9 @@ def check_model(model: ModelSpec, strategy: Strategy) -> None:
         raise UnsupportedError(f"{method.value} on {model.name}'s routed experts is not "
                                "estimated (peft 0.21 wraps stacked experts for LoRA only)")
     if method is Method.LLAMA_ADAPTER and model.model_type not in ADAPTION_PROMPT_TYPES:
-        raise UnsupportedError(f"llama-adapter: peft 0.21's adaption prompt supports model "
-                               f"types {', '.join(sorted(ADAPTION_PROMPT_TYPES))}, not "
-                               f"{model.model_type}")
-    if method is Method.LLAMA_ADAPTER and model.model_type == "gpt2":
-        raise UnsupportedError("llama-adapter on gpt2 is not estimated (llama/mistral are)")
+        raise UnsupportedError(f"llama-adapter is estimated for model types "
+                               f"{', '.join(sorted(ADAPTION_PROMPT_TYPES))} (peft 0.21's "
+                               f"adaption prompt: those and gpt2), not {model.model_type}")
     if method is Method.LAYERNORM and model.model_type not in LN_TUNING_TYPES:
         raise UnsupportedError(f"layernorm: peft 0.21 has no default LN-tuning targets for "
                                f"model type {model.model_type}")
