@@ -33,6 +33,7 @@ from tuneplan.core.job.methods import (
     targeted_linears,
 )
 from tuneplan.core.job.strategy import Attention, Checkpointing, Precision, Strategy, Task
+from tuneplan.core.job.tuners import TUNER_METHODS
 from tuneplan.core.models import LinearRole, ModelSpec
 from tuneplan.core.models.latent import score_dim
 from tuneplan.core.models.provenance import structure_note
@@ -193,7 +194,15 @@ def _unmodelled(s: Strategy) -> list[str]:
     """What the speed model takes as it is and does not time, said where it applies, so a
     flag that leaves tokens/s unchanged is seen to be read."""
     out = []
-    if s.method not in ESTIMATED_METHODS and s.method.is_low_rank:
+    if s.method in TUNER_METHODS and s.method.is_low_rank:
+        out.append(f"--method {s.method.value}: its adapter FLOPs are timed as LoRA's over "
+                   "the same targets at --lora-rank (the tuner's own kernels, e.g. a "
+                   "materialised update or FFTs, are not timed); its trainable count is "
+                   "peft's (core/job/tuners.py)")
+    elif s.method in TUNER_METHODS:
+        out.append(f"--method {s.method.value}: timed as the frozen model (plus any virtual "
+                   "tokens); its own small modules are not timed")
+    elif s.method not in ESTIMATED_METHODS and s.method.is_low_rank:
         out.append(f"--method {s.method.value}: timed as LoRA over the same targets and rank "
                    "(its own kernels are not modelled; memory does not estimate it)")
     elif s.method not in ESTIMATED_METHODS:

@@ -40,6 +40,14 @@ class Method(StrEnum):
     BOFT = "boft"
     LORA_FA = "lora-fa"
     LAYERNORM = "layernorm"
+    # peft's newer tuners (core/job/tuners.py models them)
+    FOURIERFT = "fourierft"
+    HRA = "hra"
+    MISS = "miss"
+    SHIRA = "shira"
+    ROAD = "road"
+    RANDLORA = "randlora"
+    C3A = "c3a"
     AUTO = "auto"
 
     @property
@@ -57,7 +65,8 @@ class Method(StrEnum):
     @property
     def is_low_rank(self) -> bool:
         """Adapters on the targeted linears (the LoRA family and PEFT's other weight adapters:
-        AdaLoRA, LoHa, LoKr, VeRA, LoRA-FA, OFT, BOFT): the speed model's adapter FLOPs."""
+        AdaLoRA, LoHa, LoKr, VeRA, LoRA-FA, OFT, BOFT and the newer per-linear tuners): the
+        speed model's adapter FLOPs."""
         return self in _LOW_RANK
 
     @property
@@ -65,10 +74,26 @@ class Method(StrEnum):
         """Prompt tuning and P-tuning prepend ``num_virtual_tokens`` positions to every input."""
         return self in (Method.PROMPT, Method.P_TUNING)
 
+    @property
+    def uses_rank(self) -> bool:
+        """Whether ``--lora-rank`` sets this method's rank (``tuners.RANK_FIELD``)."""
+        return self.is_lora or self in _RANKED
+
 
 _LOW_RANK = frozenset({Method.LORA, Method.DORA, Method.QLORA, Method.LORA8BIT, Method.ADALORA,
                        Method.LOHA, Method.LOKR, Method.VERA, Method.LORA_FA, Method.OFT,
-                       Method.BOFT})
+                       Method.BOFT, Method.FOURIERFT, Method.HRA, Method.MISS, Method.SHIRA,
+                       Method.ROAD, Method.RANDLORA, Method.C3A})
+# the same set as tuners.RANK_FIELD's keys (a test holds them equal; no import cycle)
+_RANKED = frozenset({Method.ADALORA, Method.LOHA, Method.LOKR, Method.VERA, Method.HRA,
+                     Method.MISS, Method.SHIRA, Method.RANDLORA, Method.LORA_FA})
+
+
+#: Methods modelled in core/job/tuners.py (PEFT's other tuners).
+_TUNERS = frozenset({Method.ADALORA, Method.LOHA, Method.LOKR, Method.VERA, Method.OFT,
+                     Method.BOFT, Method.HRA, Method.FOURIERFT, Method.MISS, Method.SHIRA,
+                     Method.ROAD, Method.RANDLORA, Method.C3A, Method.LORA_FA,
+                     Method.LAYERNORM, Method.P_TUNING, Method.LLAMA_ADAPTER})
 
 
 class Quant(StrEnum):
@@ -81,7 +106,7 @@ class Quant(StrEnum):
 
 ESTIMATED_METHODS = frozenset({Method.FULL, Method.FREEZE, Method.LORA, Method.DORA,
                                Method.QLORA, Method.LORA8BIT, Method.PREFIX, Method.PROMPT,
-                               Method.IA3})
+                               Method.IA3}) | _TUNERS
 ESTIMATED_QUANTS = frozenset({Quant.NF4, Quant.FP4, Quant.INT8, Quant.GPTQ_INT4})
 # PEFT's IA3 feed-forward modules scale their *input* (vector of in_features), see
 # peft/utils/constants.py TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING.
@@ -321,7 +346,11 @@ def count_trainable(model: ModelSpec, strategy: Strategy) -> Trainable:
                          largest_tensor=max(r * c for r, c, _ in mats), matrices=mats)
     if method is Method.FREEZE:
         return _freeze(model, strategy, extra)
-    adapters = _adapter_matrices(model, strategy)
+    if method in _TUNERS:
+        from tuneplan.core.job.tuners import tuner_matrices  # it imports this module
+        adapters = tuner_matrices(model, strategy)
+    else:
+        adapters = _adapter_matrices(model, strategy)
     adapter_params = sum(r * c * n for r, c, n in adapters)
     sizes = [r * c for r, c, _ in adapters] + [extra]
     return Trainable(base_params=extra, adapter_params=adapter_params,

@@ -21,6 +21,7 @@ from tuneplan.core.cost.estimate import CostAssumptions, checkpoint_bytes
 from tuneplan.core.cost.spot import young_daly_interval_s
 from tuneplan.core.job.methods import peft_lora_targets
 from tuneplan.core.job.strategy import Loss, Sharding, Strategy
+from tuneplan.core.job.tuners import LAUNCH_REFUSALS, TUNER_METHODS, launch_peft
 from tuneplan.core.models import ModelSpec
 from tuneplan.core.planner.record import SavedPlan
 from tuneplan.errors import InvalidValueError
@@ -160,6 +161,9 @@ def launch_spec(plan: SavedPlan, model: ModelSpec | None = None) -> LaunchSpec:
                                 "encoder-decoder, and the bundled train.py (and the axolotl / "
                                 "LLaMA-Factory configs) train causal LMs on text completions, "
                                 "not source/target pairs")
+    if s.method in LAUNCH_REFUSALS:
+        raise InvalidValueError(f"plan {plan.id} cannot be launched: "
+                                f"{LAUNCH_REFUSALS[s.method]}")
     if plan.step_s <= 0 or plan.total_params < 1:
         raise InvalidValueError(f"plan {plan.id} cannot be launched: step time "
                                 f"{plan.step_s} s, {plan.total_params} parameters")
@@ -210,6 +214,8 @@ def train_config(spec: LaunchSpec, *, output_dir: str = CHECKPOINT_DIR) -> dict[
         "dataset": {"kind": "jsonl", "path": "data/train.jsonl", "text_field": "text",
                     "cache_dir": "data/tokenised"},
         "deepspeed": "ds_config.json" if spec.zero_stage is not None else None,
+        # PEFT's other tuners: the config train.py builds (core/job/tuners.py), else None
+        "peft": launch_peft(s).as_dict() if s.method in TUNER_METHODS else None,
     }
 
 

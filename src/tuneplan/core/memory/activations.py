@@ -24,6 +24,7 @@ from tuneplan.core.job.methods import (
 )
 from tuneplan.core.job.recipes import PrecisionPlan
 from tuneplan.core.job.strategy import Attention, Checkpointing, Strategy
+from tuneplan.core.job.tuners import WEIGHT_TUNERS, held
 from tuneplan.core.job.versions import bnb_4bit_saves_input, bnb_8bit_keeps_cat
 from tuneplan.core.memory import mla
 from tuneplan.core.memory.experts import experts_adapted, param_wrapped, param_wrapper_saved
@@ -75,7 +76,9 @@ def widths(strategy: Strategy, plan: PrecisionPlan, dropout_mask_bytes: int) -> 
     # to the input's dtype, so after PEFT's fp32 norm upcast the MLP runs in fp32.
     quantized = effective_quant(strategy) is not None
     return Widths(compute=plan.compute_bytes, residual=residual, norm_out=norm_out,
-                  adapter=plan.adapter_bytes, autocast=plan.autocast, norm_trains=full,
+                  adapter=plan.adapter_bytes, autocast=plan.autocast,
+                  # LN tuning trains copies of the norms: they save their output too
+                  norm_trains=full or strategy.method is Method.LAYERNORM,
                   mlp=norm_out if quantized else plan.compute_bytes,
                   dropout_mask=dropout_mask_bytes, base=base, norm_weight=stored)
 
@@ -152,8 +155,9 @@ class LayerInputs:
 def layer_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Widths) -> LayerInputs:
     """Saved linear inputs (and adapter intermediates) of ``layer``, per token + fixed."""
     method = strategy.method
+    tuner = method in WEIGHT_TUNERS
     targets = set(id(lin) for lin in targeted_linears(model, strategy, layer)) if (
-        method.is_lora or method is Method.IA3) else set()
+        method.is_lora or method is Method.IA3 or tuner) else set()
     dims = _group_dims(model, layer, w)
     shared: set[str] = set()
     # Bytes per token (every size below is tokens · something, summed) and fixed bytes.
@@ -198,6 +202,9 @@ def layer_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Widt
                 out[_saved_key(group)] += lin.in_features
         if id(lin) not in targets:
             continue
+        if tuner:
+            _tuner_saved(lin, d_in, w, strategy, side, group, out, fixed, shared)
+            continue
         if method is Method.IA3:
             out[f"adapters_{side}"] += _ia3_saved(lin, 1, d_in, w, shared, group)
         else:
@@ -210,6 +217,37 @@ def layer_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Widt
     return LayerInputs(per_token=out, fixed=fixed, shared=frozenset(shared),
                        experts_train=method.trains_base or experts_adapted(model, layer,
                                                                            strategy))
+
+
+def _tuner_saved(lin: Linear, d_in: int, w: Widths, strategy: Strategy, side: str,
+                 group: str, out: dict[str, int], fixed: dict[str, int],
+                 shared: set[str]) -> None:
+    """What a ``tuners.WEIGHT_TUNERS`` module on ``lin`` saves (``tuners.held``): per-token
+    and fixed bytes, and its input: the block's tensor itself, or PEFT's cast of it to the
+    adapter dtype (one per target)."""
+    h = held(strategy.method, lin, strategy.lora_rank, w.adapter)
+    out[f"adapters_{side}"] += h.per_token
+    fixed[f"adapters_{side}"] += h.fixed * lin.copies
+    if h.input and d_in != w.adapter:
+        out[f"adapters_{side}"] += lin.in_features * w.adapter
+    elif h.input:
+        shared.add(group)
+
+
+def tuner_transients(model: ModelSpec, strategy: Strategy, w: Widths,
+                     tokens: int) -> tuple[int, int]:
+    """(forward, backward) bytes a ``tuners.WEIGHT_TUNERS`` module holds only while it runs
+    (its materialised update's temporaries, FFTs): the largest over the targeted linears,
+    one module running at a time. (0, 0) for other methods."""
+    if strategy.method not in WEIGHT_TUNERS:
+        return 0, 0
+    fwd = bwd = 0
+    for layer in model.layers:
+        for lin in targeted_linears(model, strategy, layer):
+            h = held(strategy.method, lin, strategy.lora_rank, w.adapter)
+            fwd = max(fwd, h.forward + tokens * h.forward_per_token)
+            bwd = max(bwd, h.backward + tokens * h.backward_per_token)
+    return fwd, bwd
 
 
 def forward_live(model: ModelSpec, strategy: Strategy, w: Widths, shape: Shape,
@@ -365,7 +403,8 @@ def first_norm_without_grad(model: ModelSpec, strategy: Strategy, w: Widths,
     first norm a tensor without grad: autograd records nothing there.
     """
     m = strategy.method
-    if m.trains_base or m is Method.PROMPT or strategy.checkpointing is not Checkpointing.NONE:
+    if m.trains_base or m.adds_virtual_tokens or m is Method.LAYERNORM or (
+            strategy.checkpointing is not Checkpointing.NONE):
         return 0
     if any(lin.role is LinearRole.EMBEDDING for lin in outer_targets(model, strategy)):
         return 0  # a LoRA on the embedding: its output requires grad
@@ -387,9 +426,16 @@ def backward_transients(model: ModelSpec, strategy: Strategy, w: Widths,
         pairs, inter = t * model.num_experts_per_token, (
             model.moe_intermediate_size or model.intermediate_size)
     # At the gate·up product's backward: the down input's gradient and both factors'.
-    mlp = part("activations/backward_transient",
-               (3 if gated else 2) * pairs * inter * c + t * model.hidden_size * c,
-               "MLP backward gradients (3 gated / 2 plain)·T·I·bytes + T·H·bytes", tokens=t)
+    # A tuner's backward temporaries (tuners.held) peak inside one target's backward: at a
+    # gate/up target, beside both products' gradients and the input gradient; elsewhere
+    # beside the gradient flowing in and out. Whichever is larger is the block's transient.
+    _, tuner = tuner_transients(model, strategy, w, t)
+    own = (3 if gated else 2) * pairs * inter * c + t * model.hidden_size * c
+    at_target = tuner + 2 * pairs * inter * c + t * model.hidden_size * c
+    mlp = part("activations/backward_transient", max(own, at_target) if tuner else own,
+               "MLP backward gradients (3 gated / 2 plain)·T·I·bytes + T·H·bytes"
+               + (", or a tuner target's backward temporaries + 2·T·I·bytes + T·H·bytes, "
+                  "the larger" if tuner else ""), tokens=t)
     if strategy.attention is Attention.EAGER:
         # softmax backward: its fp32 output gradient and fp32 input gradient (measured).
         size = 2 * shape.batch * model.num_heads * shape.seq_q * shape.seq_kv * 4 + \
@@ -398,6 +444,9 @@ def backward_transients(model: ModelSpec, strategy: Strategy, w: Widths,
     else:
         size = t * sum(mla.qkv_dims(model)) * c + t * model.hidden_size * c
         formula = "flash/SDPA q, k, v gradients + T·H·bytes"
+    if tuner and tuner + 2 * t * model.hidden_size * c > size:
+        size, formula = tuner + 2 * t * model.hidden_size * c, (
+            "a tuner target's backward temporaries + 2·T·H·bytes")
     return mlp, part("activations/backward_transient", size, formula, tokens=t)
 
 

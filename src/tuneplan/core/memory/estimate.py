@@ -26,6 +26,7 @@ from tuneplan.core.job.methods import (
 )
 from tuneplan.core.job.recipes import PrecisionPlan, Recipe, precision_plan
 from tuneplan.core.job.strategy import Checkpointing, Strategy, Task
+from tuneplan.core.job.tuners import tuner_note
 from tuneplan.core.memory import activations as act
 from tuneplan.core.memory import experts, litgpt, mla, seq2seq
 from tuneplan.core.memory.assumptions import MemoryAssumptions
@@ -200,7 +201,8 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
         notes=tuple(n for n in (structure_note(model), fused_qkv_note(model, strategy),
                                 seq2seq.forced_tie_note(source, strategy),
                                 seq2seq.length_note(model, strategy),
-                                _recipe_note(strategy, plan, model)) if n),
+                                _recipe_note(strategy, plan, model),
+                                tuner_note(strategy)) if n),
         behaviours=tuple(versions.behaviours(model, strategy, a.adamw_impl)),
         source=source, assumptions=a, model=model, trainable=trainable, plan=plan, shards=sp,
         static=static, widths=w,
@@ -245,7 +247,7 @@ def _recipe_note(strategy: Strategy, plan: PrecisionPlan,
 
 
 def _shape(s: Strategy, batch: int) -> act.Shape:
-    prompt = s.num_virtual_tokens if s.method is Method.PROMPT else 0
+    prompt = s.num_virtual_tokens if s.method.adds_virtual_tokens else 0
     prefix = s.num_virtual_tokens if s.method is Method.PREFIX else 0
     return act.Shape(batch=batch, seq_q=s.seq_len + prompt, seq_kv=s.seq_len + prompt + prefix)
 
@@ -325,7 +327,7 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
 def _inputs(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape) -> list[Piece]:
     inputs = [part("activations/inputs", 2 * shape.tokens * 8,
                    "input ids + labels: 2·T·8 (int64)", tokens=shape.tokens)]
-    if s.method is Method.PROMPT and s.checkpointing is not Checkpointing.NONE:
+    if s.method.adds_virtual_tokens and s.checkpointing is not Checkpointing.NONE:
         # enable_input_require_grads (PEFT + checkpointing) turns the frozen embedding's output
         # into a leaf that requires grad; torch.cat's graph holds it until backward ends.
         inputs.append(part("activations/embedding_output", s.batch_size * s.seq_len *
@@ -420,6 +422,8 @@ def _forward_moment(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Sha
         parts, temp, when = at_gate, temps["mlp_in"], "gate/up"
     else:
         parts, temp, when = at_down, temps["down_in"], "down"
+    tuner, _ = act.tuner_transients(model, s, w, shape.tokens)  # its update being made
+    temp += tuner
     return (_group("activations/running_block/", parts,
                    f"block at its {when} projection · saved {{k}}",
                    {"held": f"block at its {when} projection · held unsaved: residual sum, "
