@@ -247,9 +247,10 @@ CASES: dict[str, Case] = {
     "batch-size": Case("4", memory="peak", speed="tok_s"),
     "grad-accum": Case("4", memory="phases", speed="tok_s"),
     "seq-len": Case("1024", memory="peak", speed="tok_s"),
-    "packing": Case(True, {"avg-tokens": "300"}, speed="tok_s",
+    "packing": Case(True, {"avg-tokens": "300"}, speed="tok_s", drives={"plan": ""},
                     why="padded micro-batches reach --seq-len and packed ones fill it: the "
-                        "same tensors"),
+                        "same tensors; plan packs samples shorter than --seq-len unless told "
+                        "--no-packing (tests/core/test_planner_scenarios.py)"),
     "gradient-checkpointing": Case(False, memory="peak", speed="tok_s"),
     "offload-activations": Case(True, memory="host", speed="notes"),
     "attention": Case("eager", BLOCKS, memory="peak", speed="tok_s"),
@@ -271,7 +272,9 @@ CASES: dict[str, Case] = {
     "tokens": Case("20M", drives={"throughput": "hours", "cost": "cost", "plan": "plans"}),
     "dataset-rows": Case("100000", {"avg-tokens": "300"},
                          drives={"throughput": "hours", "cost": "cost", "plan": "plans"}),
-    "avg-tokens": Case("300", drives={"throughput": "tok_s", "cost": "cost", "plan": "plans"}),
+    "avg-tokens": Case("300", drives={"throughput": "tok_s", "cost": "cost", "plan": ""},
+                       why="plan packs samples shorter than --seq-len into full sequences, so "
+                           "their length changes nothing there unless --no-packing is given"),
     "epochs": Case("3", drives={"throughput": "hours", "cost": "cost", "plan": "plans"}),
     "max-gpus": Case("1", drives={"fit": "suggestions", "plan": "plans"},
                      context={"__model": "Qwen/Qwen2.5-7B", "method": "full"}),

@@ -434,3 +434,20 @@ def test_a_given_paged_32_bit_adamw_is_kept_and_pages_what_the_card_cannot_hold(
     paging = c.throughput.step.get("step/paged-optimizer")
     assert paging is not None and paging.value == pytest.approx(2 * c.paged_out_bytes / 20e9)
     assert not any(line.startswith("--optimizer") for line in plan.why)  # not a change made
+
+
+def test_short_samples_are_packed_unless_the_person_says_no() -> None:
+    """Samples of 300 tokens in 2,048-token sequences: unpacked, most of every batch is
+    padding. The planner packs them (same memory, no padded compute), says so, and is
+    faster; ``--no-packing`` given keeps every plan unpacked."""
+    market = [offer("L40S", 1, "1.00")]
+    packed = run(LLAMA8B, "qlora", market, avg_tokens=300).plans[0]
+    assert packed.strategy.packing
+    assert any(w.startswith("sequence packing (--packing): samples of 300 tokens")
+               for w in packed.why)
+    unpacked = run(LLAMA8B, "qlora", market, avg_tokens=300, fixed=("packing",)).plans[0]
+    assert not unpacked.strategy.packing
+    assert not any(w.startswith("sequence packing") for w in unpacked.why)
+    assert packed.best_hours < 0.6 * unpacked.best_hours
+    full = run(LLAMA8B, "qlora", market, avg_tokens=4096).plans[0]   # no padding to save
+    assert not full.strategy.packing

@@ -102,7 +102,8 @@ SEARCHED_FIELDS: dict[str, str] = {
     "batch_size": "--batch-size", "gpus": "--gpus", "nodes": "--nodes",
     "sharding": "--sharding", "offload": "--offload",
     "checkpointing": "--gradient-checkpointing/--offload-activations",
-    "precision": "--precision", "loss": "--loss", "optimizer": "--optimizer"}
+    "precision": "--precision", "loss": "--loss", "optimizer": "--optimizer",
+    "packing": "--packing"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -371,12 +371,27 @@ def _plan(context: _Context, job: Job, search: StrategySearch
                       memory_estimates=search.memory_calls), overruns
 
 
+def packs(job: Job) -> bool:
+    """Whether the planner packs ``job``'s sequences: as given (``--packing`` /
+    ``--no-packing``), else when its samples (``--avg-tokens``) are shorter than
+    ``--seq-len``. Packing joins samples into full sequences: the same memory (an unpacked
+    batch is padded to its longest sample, which reaches ``--seq-len``) and no compute spent
+    on padding, so it is never slower; the launch bundle packs as the plan says (TRL's
+    ``packing``)."""
+    s = job.strategy
+    if job.is_fixed("packing"):
+        return s.packing
+    return s.packing or (job.avg_tokens is not None and job.avg_tokens < s.seq_len)
+
+
 def strategy_search(model: ModelSpec, job: Job, a: PlanAssumptions) -> StrategySearch:
     """The planner's search for ``job`` (training length, packing, micro-batch cap, margin
     and assumptions): what ``plan_offers`` searches with and ``tuneplan cost`` re-prices with."""
+    # avg_tokens stays: the speed model reads it only for an unpacked strategy (a given one
+    # priced by ``tuneplan cost`` pads its batches as the job says)
     return StrategySearch(
-        model=model, base=job.strategy, tokens=job.tokens_per_epoch, epochs=job.epochs,
-        avg_tokens=None if job.strategy.packing else job.avg_tokens,
+        model=model, base=replace(job.strategy, packing=packs(job)),
+        tokens=job.tokens_per_epoch, epochs=job.epochs, avg_tokens=job.avg_tokens,
         margin=a.memory_margin, max_micro_batch_log2=max(
             0, (a.max_micro_batch_tokens // job.strategy.seq_len).bit_length() - 1),
         memory_assumptions=a.memory, throughput_assumptions=a.throughput,
@@ -784,6 +799,10 @@ def _chosen_settings(p: Plan, job: Job) -> list[str]:
                    f"RAM at the peak, paged back for each update: +{seconds:.1f} s per step "
                    f"of {p.candidate.throughput.step_seconds:.1f} s (the card stays at its "
                    "limit; low confidence in the paging rate)")
+    if s.packing and not base.packing and job.avg_tokens is not None:
+        out.append(f"sequence packing (--packing): samples of {job.avg_tokens:,} tokens "
+                   f"joined into {s.seq_len:,}-token sequences, so no step computes padding "
+                   "(same memory; --no-packing keeps them apart)")
     if s.checkpointing is Checkpointing.OFFLOAD and base.checkpointing is not (
             Checkpointing.OFFLOAD):
         out.append("activation checkpoints offloaded to host RAM: these settings fit only "
