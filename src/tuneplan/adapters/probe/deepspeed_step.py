@@ -66,7 +66,7 @@ def _storages(obj: Any, path: str, seen: set[int],
     elif isinstance(obj, (list, tuple)):
         for v in obj:
             yield from _storages(v, path, seen, depth + 1)
-    elif hasattr(obj, "buffer") and hasattr(obj, "index"):   # ipg bucket objects
+    elif hasattr(obj, "buffer") and hasattr(obj, "params"):   # ipg bucket objects
         yield from _storages(obj.buffer, path + ".buffer", seen, depth + 1)
 
 

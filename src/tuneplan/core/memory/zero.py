@@ -33,14 +33,18 @@ mastered in fp32 (``fp32_partitioned_groups_flat``; with offload, on the host wi
 ``.grad``), and receive gradients in ``grad_partitions_flat_buffer``
 (``_setup_for_real_optimizer``: the partitions' sum in ``gradient_accumulation_dtype``, the
 16-bit dtype unless ``data_types.grad_accum_dtype`` says otherwise; ``self.device``: the host
-under offload). Parameters of at most ``stage3_param_persistence_threshold`` elements stay
-gathered after the first forward (``persistent_parameters``).
+under offload). With ``contiguous_gradients`` one ``reduce_bucket_size`` bucket of the 16-bit
+dtype is allocated there too and kept for the whole run, on the accelerator (with DeepSpeed's
+default 5e8 elements: 1 GB per rank). Parameters of at most
+``stage3_param_persistence_threshold`` elements stay gathered after the first forward
+(``persistent_parameters``).
 
-What is not here: the buffers alive only inside backward (the ``reduce_bucket_size`` ipg
-buckets, doubled by ``overlap_comm``; ZeRO-1's unpartitioned 16-bit gradients; ZeRO-3's gathered
-parameters, bounded by ``stage3_max_live_parameters`` and the prefetch bucket) and the step's
-fp32 gradient cast (``steady._zero_fp32_grads``); they are transient and the CPU simulation
-measures buffers between calls only.
+What is not here: the buffers alive only inside backward (ZeRO-1/2's ``reduce_bucket_size``
+ipg buckets, two with ``overlap_comm``, from ``setup_buckets`` to ``_release_ipg_buffers``;
+ZeRO-1's unpartitioned 16-bit gradients; ZeRO-3's gathered parameters, bounded by
+``stage3_max_live_parameters`` and the prefetch bucket) and the step's fp32 gradient cast
+(``steady._zero_fp32_grads``); they are transient and the CPU simulation measures buffers
+between calls only.
 """
 
 from __future__ import annotations
@@ -195,6 +199,11 @@ def _stage3(job: ZeroJob) -> dict[str, ZeroPhase]:
                 f"sum of ceil(numel / {w}) over trainable params · {te} B",
                 src + " fp16_partitioned_groups_flat")
     device = [fp16]
+    if job.knobs.contiguous_gradients:
+        device.append(part("zero/ipg_bucket", job.knobs.reduce_bucket_size * e,
+                           f"one reduce bucket of reduce_bucket_size "
+                           f"{job.knobs.reduce_bucket_size} elements · {e} B, kept all run",
+                           src + " _setup_for_real_optimizer (ipg_buckets buffer)"))
     if job.frozen:
         device.append(part("zero/frozen_partitions", frozen * e,
                            f"sum of ceil(numel / {w}) over frozen params · {e} B",
