@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
+
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.strategy import Offload, Sharding, Strategy
 from tuneplan.core.memory.parts import Piece, total
@@ -50,3 +52,22 @@ def test_offload_moves_master_grads_and_states_to_the_host() -> None:
     assert "zero/optimizer_states" in _paths(dev_off.host)
     assert "zero/temp_grad_gpu" in _paths(dev_off.device)
     assert total(dev_off.device) < total(dev_on.device) / 3
+
+
+def test_the_estimate_counts_offloads_pinned_gradient_buffers_in_host_ram() -> None:
+    from tuneplan.core.memory import estimate_memory
+
+    model = parse_model_config(LLAMA, name="llama-7b")
+    for sharding, extra in ((Sharding.ZERO2, "host/bit16_staging"),
+                            (Sharding.ZERO3, "host/grad_partitions")):
+        s = Strategy(method=Method.FULL, sharding=sharding, gpus=2, seq_len=512,
+                     offload=Offload.OPTIMIZER)
+        est = estimate_memory(model, s)
+        partition = sum(-(-n // 2) for n in zero_job(model, s).trainable)
+        # fp32 gradient partition, pinned, per rank; 2 ranks on the node
+        assert est.host.value("host/fp32_master_grad") == pytest.approx(
+            2 * partition * 4, rel=0.001)
+        assert est.host.value(extra) > 0
+    plain = Strategy(method=Method.FULL, sharding=Sharding.ZERO2, gpus=2, seq_len=512)
+    assert est.host.value("host/fp32_master_grad") > 0
+    assert all(not t.path.startswith("host/fp32") for t in estimate_memory(model, plain).host.terms)

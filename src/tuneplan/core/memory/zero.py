@@ -277,3 +277,22 @@ def zero_job(model: ModelSpec, s: Strategy, rank: int = 0,
                    rank=rank, offload=s.offload is not Offload.NONE, grad_accum=s.grad_accum,
                    weight_bytes=s.precision.compute_bytes, trainable_bytes=late,
                    knobs=knobs or ZeroKnobs())
+
+
+#: The offloaded buffers the estimator's host RAM lacks beside the fp32 master and the
+#: optimizer states (those are ``steady.static_terms``' own terms).
+_HOST_EXTRAS = ("zero/fp32_master_grad", "zero/bit16_staging", "zero/temp_grad_cpu",
+                "zero/grad_partitions", "zero/accumulated_grads_cpu")
+
+
+def offload_host_extras(model: ModelSpec, s: Strategy) -> list[Piece]:
+    """Host buffers of ZeRO's optimizer offload per rank beyond master weights and states:
+    the pinned fp32 gradient partition, ZeRO-1/2's 16-bit staging copy and gradient buffer,
+    ZeRO-3's gradient partitions (``self.device`` is the host), accumulated gradients. Empty
+    when the job is not a ZeRO offload of a full or LoRA job."""
+    if s.sharding not in _STAGES or s.offload is Offload.NONE or not (
+            s.method is Method.FULL or s.method.is_lora):
+        return []
+    step = zero_phases(zero_job(model, s))["step"]
+    return [part("host/" + p.path.removeprefix("zero/"), int(p.value), p.formula, p.source)
+            for p in step.host if p.path in _HOST_EXTRAS]
