@@ -39,6 +39,12 @@ default 5e8 elements: 1 GB per rank). Parameters of at most
 ``stage3_param_persistence_threshold`` elements stay gathered after the first forward
 (``persistent_parameters``).
 
+Lines in deepspeed 0.19.8: stage_1_and_2.py 446 (``aligned_numel``), 561 (fp32 partition),
+568-575 (16-bit staging), 653 / 659 (temp gradient buffers), 937 (offload ``.grad``), 2192
+(``grads_in_partition``), 3266 / 3275 (the two ipg buckets); stage3.py 782 (ipg bucket), 791
+(``grad_partitions_flat_buffer``), 1135-1172 (fp32 partitions); engine.py 1859 (no cast of a
+zero-init model).
+
 What is not here: the buffers alive only inside backward (ZeRO-1/2's ``reduce_bucket_size``
 ipg buckets, two with ``overlap_comm``, from ``setup_buckets`` to ``_release_ipg_buffers``;
 ZeRO-1's unpartitioned 16-bit gradients; ZeRO-3's gathered parameters, bounded by
