@@ -31,6 +31,7 @@ from tuneplan.core.memory.optimizer import (
 from tuneplan.core.memory.parts import Piece, part, total
 from tuneplan.core.memory.sharding import ShardPlan, shard
 from tuneplan.core.memory.weights import head_quantized, split_params, weight_terms
+from tuneplan.core.memory.zero import offload_host_extras
 from tuneplan.core.models import Linear, LinearRole, ModelSpec
 
 
@@ -68,7 +69,7 @@ def static_terms(model: ModelSpec, s: Strategy, plan: PrecisionPlan, trainable: 
                   "fp32 master copy of trainable params / shards", "DeepSpeed bf16/fp16")
     outside: list[Piece] = []
     if sp.states_on_host:
-        host += [states, master]
+        host += [states, master, *offload_host_extras(model, s)]
     elif s.optimizer.is_paged:
         # bnb paged optimizers put the states of large tensors in CUDA managed memory,
         # outside torch's allocator; small tensors' states are ordinary allocations.

@@ -1,0 +1,158 @@
+"""DeepSpeed ZeRO-1/2/3 (with and without optimizer offload): ``core/memory/zero.py`` against
+DeepSpeed 0.19's own engine on simulated ranks.
+
+The ranks (gloo, DeepSpeed's CPU accelerator) are spawned once per world size for all its
+configurations (``adapters/probe/deepspeed_step.py``). Each builds a tiny real
+``LlamaForCausalLM`` (hidden 256, 2 blocks, vocabulary 512: 1.44 M parameters) and calls
+``deepspeed.initialize`` with the JSON ``core/launch/engines.py::deepspeed_config`` emits for
+the plan, the bucket knobs scaled down with the model (DeepSpeed's defaults are sized for
+billions of parameters): ``reduce_bucket_size`` = ``allgather_bucket_size`` = 50 000 (5e8 / 1e4),
+``stage3_max_live_parameters`` 1e5, ``stage3_prefetch_bucket_size`` 2e4,
+``stage3_param_persistence_threshold`` 1000 (so the norms stay gathered and the linears are
+partitioned, as 1e5 does on a 7B model), ``sub_group_size`` 2e5.
+
+What is compared: every rank's buffers on the accelerator and on the host after
+``initialize``, after the last micro-batch's backward and after the step, summed over the
+engine's storages (each counted once) — exact persistent-buffer accounting, not the transient
+peak inside backward, which the CPU run cannot attribute to a device.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("deepspeed")
+pytest.importorskip("peft")
+
+from tuneplan.adapters.probe.deepspeed_step import simulate, split_by_device
+from tuneplan.core.job.methods import Method
+from tuneplan.core.job.strategy import Offload, Sharding, Strategy
+from tuneplan.core.launch.engines import deepspeed_config
+from tuneplan.core.memory.parts import total
+from tuneplan.core.memory.zero import ZeroKnobs, zero_job, zero_phases
+from tuneplan.core.models import parse_model_config
+
+pytestmark = pytest.mark.probe
+
+MODEL = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+         "tie_word_embeddings": False, "max_position_embeddings": 64}
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+#: DeepSpeed's bucket defaults scaled to the tiny model (module docstring).
+SCALED = {"reduce_bucket_size": 50_000, "allgather_bucket_size": 50_000}
+SCALED3 = {"stage3_max_live_parameters": 100_000, "stage3_prefetch_bucket_size": 20_000,
+           "stage3_param_persistence_threshold": 1000, "sub_group_size": 200_000}
+KNOBS = ZeroKnobs(reduce_bucket_size=50_000, allgather_bucket_size=50_000,
+                  stage3_max_live_parameters=100_000, stage3_prefetch_bucket_size=20_000,
+                  stage3_param_persistence_threshold=1000, sub_group_size=200_000)
+TOLERANCE = 0.03
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """What ``deepspeed_config`` reads of a LaunchSpec."""
+
+    strategy: Strategy
+
+    @property
+    def world_size(self) -> int:
+        return self.strategy.world_size
+
+    @property
+    def zero_stage(self) -> int | None:
+        return {Sharding.ZERO1: 1, Sharding.ZERO2: 2, Sharding.ZERO3: 3}[self.strategy.sharding]
+
+
+def _strategy(sharding: Sharding, offload: bool, lora: bool, accum: int, gpus: int) -> Strategy:
+    return Strategy(method=Method.LORA if lora else Method.FULL, lora_rank=8, lora_alpha=16,
+                    lora_targets=TARGETS, sharding=sharding, gpus=gpus, grad_accum=accum,
+                    offload=Offload.OPTIMIZER if offload else Offload.NONE, batch_size=1,
+                    seq_len=16)
+
+
+def _config(s: Strategy) -> dict[str, Any]:
+    config = deepspeed_config(_Spec(s))  # type: ignore[arg-type]
+    zero = config["zero_optimization"] | SCALED | (SCALED3 if zero_stage(s) == 3 else {})
+    config = config | {"zero_optimization": zero}
+    if "optimizer" in config:   # HF "auto" values, filled here as the Trainer would
+        config["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-3}}
+    return config
+
+
+def zero_stage(s: Strategy) -> int:
+    return {Sharding.ZERO1: 1, Sharding.ZERO2: 2, Sharding.ZERO3: 3}[s.sharding]
+
+
+def _grid(gpus: int) -> Iterator[tuple[str, Strategy]]:
+    kinds = [(Sharding.ZERO1, False), (Sharding.ZERO2, False), (Sharding.ZERO2, True),
+             (Sharding.ZERO3, False), (Sharding.ZERO3, True)]
+    for sharding, offload in kinds:
+        for lora in (False, True):
+            # 2 ranks: full with accumulation, LoRA without; 4 ranks the other way round
+            for accum in ((2 if lora else 1),) if gpus == 4 else ((1 if lora else 2),):
+                name = (f"{sharding.value}{'-offload' if offload else ''}-"
+                        f"{'lora' if lora else 'full'}-ga{accum}-gpus{gpus}")
+                yield name, _strategy(sharding, offload, lora, accum, gpus)
+
+
+GRIDS = {2: dict(_grid(2)), 4: dict(_grid(4))}
+
+
+def _need_cpu_adam() -> None:
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler: DeepSpeed cannot build its CPU Adam (offload)")
+    if shutil.which("ninja") is None:
+        pytest.importorskip("ninja")
+
+
+@pytest.fixture(scope="module", params=sorted(GRIDS))
+def simulated(request: pytest.FixtureRequest,
+              tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[list[dict[str, Any]]]]:
+    _need_cpu_adam()
+    world = int(request.param)
+    cases = [{"name": name, "seq": s.seq_len, "config": _config(s),
+              "lora": {"r": s.lora_rank, "lora_alpha": s.lora_alpha, "lora_dropout": 0.0,
+                       "target_modules": list(TARGETS)} if s.method is Method.LORA else None}
+             for name, s in GRIDS[world].items()]
+    folder: Path = tmp_path_factory.mktemp(f"ds{world}")
+    return world, simulate(cases, MODEL, world, str(folder))
+
+
+def test_zero_buffers_match_deepspeeds_engine_on_every_rank_and_phase(
+        simulated: tuple[int, list[list[dict[str, Any]]]]) -> None:
+    world, ranks = simulated
+    model = parse_model_config(MODEL | {"model_type": "llama"}, name="tiny-llama")
+    compared = 0
+    for i, (name, s) in enumerate(GRIDS[world].items()):
+        for rank in range(world):
+            run = ranks[rank][i]
+            assert run["name"] == name and run["steps"] == 1, name
+            job = zero_job(model, s, rank, KNOBS)
+            assert run["trainable"] == sum(job.trainable), name
+            est = zero_phases(job)
+            for phase in ("init", "backward", "step"):
+                device, host = split_by_device(run["phases"][phase], job.offload)
+                got_d, got_h = total(est[phase].device), total(est[phase].host)
+                assert got_d == pytest.approx(device, rel=TOLERANCE), (name, rank, phase)
+                assert got_h == pytest.approx(host, rel=TOLERANCE, abs=1024), (name, rank, phase)
+                assert (host > 0) == job.offload, (name, rank, phase)
+                compared += 1
+    assert compared == len(GRIDS[world]) * world * 3
+
+
+def test_the_simulated_configs_are_the_emitted_ones_with_scaled_buckets() -> None:
+    """The JSON the ranks ran is ``deepspeed_config``'s, only the bucket knobs changed."""
+    s = _strategy(Sharding.ZERO3, True, False, 2, 2)
+    emitted = deepspeed_config(_Spec(s))  # type: ignore[arg-type]
+    ran = _config(s)
+    assert ran["zero_optimization"] == emitted["zero_optimization"] | SCALED | SCALED3
+    assert ran["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert ran["gradient_accumulation_steps"] == 2 and ran["train_batch_size"] == 4
+    assert sum(len(g) for g in GRIDS.values()) >= 20
