@@ -89,8 +89,12 @@ out = {}
 for name, folder, client in json.loads(sys.argv[2]):
     cfg = json.load(open(os.path.join(folder, "train_config.json")))
     bridge = HfTrainerDeepSpeedConfig(json.load(open(os.path.join(folder, "ds_config.json"))))
-    bridge.trainer_config_process(train.training_arguments(cfg | {"deepspeed": None}))
+    args = train.training_arguments(cfg | {"deepspeed": None})
+    bridge.trainer_config_process(args)
+    # the Trainer's second pass: the model's hidden size fills the bucket "auto"s
+    bridge.trainer_config_finalize(args, tiny(cfg), 10)
     config = bridge.config
+    zero = config.get("zero_optimization", {})
     unfixed = {k: v for k, v in config.items()
                if k not in ("optimizer", "zero_force_ds_cpu_optimizer")}
     if unfixed != config:  # the JSON without its fix must hit DeepSpeed's refusal
@@ -106,7 +110,11 @@ for name, folder, client in json.loads(sys.argv[2]):
     engine.step()
     out[name] = {"stage": engine.zero_optimization_stage(), "loss": float(loss),
                  "optimizer": type(getattr(optimizer, "optimizer", optimizer)).__name__,
-                 "offload": engine.zero_cpu_offload(), "steps": engine.global_steps}
+                 "offload": engine.zero_cpu_offload(), "steps": engine.global_steps,
+                 "buckets": {k: zero[k] for k in ("reduce_bucket_size",
+                                                  "stage3_prefetch_bucket_size",
+                                                  "stage3_param_persistence_threshold")
+                             if k in zero}}
 print("RESULT " + json.dumps(out))
 '''
 
@@ -146,6 +154,12 @@ def test_deepspeed_initialises_every_emitted_zero_config(tmp_path: Path) -> None
         assert 0 < result[name]["loss"] < 10, name
     assert [result[n]["stage"] for n in ZERO_CASES] == [2, 3, 3, 3, 2]
     assert [result[n]["offload"] for n in ZERO_CASES] == [False, False, True, True, True]
+    # The buckets the memory model assumes, filled by the Trainer from the hidden size (32)
+    hidden = TINY_LLAMA["hidden_size"]
+    assert result["zero2"]["buckets"] == {"reduce_bucket_size": hidden**2}
+    assert result["zero3"]["buckets"] == {
+        "reduce_bucket_size": hidden**2, "stage3_prefetch_bucket_size": int(0.9 * hidden**2),
+        "stage3_param_persistence_threshold": 10 * hidden}
     # AdamW under offload is DeepSpeed's CPU Adam (named in the JSON), not torch's AdamW.
     assert result["zero3-offload-adamw"]["optimizer"] == "DeepSpeedCPUAdam"
     assert result["zero2-offload-sgd"]["optimizer"] == "SGD"  # the plan's own, honoured

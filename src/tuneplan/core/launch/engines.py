@@ -117,12 +117,21 @@ def deepspeed_config(spec: LaunchSpec) -> dict[str, Any]:
     stage = _zero_stage_for_deepspeed(spec)
     zero: dict[str, Any] = {"stage": stage}
     if stage:
-        zero |= {"overlap_comm": True, "contiguous_gradients": True}
+        # Bucket sizes the HF Trainer fills from the model ("auto": reduce bucket H², ZeRO-3
+        # prefetch 0.9 H² and persistence threshold 10 H; transformers
+        # integrations/deepspeed.py trainer_config_finalize), which the memory model's
+        # sharding/zero_buckets term assumes; left out, DeepSpeed's own default of 5e8
+        # elements would hold 1 GB (ZeRO-3, all run) or 2 GB (ZeRO-1/2 with overlap_comm,
+        # during backward) per rank (deepspeed 0.19 stage3.py, stage_1_and_2.py).
+        zero |= {"overlap_comm": True, "contiguous_gradients": True,
+                 "reduce_bucket_size": "auto"}
     offloaded = bool(stage) and spec.strategy.offload is not Offload.NONE
     if offloaded:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if stage == 3:
-        zero["stage3_gather_16bit_weights_on_model_save"] = True
+        zero |= {"stage3_gather_16bit_weights_on_model_save": True,
+                 "stage3_prefetch_bucket_size": "auto",
+                 "stage3_param_persistence_threshold": "auto"}
         if spec.strategy.offload is Offload.OPTIMIZER_PARAMS:
             zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     out: dict[str, Any] = {
