@@ -21,6 +21,12 @@ runs the step of ``recipes/lora_finetune_single_device.py`` / ``full_finetune_si
   ``running_loss += current_loss``; backward; ``training.scale_grads``; ``optimizer.step()``;
   ``optimizer.zero_grad(set_to_none=True)``.
 
+``torchtune.training`` is not imported: it imports ``torchao.quantization.int4_weight_only``,
+which torchao 0.16 no longer has. Its three helpers the recipes call here are repeated with the
+same torch calls (``set_default_dtype``: training/precision.py; ``set_activation_checkpointing``:
+training/memory.py, ``apply_activation_checkpointing`` with a ``ModuleWrapPolicy``;
+``scale_grads``: training/_grad_scaler.py, ``p.grad *= scaler`` per parameter).
+
 QLoRA (``quantize_base=True``: torchao ``NF4Tensor`` weights) is not run here (see
 ``core/memory/torchtune.py``).
 """
@@ -109,6 +115,35 @@ def builder_args(config: Mapping[str, Any]) -> dict[str, Any]:
                 rope_base=int(config.get("rope_theta", 500_000)))
 
 
+@contextlib.contextmanager
+def set_default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """torchtune training/precision.py ``set_default_dtype``."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def set_activation_checkpointing(model: nn.Module, layer: type[nn.Module]) -> None:
+    """torchtune training/memory.py ``set_activation_checkpointing(model,
+    auto_wrap_policy={layer})``: torch's non-reentrant checkpoint wrapper on every layer."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+    )
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    apply_activation_checkpointing(model, auto_wrap_policy=ModuleWrapPolicy({layer}))
+
+
+def scale_grads(model: nn.Module, scaler: torch.Tensor) -> None:
+    """torchtune training/_grad_scaler.py ``scale_grads``: every gradient scaled in place."""
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad *= scaler.to(p.device)
+
+
 def _dtype(s: Strategy) -> torch.dtype:
     return torch.bfloat16 if s.precision is Precision.BF16 else torch.float32
 
@@ -116,7 +151,6 @@ def _dtype(s: Strategy) -> torch.dtype:
 def build_model(setup: StepSetup) -> nn.Module:
     """The torchtune decoder, built as the recipes' ``_setup_model`` does (on the meta device
     when fake, the RoPE cache then built for real and swapped like every other tensor)."""
-    from torchtune import training
     from torchtune.models import llama3_1, llama3_2
     from torchtune.modules.peft import get_adapter_params, set_trainable_params
 
@@ -136,7 +170,7 @@ def build_model(setup: StepSetup) -> nn.Module:
         make = llama3_1.lora_llama3_1 if lora else llama3_1.llama3_1
     torch.manual_seed(setup.seed)
     device = torch.device("meta") if setup.fake else torch.device("cpu")
-    with training.set_default_dtype(_dtype(s)), device:
+    with set_default_dtype(_dtype(s)), device:
         model: nn.Module = make(**kw)
     if setup.fake:   # rope_init skips meta tensors: build the (fp32) cache on the CPU
         for m in model.modules():
@@ -162,7 +196,7 @@ def measure_torchtune_step(setup: StepSetup, *, on_step: Callable[[int], None] |
     s = setup.strategy
     refuse_unrunnable(s)
     with _quiet():
-        from torchtune import modules, training
+        from torchtune import modules
         from torchtune.modules.loss import CEWithChunkedOutputLoss
 
     started = time.perf_counter()
@@ -180,8 +214,7 @@ def measure_torchtune_step(setup: StepSetup, *, on_step: Callable[[int], None] |
     chunked = s.loss is not Loss.STANDARD
     with fake_mode, _quiet():
         if s.checkpointing is Checkpointing.FULL:
-            training.set_activation_checkpointing(
-                model, auto_wrap_policy={modules.TransformerSelfAttentionLayer})
+            set_activation_checkpointing(model, modules.TransformerSelfAttentionLayer)
         loss_fn: Any = CEWithChunkedOutputLoss(num_output_chunks=OUTPUT_CHUNKS) if chunked \
             else nn.CrossEntropyLoss(ignore_index=IGNORE_INDEX)
         if chunked:
@@ -219,7 +252,7 @@ def measure_torchtune_step(setup: StepSetup, *, on_step: Callable[[int], None] |
                     with tracker.phase("backward"):
                         current_loss.backward()
                     with tracker.phase("optimizer"):
-                        training.scale_grads(model, 1 / num_tokens)
+                        scale_grads(model, 1 / num_tokens)
                         opt.step()
                         tracker.finish_optimizer_step(
                             v for st in opt.state.values() for v in st.values()

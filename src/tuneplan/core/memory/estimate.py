@@ -287,7 +287,8 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
         return litgpt.moments(model, s, [fixed.resident], [*st.grads], [*st.step],
                               a.dropout_mask_bytes, [*fixed.dequant])
     if s.recipe is Recipe.TORCHTUNE and torchtune.uncovered(model, s) is None:
-        return torchtune.moments(model, s, [fixed.resident], [*st.grads], [*st.step])
+        return torchtune.moments(model, s, [fixed.resident], [*st.grads], [*st.step],
+                                 [*st.grads_top])
     w = fixed.widths
     shape = _shape(s, s.batch_size)
     blocks = _block_terms(model, s, w, shape, a, fixed)

@@ -157,7 +157,7 @@ def _loss_moments(d: _Dims, chunked: bool) -> tuple[int, int, str, str]:
 
 
 def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Item],
-            step: list[Item]) -> dict[str, list[Item]]:
+            step: list[Item], grads_top: list[Item] | None = None) -> dict[str, list[Item]]:
     """The moments of one recipe step (the second: optimizer state exists)."""
     d = _dims(model, s)
     one = block_saved(d)
@@ -191,6 +191,64 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
     out: dict[str, list[Item]] = {
         "forward-logits": [*base, blocks, head, logits_fwd],
         "backward-start": [*base, blocks, head, logits_bwd],
+        "backward-head": [*base, blocks, head, _head_backward(d, chunked)],
+        "backward-final-norm": [*base, blocks, head, part(
+            "activations/norm_backward", 5 * d.t * d.h * 4 - d.t * 8 - d.t * 4 - (
+                d.t * d.h * 4 + d.t * d.h * d.c - d.vocab * d.h * d.c if d.full else 0),
+            "the final RMSNorm's backward: 5 fp32 T·H temporaries at its widest, its rstd and "
+            "the shifted labels already released (a trained head: its input chunks and the "
+            "fp32 normalized tensor freed, its V·H weight gradient made)",
+            "torch 2.13 rms_norm autograd decomposition (pow/mean/rsqrt/mul nodes), as "
+            "simulated")],
         "optimizer": [*base, *grads, *step],
     }
+    if ckpt:
+        out["backward-recompute"] = [*base, blocks, _recompute(d)]
+    if d.full:
+        # the top layer's MLP backward: its product freed, three T·I gradients, the gradient
+        # arriving, the gradients made so far
+        rerun = [_recompute_saved(d)] if ckpt else []
+        out["backward-top-mlp"] = [*base, blocks, *rerun, *(grads_top or []), part(
+            "activations/top_mlp_backward", 2 * d.t * d.inter * d.c + d.t * d.h * d.c
+            + 4 * d.inter * d.h * d.c,
+            "the top layer's MLP backward: gradients of the product, silu and w3 outputs "
+            "(3·T·I, the freed product's place counted once less), the arriving T·H gradient "
+            "and its w1/w2/w3 weight gradients", SOURCE)]
     return out
+
+
+def _recompute_saved(d: _Dims) -> Item:
+    one = block_saved(d)
+    return part("activations/recomputed_layer", sum(one.values()) - d.t * d.h * d.c,
+                "the top layer recomputed: its saved tensors (less one T·H norm output)",
+                SOURCE)
+
+
+def _head_backward(d: _Dims, chunked: bool) -> Item:
+    """The loss's backward nodes all run before the output projection's (autograd runs the
+    higher sequence numbers first): every chunk's logits gradient in the compute dtype is alive
+    when the head's backward starts; a trained head then sums its chunks' V·H weight gradients
+    (the running one, the sum so far and the new sum) while two chunks are consumed."""
+    if not chunked or not d.full:
+        return part("logits/gradients", d.t * d.vocab * d.c,
+                    "the logits' gradient T·V·bytes at the head's backward", SOURCE)
+    rows = _chunk_rows(d)
+    held = (d.t - sum(rows[-2:])) * d.vocab * d.c if len(rows) > 2 else 0
+    return part("logits/gradients", held + 3 * d.vocab * d.h * d.c,
+                "the chunks' logits gradients not yet consumed (all but two) + the output "
+                "weight gradient being summed 3·V·H·bytes", SOURCE)
+
+
+def _recompute(d: _Dims) -> Item:
+    """The top layer rerun in backward (non-reentrant checkpointing), at w3's output: what it
+    has saved so far (all but the product and down's LoRA input), w3's base output and scaled
+    LoRA update (T·I each, with LoRA on the MLP), the residual and attention output (T·H each)
+    and the two T·H gradients arriving."""
+    one = block_saved(d)
+    later = (d.t * d.inter * d.c if d.full or d.mlp else 0) + (d.t * d.rank * d.c if d.mlp
+                                                                else 0)
+    size = sum(one.values()) - later + (2 * d.t * d.inter * d.c if d.mlp else 0) + (
+        4 * d.t * d.h * d.c)
+    return part("activations/recomputed_layer", size,
+                "the top layer recomputed up to w3: its saved tensors so far + w3's outputs + "
+                "residual, attention output and arriving gradients 4·T·H·bytes", SOURCE)
