@@ -174,8 +174,9 @@ def build_model(setup: StepSetup) -> nn.Module:
         model: nn.Module = make(**kw)
     if setup.fake:   # rope_init skips meta tensors: build the (fp32) cache on the CPU
         for m in model.modules():
-            if hasattr(m, "rope_init") and not getattr(m, "is_cache_built", True):
-                m.rope_init()
+            init = getattr(m, "rope_init", None)
+            if init is not None and not getattr(m, "is_cache_built", True):
+                init()
     if lora:
         set_trainable_params(model, get_adapter_params(model))
     return model

@@ -113,7 +113,7 @@ def norm_saved(d: _Dims) -> int:
 def block_saved(d: _Dims) -> dict[str, int]:
     """One layer's tensors kept for backward (no checkpointing), by component."""
     t, c = d.t, d.c
-    q, k, v, o = d.attn
+    q, k, v, _ = d.attn
     adapters = sum(d.attn) + (3 if d.mlp else 0)
     return {
         "norms": 2 * norm_saved(d),
@@ -164,8 +164,9 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
     inputs = part("activations/inputs", 2 * d.t * 8 + d.b * 8,
                   "tokens + labels 2·T·8 + the recipe's ignore_labels_cache B·8 (int64)",
                   SOURCE)
-    rope = part("buffers/rope_cache", model.max_position_embeddings * model.head_dim * 4
-                + model.head_dim // 2 * 4,
+    # the builder's max_seq_len: the config's positions (torchtune's 8192 default without one)
+    positions = model.max_position_embeddings or 8192
+    rope = part("buffers/rope_cache", positions * model.head_dim * 4 + model.head_dim // 2 * 4,
                 "RoPE cache max_seq_len·head_dim·4 + theta (fp32 buffers of the builder)",
                 "torchtune models/llama3_1/_position_embeddings.py")
     shifted = part("activations/shifted_labels", d.t * 8,
