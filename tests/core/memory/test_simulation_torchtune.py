@@ -139,7 +139,7 @@ def test_torchtune_layout_differs_from_hf() -> None:
     hf = estimate_memory(model, Strategy(method=Method.LORA, recipe=Recipe.HF, precision=BF16,
                                          seq_len=2048, lora_rank=16, lora_alpha=32,
                                          checkpointing=Checkpointing.FULL))
-    assert est.breakdown.value("buffers/rope_cache") == 131072 * 128 * 4 + 64 * 4
+    assert est.breakdown.value("weights/rope_cache") == 131072 * 128 * 4 + 64 * 4
     # all 8 chunks in bf16 + their fp32 log-softmax + the running chunk's fp32 copy
     assert est.breakdown.value("logits/forward") == 2048 * 128256 * (2 + 4) + 256 * 128256 * 4
     assert est.allocated_peak_bytes != hf.allocated_peak_bytes

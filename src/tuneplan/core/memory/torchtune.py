@@ -166,8 +166,9 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
                   SOURCE)
     # the builder's max_seq_len: the config's positions (torchtune's 8192 default without one)
     positions = model.max_position_embeddings or 8192
-    rope = part("buffers/rope_cache", positions * model.head_dim * 4 + model.head_dim // 2 * 4,
-                "RoPE cache max_seq_len·head_dim·4 + theta (fp32 buffers of the builder)",
+    rope = part("weights/rope_cache", positions * model.head_dim * 4 + model.head_dim // 2 * 4,
+                "RoPE cache max_seq_len·head_dim·4 + theta (the builder's fp32 buffers, "
+                "booked with the weights as the probe books buffers)",
                 "torchtune models/llama3_1/_position_embeddings.py")
     shifted = part("activations/shifted_labels", d.t * 8,
                    "torch.hstack of the shifted labels T·8 (int64)", SOURCE)
