@@ -76,6 +76,18 @@ def test_simulated_litgpt_lora_runs_litgpt_and_matches_its_layout() -> None:
     assert doc["measured"]["trainable_params"] == doc["estimated"]["trainable_params"]
 
 
+def test_simulated_torchtune_lora_runs_torchtune_and_matches_its_layout() -> None:
+    """--recipe torchtune simulates torchtune's recipe step (llama3_2's tied builder, chunked
+    loss); every group of the estimate (the RoPE cache with the weights) within 3 %."""
+    pytest.importorskip("torchtune")
+    doc = probe(SMOL, "--recipe", "torchtune", "--method", "lora", "--precision", "bf16",
+                "--seq-len", "256", "--simulate")
+    assert doc["fallbacks"] == []
+    for name in ("weights", "optimizer", "activations", "tensor peak (total)"):
+        assert abs(rows(doc)[name]["error_pct"]) <= 3.0, name
+    assert doc["measured"]["trainable_params"] == doc["estimated"]["trainable_params"]
+
+
 def test_simulation_falls_back_to_the_analytic_optimizer_for_adafactor() -> None:
     doc = probe(SMOL, "--method", "full", "--optimizer", "adafactor", "--precision", "bf16",
                 "--seq-len", "64", "--simulate")
@@ -87,7 +99,8 @@ def test_simulation_falls_back_to_the_analytic_optimizer_for_adafactor() -> None
 
 @pytest.mark.parametrize(("args", "error", "words"), [
     (["--random-weights", "--gpus", "2"], UnsupportedError, "more than one GPU"),
-    (["--random-weights", "--recipe", "torchtune"], UnsupportedError, "recipe torchtune"),
+    (["--random-weights", "--recipe", "torchtune", "--method", "qlora"], UnsupportedError,
+     "torchtune simulation cannot run --method qlora"),
     (["--random-weights", "--recipe", "litgpt", "--method", "qlora"], UnsupportedError,
      "litgpt simulation cannot run --method qlora"),
     (["--device", "cpu"], InvalidValueError, "--random-weights"),

@@ -51,9 +51,9 @@ def refuse_unrunnable(s: Strategy) -> None:
         (s.method not in RUNNABLE_METHODS,
          f"--method {s.method} (probe runs full, lora, dora, qlora, prefix, prompt, ia3 "
          "and the peft tuners of core/job/tuners.py)"),
-        (s.recipe not in (Recipe.HF, Recipe.PLAIN, Recipe.LITGPT),
-         f"--recipe {s.recipe} (probe runs the HF Trainer step (hf, plain) or litgpt's fit "
-         "loop (litgpt))"),
+        (s.recipe not in (Recipe.HF, Recipe.PLAIN, Recipe.LITGPT, Recipe.TORCHTUNE),
+         f"--recipe {s.recipe} (probe runs the HF Trainer step (hf, plain), litgpt's fit "
+         "loop (litgpt) or torchtune's single-device recipe step (torchtune))"),
         (s.method is Method.QLORA and s.quant not in (Quant.NF4, Quant.FP4),
          f"--quant {s.quant} (probe quantizes with bitsandbytes 4-bit: nf4 or fp4)"),
         (s.precision is Precision.FP16_MIXED, "--precision fp16-mixed (use bf16-mixed)"),
@@ -70,7 +70,8 @@ def refuse_unrunnable(s: Strategy) -> None:
         (s.attention is Attention.FLASH,
          "--attention flash (use sdpa: no s×s scores either, and it runs on the CPU)"),
         (s.compile, "--compile"),
-        (s.loss is Loss.CHUNKED and s.recipe is not Recipe.LITGPT, "--loss chunked"),
+        (s.loss is Loss.CHUNKED and s.recipe not in (Recipe.LITGPT, Recipe.TORCHTUNE),
+         "--loss chunked"),
         (s.num_labels != 2, "--num-labels other than 2"),
         (bool(s.stack.given()),
          f"--stack {s.stack.given()} (it runs the libraries installed here, not a stated "
@@ -83,6 +84,10 @@ def refuse_unrunnable(s: Strategy) -> None:
         from tuneplan.adapters.probe.litgpt_step import refuse_unrunnable as refuse_litgpt
 
         refuse_litgpt(s)
+    if s.recipe is Recipe.TORCHTUNE:
+        from tuneplan.adapters.probe.torchtune_step import refuse_unrunnable as refuse_tune
+
+        refuse_tune(s)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -267,11 +272,16 @@ def _step(model: nn.Module, setup: StepSetup, tracker: StorageTracker) -> list[i
 
 def measure_step(setup: StepSetup) -> MeasuredStep:
     """Build the model for ``setup`` and measure ``setup.steps`` training steps (litgpt's own
-    fit loop under ``--recipe litgpt``, ``litgpt_step``)."""
+    fit loop under ``--recipe litgpt``, ``litgpt_step``; torchtune's recipe step under
+    ``--recipe torchtune``, ``torchtune_step``)."""
     if setup.strategy.recipe is Recipe.LITGPT:
         from tuneplan.adapters.probe.litgpt_step import measure_litgpt_step
 
         return measure_litgpt_step(setup)
+    if setup.strategy.recipe is Recipe.TORCHTUNE:
+        from tuneplan.adapters.probe.torchtune_step import measure_torchtune_step
+
+        return measure_torchtune_step(setup)
     started = time.perf_counter()
     notes: list[str] = []
     with warnings.catch_warnings():

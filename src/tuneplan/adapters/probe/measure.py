@@ -80,6 +80,15 @@ def measure_cpu(setup: StepSetup, *, weights: str | Path | None = None,
         lit_starts: list[float] = []
         measured = measure_litgpt_step(setup, on_step=on_step, starts=lit_starts)
         return measured, _timing(setup, lit_starts, time.perf_counter())
+    if setup.strategy.recipe is Recipe.TORCHTUNE:  # torchtune's own model and recipe step
+        from tuneplan.adapters.probe.torchtune_step import measure_torchtune_step
+
+        if weights is not None:
+            raise UnsupportedError("--recipe torchtune builds torchtune's model from the "
+                                   "config (random weights)")
+        tune_starts: list[float] = []
+        measured = measure_torchtune_step(setup, on_step=on_step, starts=tune_starts)
+        return measured, _timing(setup, tune_starts, time.perf_counter())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         model, fake_mode = _built(setup, weights)

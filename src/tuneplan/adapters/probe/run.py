@@ -78,19 +78,22 @@ def library_versions() -> dict[str, str]:
 
 
 def _refuse_litgpt(req: ProbeRequest, device: str, weights: str | Path | None) -> None:
-    """``--recipe litgpt`` runs litgpt's own step on the CPU (random weights) or simulated."""
+    """``--recipe litgpt`` / ``torchtune`` run that framework's own step on the CPU (random
+    weights) or simulated."""
     from tuneplan.core.job.recipes import Recipe
 
-    if req.strategy.recipe is not Recipe.LITGPT:
+    recipe = req.strategy.recipe
+    if recipe not in (Recipe.LITGPT, Recipe.TORCHTUNE):
         return
     from tuneplan.errors import UnsupportedError
 
     if device == "cuda":
-        raise UnsupportedError("the probe runs --recipe litgpt on the CPU or with --simulate, "
-                               "not on CUDA (the CUDA probe runs the HF Trainer step)")
+        raise UnsupportedError(f"the probe runs --recipe {recipe} on the CPU or with "
+                               "--simulate, not on CUDA (the CUDA probe runs the HF Trainer "
+                               "step)")
     if weights is not None:
-        raise UnsupportedError("--recipe litgpt probes build litgpt's model from the config: "
-                               "pass --random-weights or --simulate")
+        raise UnsupportedError(f"--recipe {recipe} probes build {recipe}'s model from the "
+                               "config: pass --random-weights or --simulate")
 
 
 def run_probe(req: ProbeRequest, report: Report | None = None) -> dict[str, Any]:

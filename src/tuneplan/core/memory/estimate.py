@@ -28,7 +28,7 @@ from tuneplan.core.job.recipes import PrecisionPlan, Recipe, precision_plan
 from tuneplan.core.job.strategy import Checkpointing, Strategy, Task
 from tuneplan.core.job.tuners import tuner_note
 from tuneplan.core.memory import activations as act
-from tuneplan.core.memory import experts, litgpt, mla, seq2seq
+from tuneplan.core.memory import experts, litgpt, mla, seq2seq, torchtune
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.core.memory.logits import loss_moments
 from tuneplan.core.memory.overheads import device_terms, reserve_term, workspace_term
@@ -239,6 +239,14 @@ def _recipe_note(strategy: Strategy, plan: PrecisionPlan,
                     "fp32 RMSNorm, fp32 logits kept by the loop, chunked loss)")
         return (f"--recipe litgpt: LitGPT's layout is modelled for llama-style full and LoRA "
                 f"jobs, not {why}: the hf layout with litgpt's dtypes stands in")
+    if strategy.recipe is Recipe.TORCHTUNE and strategy_model is not None:
+        why = torchtune.uncovered(strategy_model, strategy)
+        if why is None:
+            return ("--recipe torchtune: torchtune's own layout (torchtune 0.6.1 single-device "
+                    "recipe: one dtype, fp32 RMSNorm and RoPE cache, GQA k/v copied to every "
+                    "head, 8 logits chunks with fp32 log-softmax)")
+        return (f"--recipe torchtune: torchtune's layout is modelled for llama-3-style full "
+                f"and LoRA jobs, not {why}: the hf layout with torchtune's dtypes stands in")
     hf = precision_plan(replace(strategy, recipe=Recipe.HF))
     if replace(plan, why="") != replace(hf, why=""):
         return None
@@ -287,6 +295,9 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
     if s.recipe is Recipe.LITGPT and litgpt.uncovered(model, s) is None:
         return litgpt.moments(model, s, [fixed.resident], [*st.grads], [*st.step],
                               a.dropout_mask_bytes, [*fixed.dequant])
+    if s.recipe is Recipe.TORCHTUNE and torchtune.uncovered(model, s) is None:
+        return torchtune.moments(model, s, [fixed.resident], [*st.grads], [*st.step],
+                                 [*st.grads_top])
     w = fixed.widths
     shape = _shape(s, s.batch_size)
     blocks = _block_terms(model, s, w, shape, a, fixed)

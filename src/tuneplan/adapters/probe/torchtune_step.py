@@ -1,0 +1,287 @@
+"""torchtune's own training step under the live-bytes tracker (``--recipe torchtune``).
+
+Builds torchtune 0.6.1's llama-3 decoder with its own component builders
+(``torchtune.models.llama3_1.llama3_1`` / ``lora_llama3_1`` for an untied head,
+``llama3_2.llama3_2`` / ``lora_llama3_2`` for a tied one) from a llama config.json mapping and
+runs the step of ``recipes/lora_finetune_single_device.py`` / ``full_finetune_single_device.py``
+(torchtune v0.6.1) as written there:
+
+- the model built under ``training.set_default_dtype(dtype)``: every parameter in the recipe
+  dtype (bf16 or fp32), no autocast, no fp32 master copy; the RoPE cache (fp32, built at the
+  builder's ``max_seq_len``) is a buffer; LoRA: ``set_trainable_params(model,
+  get_adapter_params(model))``.
+- checkpointing: ``training.set_activation_checkpointing(model, auto_wrap_policy=
+  {TransformerSelfAttentionLayer})`` (torch's non-reentrant checkpoint wrapper per layer).
+- ``CEWithChunkedOutputLoss`` (the configs' loss, ``--loss chunked``, the default):
+  ``model.set_num_output_chunks(8)``, the model returns a list of 8 logits chunks, each upcast
+  to fp32 by the loss; ``--loss standard``: ``torch.nn.CrossEntropyLoss`` over the model's
+  ``output(h).float()``.
+- ``_loss_step``: labels shifted with ``torch.hstack`` and the recipe's ``ignore_labels_cache``
+  (B×1, int64); ``del logits``; ``current_loss = loss * current_num_tokens``;
+  ``running_loss += current_loss``; backward; ``training.scale_grads``; ``optimizer.step()``;
+  ``optimizer.zero_grad(set_to_none=True)``.
+
+``torchtune.training`` is not imported: it imports ``torchao.quantization.int4_weight_only``,
+which torchao 0.16 no longer has. Its three helpers the recipes call here are repeated with the
+same torch calls (``set_default_dtype``: training/precision.py; ``set_activation_checkpointing``:
+training/memory.py, ``apply_activation_checkpointing`` with a ``ModuleWrapPolicy``;
+``scale_grads``: training/_grad_scaler.py, ``p.grad *= scaler`` per parameter).
+
+QLoRA (``quantize_base=True``: torchao ``NF4Tensor`` weights) is not run here (see
+``core/memory/torchtune.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from tuneplan.adapters.probe import build
+from tuneplan.adapters.probe.harness import MeasuredStep, StepSetup, measured_step
+from tuneplan.adapters.probe.tracker import StorageTracker
+from tuneplan.core.job.methods import Method
+from tuneplan.core.job.strategy import Attention, Checkpointing, Loss, Precision, Strategy
+from tuneplan.errors import ProbeError, UnsupportedError
+
+#: torchtune configs: ``loss: CEWithChunkedOutputLoss`` (``num_output_chunks=8`` default).
+OUTPUT_CHUNKS = 8
+#: torchtune's ``CROSS_ENTROPY_IGNORE_IDX`` (torchtune/data/_common.py).
+IGNORE_INDEX = -100
+#: tuneplan's LoRA target names -> torchtune's ``lora_attn_modules`` entries.
+_ATTN = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "o_proj": "output_proj"}
+_MLP = frozenset({"gate_proj", "up_proj", "down_proj"})
+
+
+def refuse_unrunnable(s: Strategy) -> None:
+    """What this torchtune step cannot run, with the flag."""
+    reasons = [
+        (s.method not in (Method.FULL, Method.LORA),
+         f"--method {s.method} (the torchtune simulation runs full and lora; qlora's NF4 "
+         "weights are modelled from torchao's source)"),
+        (s.precision not in (Precision.BF16, Precision.FP32),
+         f"--precision {s.precision} (torchtune trains in one dtype: bf16 or fp32)"),
+        (s.checkpointing is Checkpointing.OFFLOAD,
+         "--offload-activations (torchtune offloads on CUDA streams only)"),
+        (s.world_size > 1 or s.grad_accum > 1, "more than one GPU or micro-batch"),
+        (bool(s.trainable_modules), "--trainable-modules"),
+        (s.attention is Attention.EAGER, "--attention eager (torchtune runs SDPA)"),
+        (s.optimizer_in_backward, "--optimizer-in-backward"),
+    ]
+    for bad, what in reasons:
+        if bad:
+            raise UnsupportedError(f"the torchtune simulation cannot run {what}")
+
+
+def lora_args(s: Strategy) -> dict[str, Any]:
+    """The LoRA builder's ``lora_attn_modules`` / ``apply_lora_to_mlp`` /
+    ``apply_lora_to_output`` for the job's targets ("all-linear": every block linear, not the
+    head, as PEFT's rule)."""
+    if s.all_linear:
+        return {"lora_attn_modules": ["q_proj", "k_proj", "v_proj", "output_proj"],
+                "apply_lora_to_mlp": True, "apply_lora_to_output": False}
+    targets = set(s.lora_targets)
+    mlp = _MLP & targets
+    if 0 < len(mlp) < 3:
+        raise UnsupportedError("torchtune's apply_lora_to_mlp adapts gate, up and down "
+                               "together: name all three or none")
+    unknown = targets - set(_ATTN) - _MLP - {"lm_head"}
+    if unknown:
+        raise UnsupportedError(f"torchtune has no LoRA option for target {sorted(unknown)[0]!r}")
+    return {"lora_attn_modules": [_ATTN[n] for n in _ATTN if n in targets],
+            "apply_lora_to_mlp": bool(mlp), "apply_lora_to_output": "lora_head" in targets
+            or "lm_head" in targets}
+
+
+def builder_args(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The component builder's arguments for a llama config.json mapping."""
+    if config.get("model_type") != "llama":
+        raise UnsupportedError("the torchtune simulation builds llama-3 configs")
+    heads = int(config["num_attention_heads"])
+    hidden = int(config["hidden_size"])
+    if int(config.get("head_dim") or hidden // heads) != hidden // heads:
+        raise UnsupportedError("torchtune's llama-3 builders take head_dim = hidden / heads")
+    return dict(vocab_size=int(config["vocab_size"]),
+                num_layers=int(config["num_hidden_layers"]), num_heads=heads,
+                num_kv_heads=int(config.get("num_key_value_heads", heads)), embed_dim=hidden,
+                max_seq_len=int(config.get("max_position_embeddings", 8192)),
+                intermediate_dim=int(config["intermediate_size"]),
+                norm_eps=float(config.get("rms_norm_eps", 1e-5)),
+                rope_base=int(config.get("rope_theta", 500_000)))
+
+
+@contextlib.contextmanager
+def set_default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """torchtune training/precision.py ``set_default_dtype``."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def set_activation_checkpointing(model: nn.Module, layer: type[nn.Module]) -> None:
+    """torchtune training/memory.py ``set_activation_checkpointing(model,
+    auto_wrap_policy={layer})``: torch's non-reentrant checkpoint wrapper on every layer."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+    )
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    apply_activation_checkpointing(model, auto_wrap_policy=ModuleWrapPolicy({layer}))
+
+
+def scale_grads(model: nn.Module, scaler: torch.Tensor) -> None:
+    """torchtune training/_grad_scaler.py ``scale_grads``: every gradient scaled in place."""
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad *= scaler.to(p.device)
+
+
+def _dtype(s: Strategy) -> torch.dtype:
+    return torch.bfloat16 if s.precision is Precision.BF16 else torch.float32
+
+
+def build_model(setup: StepSetup) -> nn.Module:
+    """The torchtune decoder, built as the recipes' ``_setup_model`` does (on the meta device
+    when fake, the RoPE cache then built for real and swapped like every other tensor)."""
+    from torchtune.models import llama3_1, llama3_2
+    from torchtune.modules.peft import get_adapter_params, set_trainable_params
+
+    s = setup.strategy
+    kw = builder_args(setup.config)
+    tied = bool(setup.config.get("tie_word_embeddings"))
+    lora = s.method is Method.LORA
+    if lora:
+        kw.update(lora_args(s), lora_rank=s.lora_rank, lora_alpha=float(s.lora_alpha),
+                  lora_dropout=s.lora_dropout)
+        if tied and kw["apply_lora_to_output"]:
+            raise UnsupportedError("torchtune refuses LoRA on a tied output projection")
+    if tied:
+        make: Any = llama3_2.lora_llama3_2 if lora else llama3_2.llama3_2
+        kw["tie_word_embeddings"] = True
+    else:
+        make = llama3_1.lora_llama3_1 if lora else llama3_1.llama3_1
+    torch.manual_seed(setup.seed)
+    device = torch.device("meta") if setup.fake else torch.device("cpu")
+    with set_default_dtype(_dtype(s)), device:
+        model: nn.Module = make(**kw)
+    if setup.fake:   # rope_init skips meta tensors: build the (fp32) cache on the CPU
+        for m in model.modules():
+            init = getattr(m, "rope_init", None)
+            if init is not None and not getattr(m, "is_cache_built", True):
+                init()
+    if lora:
+        set_trainable_params(model, get_adapter_params(model))
+    return model
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def measure_torchtune_step(setup: StepSetup, *, on_step: Callable[[int], None] | None = None,
+                           starts: list[float] | None = None) -> MeasuredStep:
+    """``setup.steps`` steps of torchtune's single-device recipe (module docstring) under the
+    tracker; ``on_step(i)`` is called as step i starts, whose start time is appended to
+    ``starts``."""
+    s = setup.strategy
+    refuse_unrunnable(s)
+    with _quiet():
+        from torchtune import modules
+        from torchtune.modules.loss import CEWithChunkedOutputLoss
+
+    started = time.perf_counter()
+    notes = ["torchtune 0.6.1 single-device recipe step"]
+    with _quiet():
+        model = build_model(setup)
+    fake_mode: Any = contextlib.nullcontext()
+    if setup.fake:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
+        build.fakeify_(model, fake_mode)
+        notes.append("fake tensors on cpu (FakeTensorMode)")
+    tracker = StorageTracker()
+    chunked = s.loss is not Loss.STANDARD
+    with fake_mode, _quiet():
+        if s.checkpointing is Checkpointing.FULL:
+            set_activation_checkpointing(model, modules.TransformerSelfAttentionLayer)
+        loss_fn: Any = CEWithChunkedOutputLoss(num_output_chunks=OUTPUT_CHUNKS) if chunked \
+            else nn.CrossEntropyLoss(ignore_index=IGNORE_INDEX)
+        if chunked:
+            model.set_num_output_chunks(OUTPUT_CHUNKS)  # type: ignore[operator]
+        gen = None if setup.fake else torch.Generator().manual_seed(setup.seed)
+        vocab = int(setup.config["vocab_size"])
+        tokens = torch.randint(1, vocab, (s.batch_size, s.seq_len), generator=gen)
+        labels = tokens.clone()
+        ignore_labels_cache = torch.full((s.batch_size, 1), IGNORE_INDEX)
+        tracker.register_all(model.buffers(), "buffers")
+        tracker.register_all(model.parameters(), "parameters")
+        tracker.register_all([tokens, labels, ignore_labels_cache], "inputs")
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = build.make_optimizer(params, setup)
+        hooks = [p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
+            lambda p: tracker.mark_gradient(p.grad)) for p in params]
+        model.train()
+        tracker.take_window_peak()
+        peaks: list[int] = []
+        step_start = time.perf_counter()
+        running_loss: Any = None
+        current_loss: Any = None
+        try:
+            with tracker:
+                for i in range(setup.steps):
+                    if starts is not None:
+                        starts.append(time.perf_counter())
+                    if on_step is not None:
+                        on_step(i + 1)
+                    with tracker.phase("forward"):
+                        num_tokens = (labels != IGNORE_INDEX).sum()
+                        current_loss = _loss_step(model, loss_fn, tokens, labels,
+                                                  ignore_labels_cache, chunked) * num_tokens
+                        running_loss = current_loss   # running_loss = 0; running_loss += ...
+                    with tracker.phase("backward"):
+                        current_loss.backward()
+                    with tracker.phase("optimizer"):
+                        scale_grads(model, 1 / num_tokens)
+                        opt.step()
+                        tracker.finish_optimizer_step(
+                            v for st in opt.state.values() for v in st.values()
+                            if isinstance(v, torch.Tensor))
+                        opt.zero_grad(set_to_none=True)
+                        running_loss = None   # the recipe resets it to 0 after logging
+                    peaks.append(tracker.take_window_peak())
+        except (RuntimeError, AssertionError, NotImplementedError, ValueError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ProbeError(f"the torchtune {s.method} step failed: {first}") from exc
+        finally:
+            for h in hooks:
+                h.remove()
+        step_seconds = time.perf_counter() - step_start
+        del current_loss, running_loss
+    result = tracker.result()
+    return measured_step(model, result, peaks, seconds=time.perf_counter() - started,
+                         step_seconds=step_seconds, notes=tuple(notes))
+
+
+def _loss_step(model: nn.Module, loss_fn: Any, tokens: torch.Tensor, labels: torch.Tensor,
+               ignore_labels_cache: torch.Tensor, chunked: bool) -> torch.Tensor:
+    """The recipes' ``_loss_step`` (torchtune v0.6.1), line for line."""
+    logits = model(tokens)
+    shifted = torch.hstack((labels[..., 1:], ignore_labels_cache[: labels.shape[0]]))
+    if not isinstance(logits, list):
+        shifted = shifted.reshape(-1)
+        logits = logits.reshape(-1, logits.size(-1))
+    loss: torch.Tensor = loss_fn(logits, shifted)
+    del logits   # "free logits otherwise it peaks backward memory"
+    return loss

@@ -1,0 +1,256 @@
+"""torchtune's memory layout (``--recipe torchtune``): the moments of torchtune 0.6.1's step.
+
+Read from torchtune v0.6.1 ``recipes/{lora,full}_finetune_single_device.py`` (``_loss_step``,
+``train``), ``modules/{transformer,attention,rms_norm,feed_forward}.py``,
+``modules/peft/lora.py``, ``modules/loss/ce_chunked_output_loss.py`` and
+``models/llama3_1/_position_embeddings.py``, held to the simulation of that code
+(``adapters/probe/torchtune_step.py``). What differs from the HF/PEFT layout:
+
+- one dtype for everything (``training.set_default_dtype``): no autocast, no fp32 masters,
+  LoRA A/B and AdamW states in the recipe dtype (``core.job.recipes``).
+- RMSNorm runs ``F.rms_norm(x.float(), ...).to(x.dtype)``: it saves an fp32 input and the
+  rstd (T·4), and the fp32 normalized tensor when its scale trains.
+- RoPE multiplies by a fp32 cache buffer (``max_seq_len``·head_dim·4, built once at the
+  builder's ``max_seq_len``); its fp32 products are not saved.
+- GQA k/v ``expand(...).flatten`` copies to every head, saved by SDPA with q, the output and
+  the fp32 logsumexp.
+- ``LoRALinear``: ``lora_a`` saves its input (shared with a trained base's), ``lora_b`` the
+  T·r output of ``lora_a``; a frozen base saves nothing.
+- The model returns 8 logits chunks (``set_num_output_chunks``): all T·V in the compute dtype
+  exist before the loss; ``CEWithChunkedOutputLoss`` upcasts each chunk (a copy unless fp32)
+  and saves its fp32 log-softmax; ``del logits`` frees the compute-dtype chunks before backward.
+  ``--loss standard``: ``output(h).float()`` and ``nn.CrossEntropyLoss`` on the whole T·V.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuneplan.core.job.methods import Method
+from tuneplan.core.job.strategy import (
+    Attention,
+    Checkpointing,
+    Loss,
+    Precision,
+    Sharding,
+    Strategy,
+    Task,
+)
+from tuneplan.core.memory.parts import Item, part
+from tuneplan.core.models import MlpKind, ModelSpec, NormKind
+
+SOURCE = "torchtune 0.6.1 recipes + modules (transformer, attention, rms_norm, peft/lora, loss)"
+#: torchtune ``CEWithChunkedOutputLoss(num_output_chunks=8)`` (modules/loss, the default).
+OUTPUT_CHUNKS = 8
+#: torchtune's LoRA builders: ``apply_lora_to_mlp`` adapts w1, w2 and w3 together.
+MLP_TARGETS = frozenset({"gate_proj", "up_proj", "down_proj"})
+_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def uncovered(model: ModelSpec, s: Strategy) -> str | None:
+    """Why this job falls outside the modelled torchtune layout, or None when inside."""
+    lora = s.method is Method.LORA
+    checks = [
+        (model.model_type != "llama" or model.norm_kind is not NormKind.RMSNORM
+         or model.mlp_kind is not MlpKind.GATED or model.num_experts > 0 or model.head_bias,
+         f"{model.model_type} is not a llama-3-style dense decoder"),
+        (model.head_dim * model.num_heads != model.hidden_size,
+         "head_dim other than hidden / heads (torchtune's llama-3 builders)"),
+        (s.method not in (Method.FULL, Method.LORA), f"--method {s.method}"),
+        (s.task is not Task.CAUSAL_LM, f"--task {s.task}"),
+        (s.precision not in (Precision.BF16, Precision.FP32),
+         f"--precision {s.precision} (torchtune trains in one dtype)"),
+        (s.attention is Attention.EAGER, "--attention eager (torchtune runs SDPA)"),
+        (s.world_size > 1 or s.sharding is not Sharding.DDP, "more than one GPU or sharding"),
+        (s.grad_accum > 1, "--grad-accum > 1"),
+        (s.checkpointing is Checkpointing.OFFLOAD, "--offload-activations"),
+        (s.packing or s.compile or s.optimizer_in_backward,
+         "--packing, --compile or --optimizer-in-backward"),
+        (bool(s.trainable_modules), "--trainable-modules"),
+        (lora and s.lora_dropout > 0, "LoRA dropout"),
+        (lora and not s.all_linear and "lm_head" in s.lora_targets, "LoRA on the output"),
+        (lora and not s.all_linear and 0 < len(MLP_TARGETS & set(s.lora_targets)) < 3,
+         "LoRA on part of the MLP (apply_lora_to_mlp wraps w1, w2 and w3 together)"),
+    ]
+    return next((why for bad, why in checks if bad), None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Dims:
+    t: int
+    b: int
+    s: int
+    h: int
+    qd: int
+    inter: int
+    vocab: int
+    heads: int
+    layers: int
+    c: int
+    full: bool
+    rank: int
+    attn: tuple[bool, bool, bool, bool]   # LoRA on q, k, v, output_proj
+    mlp: bool
+
+
+def _dims(model: ModelSpec, s: Strategy) -> _Dims:
+    lora = s.method is Method.LORA
+    names = set(_ATTN) if s.all_linear else set(s.lora_targets)
+    attn = tuple(lora and n in names for n in _ATTN)
+    return _Dims(t=s.batch_size * s.seq_len, b=s.batch_size, s=s.seq_len, h=model.hidden_size,
+                 qd=model.num_heads * model.head_dim, inter=model.intermediate_size,
+                 vocab=model.vocab_size, heads=model.num_heads, layers=model.num_layers,
+                 c=s.precision.compute_bytes, full=s.method.trains_base, rank=s.lora_rank,
+                 attn=(attn[0], attn[1], attn[2], attn[3]),
+                 mlp=lora and (s.all_linear or bool(MLP_TARGETS & names)))
+
+
+def norm_saved(d: _Dims) -> int:
+    """RMSNorm: the fp32 input and rstd, and the fp32 normalized tensor if the scale trains."""
+    return d.t * d.h * 4 + d.t * 4 + (d.t * d.h * 4 if d.full else 0)
+
+
+def block_saved(d: _Dims) -> dict[str, int]:
+    """One layer's tensors kept for backward (no checkpointing), by component."""
+    t, c = d.t, d.c
+    q, k, v, _ = d.attn
+    adapters = sum(d.attn) + (3 if d.mlp else 0)
+    return {
+        "norms": 2 * norm_saved(d),
+        # the norm outputs read by lora_a (and a trained base): one tensor each side
+        "linear_inputs": (t * d.h * c if d.full or q or k or v else 0)
+        + (t * d.h * c if d.full or d.mlp else 0),
+        # q, the expanded k and v, the output (also output_proj's input) + fp32 logsumexp
+        "attention": 4 * t * d.qd * c + d.b * d.heads * d.s * 4,
+        # w1's output (silu input), silu's output, w3's output; their product if w2 saves it
+        "mlp": 3 * t * d.inter * c + (t * d.inter * c if d.full or d.mlp else 0),
+        "lora": adapters * t * d.rank * c,
+    }
+
+
+def _chunk_rows(d: _Dims) -> list[int]:
+    """Rows (B · positions) of each logits chunk: ``Tensor.chunk(8, dim=1)`` sizes."""
+    size = -(-d.s // OUTPUT_CHUNKS)
+    lens = [min(size, d.s - i) for i in range(0, d.s, size)]
+    return [d.b * n for n in lens]
+
+
+def _loss_moments(d: _Dims, chunked: bool) -> tuple[int, int, str, str]:
+    """(forward peak, backward-start peak) of the logits and loss, with their formulas."""
+    tv4 = d.t * d.vocab * 4
+    if not chunked:
+        # output(h) (T·V·c) then .float(): both alive for a moment; log_softmax of the fp32
+        # logits; backward: nll's gradient and log_softmax's gradient beside its output
+        fwd = max(d.t * d.vocab * (d.c + 4) if d.c != 4 else 0, 2 * tv4)
+        return (fwd, 3 * tv4, "output(h).float() + log_softmax: 2·T·V·4",
+                "log_softmax output + nll and log_softmax gradients 3·T·V·4")
+    rows = _chunk_rows(d)
+    done, fwd = 0, 0
+    for r in rows:
+        done += r
+        fwd = max(fwd, done * d.vocab * 4 + (r * d.vocab * 4 if d.c != 4 else 0))
+    fwd += d.t * d.vocab * d.c
+    # backward runs the last chunk first: every log-softmax output still saved
+    bwd = tv4 + 2 * rows[-1] * d.vocab * 4
+    return (fwd, bwd, "all chunks T·V·c + their fp32 log-softmax (+ the running chunk's fp32 "
+            "copy)", "fp32 log-softmax of every chunk + the last chunk's two gradients")
+
+
+def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Item],
+            step: list[Item], grads_top: list[Item] | None = None) -> dict[str, list[Item]]:
+    """The moments of one recipe step (the second: optimizer state exists)."""
+    d = _dims(model, s)
+    one = block_saved(d)
+    inputs = part("activations/inputs", 2 * d.t * 8 + d.b * 8,
+                  "tokens + labels 2·T·8 + the recipe's ignore_labels_cache B·8 (int64)",
+                  SOURCE)
+    # the builder's max_seq_len: the config's positions (torchtune's 8192 default without one)
+    positions = model.max_position_embeddings or 8192
+    rope = part("weights/rope_cache", positions * model.head_dim * 4 + model.head_dim // 2 * 4,
+                "RoPE cache max_seq_len·head_dim·4 + theta (the builder's fp32 buffers, "
+                "booked with the weights as the probe books buffers)",
+                "torchtune models/llama3_1/_position_embeddings.py")
+    shifted = part("activations/shifted_labels", d.t * 8,
+                   "torch.hstack of the shifted labels T·8 (int64)", SOURCE)
+    base: list[Item] = [*resident, inputs, rope, shifted]
+    ckpt = s.checkpointing is not Checkpointing.NONE
+    if ckpt:
+        blocks = part("activations/checkpoints", d.layers * d.t * d.h * d.c,
+                      "layer inputs kept by non-reentrant checkpointing: L·T·H·bytes", SOURCE)
+    else:
+        # a frozen embedding feeds the first norm a tensor without grad: it saves nothing;
+        # a trained one saves its int64 indices
+        first = -d.t * 8 if d.full else d.t * d.h * 4 + d.t * 4
+        blocks = part("activations/blocks", d.layers * sum(one.values()) - first,
+                      f"{d.layers} layers · saved tensors (torchtune layout)", SOURCE)
+    head = part("activations/head", norm_saved(d) + (d.t * d.h * d.c if d.full else 0),
+                "final norm's fp32 input + rstd (+ the output projection's input chunks)",
+                SOURCE)
+    chunked = s.loss is not Loss.STANDARD
+    fwd, bwd, fwd_how, bwd_how = _loss_moments(d, chunked)
+    logits_fwd = part("logits/forward", fwd, fwd_how, SOURCE)
+    logits_bwd = part("logits/backward_start", bwd, bwd_how, SOURCE)
+    out: dict[str, list[Item]] = {
+        "forward-logits": [*base, blocks, head, logits_fwd],
+        "backward-start": [*base, blocks, head, logits_bwd],
+        "backward-head": [*base, blocks, head, _head_backward(d, chunked)],
+        "backward-final-norm": [*base, blocks, head, part(
+            "activations/norm_backward", 5 * d.t * d.h * 4 - d.t * 8 - d.t * 4 - (
+                d.t * d.h * 4 + d.t * d.h * d.c - d.vocab * d.h * d.c if d.full else 0),
+            "the final RMSNorm's backward: 5 fp32 T·H temporaries at its widest, its rstd and "
+            "the shifted labels already released (a trained head: its input chunks and the "
+            "fp32 normalized tensor freed, its V·H weight gradient made)",
+            "torch 2.13 rms_norm autograd decomposition (pow/mean/rsqrt/mul nodes), as "
+            "simulated")],
+        "optimizer": [*base, *grads, *step],
+    }
+    if ckpt:
+        out["backward-recompute"] = [*base, blocks, _recompute(d)]
+    if d.full:
+        # the top layer's MLP backward: its product freed, three T·I gradients, the gradient
+        # arriving, the gradients made so far
+        rerun = [_recompute_saved(d)] if ckpt else []
+        out["backward-top-mlp"] = [*base, blocks, *rerun, *(grads_top or []), part(
+            "activations/top_mlp_backward", 2 * d.t * d.inter * d.c + d.t * d.h * d.c
+            + 4 * d.inter * d.h * d.c,
+            "the top layer's MLP backward: gradients of the product, silu and w3 outputs "
+            "(3·T·I, the freed product's place counted once less), the arriving T·H gradient "
+            "and its w1/w2/w3 weight gradients", SOURCE)]
+    return out
+
+
+def _recompute_saved(d: _Dims) -> Item:
+    one = block_saved(d)
+    return part("activations/recomputed_layer", sum(one.values()) - d.t * d.h * d.c,
+                "the top layer recomputed: its saved tensors (less one T·H norm output)",
+                SOURCE)
+
+
+def _head_backward(d: _Dims, chunked: bool) -> Item:
+    """The loss's backward nodes all run before the output projection's (autograd runs the
+    higher sequence numbers first): every chunk's logits gradient in the compute dtype is alive
+    when the head's backward starts; a trained head then sums its chunks' V·H weight gradients
+    (the running one, the sum so far and the new sum) while two chunks are consumed."""
+    if not chunked or not d.full:
+        return part("logits/gradients", d.t * d.vocab * d.c,
+                    "the logits' gradient T·V·bytes at the head's backward", SOURCE)
+    rows = _chunk_rows(d)
+    held = (d.t - sum(rows[-2:])) * d.vocab * d.c if len(rows) > 2 else 0
+    return part("logits/gradients", held + 3 * d.vocab * d.h * d.c,
+                "the chunks' logits gradients not yet consumed (all but two) + the output "
+                "weight gradient being summed 3·V·H·bytes", SOURCE)
+
+
+def _recompute(d: _Dims) -> Item:
+    """The top layer rerun in backward (non-reentrant checkpointing), at w3's output: what it
+    has saved so far (all but the product and down's LoRA input), w3's base output and scaled
+    LoRA update (T·I each, with LoRA on the MLP), the residual and attention output (T·H each)
+    and the two T·H gradients arriving."""
+    one = block_saved(d)
+    later = (d.t * d.inter * d.c if d.full or d.mlp else 0) + (d.t * d.rank * d.c if d.mlp
+                                                                else 0)
+    size = sum(one.values()) - later + (2 * d.t * d.inter * d.c if d.mlp else 0) + (
+        4 * d.t * d.h * d.c)
+    return part("activations/recomputed_layer", size,
+                "the top layer recomputed up to w3: its saved tensors so far + w3's outputs + "
+                "residual, attention output and arriving gradients 4·T·H·bytes", SOURCE)

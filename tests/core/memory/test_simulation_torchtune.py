@@ -1,0 +1,166 @@
+"""The analytic allocated peak under ``--recipe torchtune`` held to a simulation of torchtune's
+own single-device recipe step (``adapters/probe/torchtune_step.py``: torchtune 0.6.1's llama-3
+builders, LoRALinear, CEWithChunkedOutputLoss, the recipes' ``_loss_step``), tiny configs for
+real on the CPU and full-size ones under fake tensors. Tolerance ±3 % on the allocated peak for
+every configuration.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("torchtune")
+
+from tuneplan.core.job.methods import Method
+from tuneplan.core.job.recipes import Recipe
+from tuneplan.core.job.strategy import Attention, Checkpointing, Loss, Precision, Strategy
+from tuneplan.core.memory import MemoryAssumptions, estimate_memory
+from tuneplan.core.models import parse_model_config
+
+pytestmark = pytest.mark.probe
+
+_BASE = {"vocab_size": 1024, "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,
+         "rms_norm_eps": 1e-5, "hidden_act": "silu", "model_type": "llama",
+         "architectures": ["LlamaForCausalLM"], "tie_word_embeddings": False}
+CONFIGS = {
+    "llama-gqa": _BASE,
+    "llama-mha": {**_BASE, "num_key_value_heads": 4},
+    # blocks and norm backward, not the logits, set the peak
+    "llama-small-vocab": {**_BASE, "vocab_size": 128},
+    "llama-tied": {**_BASE, "tie_word_embeddings": True},   # llama3_2's TiedLinear head
+}
+BF16, FP32 = Precision.BF16, Precision.FP32
+ALL = ("all-linear",)
+QVO = ("q_proj", "v_proj", "o_proj")   # torchtune's 8B LoRA configs, without the MLP
+QV = ("q_proj", "v_proj")
+CHUNKED, STANDARD = Loss.CHUNKED, Loss.STANDARD
+Case = tuple[str, str, int, int, bool, Precision, tuple[str, ...], Loss]
+CASES: list[Case] = [
+    ("llama-gqa", "lora", 2, 256, False, BF16, ALL, CHUNKED),
+    ("llama-gqa", "full", 2, 256, False, BF16, ALL, CHUNKED),
+    ("llama-gqa", "lora", 2, 256, True, BF16, ALL, CHUNKED),
+    ("llama-gqa", "full", 2, 256, True, BF16, ALL, CHUNKED),
+    ("llama-gqa", "lora", 1, 512, False, BF16, QV, CHUNKED),
+    ("llama-gqa", "lora", 4, 128, True, BF16, ALL, CHUNKED),
+    ("llama-gqa", "lora", 2, 200, False, BF16, ALL, CHUNKED),    # uneven chunks
+    ("llama-gqa", "lora", 2, 256, False, BF16, QVO, CHUNKED),
+    ("llama-gqa", "lora", 2, 256, False, FP32, ALL, CHUNKED),
+    ("llama-gqa", "full", 1, 128, False, FP32, ALL, CHUNKED),
+    ("llama-gqa", "lora", 2, 256, False, BF16, ALL, STANDARD),
+    ("llama-gqa", "full", 2, 256, False, FP32, ALL, STANDARD),
+    ("llama-mha", "lora", 2, 256, False, BF16, ALL, CHUNKED),
+    ("llama-mha", "full", 3, 128, False, BF16, ALL, CHUNKED),
+    ("llama-mha", "lora", 2, 256, True, FP32, QV, CHUNKED),
+    ("llama-small-vocab", "lora", 2, 256, False, BF16, ALL, CHUNKED),
+    ("llama-small-vocab", "full", 2, 256, False, BF16, ALL, CHUNKED),
+    ("llama-small-vocab", "lora", 2, 256, True, BF16, ALL, CHUNKED),
+    ("llama-small-vocab", "full", 2, 256, True, BF16, ALL, CHUNKED),
+    ("llama-tied", "lora", 2, 256, False, BF16, ALL, CHUNKED),
+    ("llama-tied", "full", 2, 256, False, BF16, ALL, CHUNKED),
+]
+
+
+def _strategy(method: str, b: int, s: int, ckpt: bool, precision: Precision,
+              targets: tuple[str, ...], loss: Loss, rank: int = 8) -> Strategy:
+    return Strategy(method=Method(method), recipe=Recipe.TORCHTUNE, precision=precision,
+                    batch_size=b, seq_len=s, lora_rank=rank, lora_alpha=2 * rank,
+                    lora_targets=targets, loss=loss,
+                    checkpointing=Checkpointing.FULL if ckpt else Checkpointing.NONE)
+
+
+def _tensors(est: object) -> int:
+    peak: int = est.allocated_peak_bytes  # type: ignore[attr-defined]
+    return peak - int(est.breakdown.value("overheads/cublas_workspace"))  # type: ignore[attr-defined]
+
+
+def _case_id(c: Case) -> str:
+    tag = {ALL: "all", QV: "qv", QVO: "qvo"}[c[6]]
+    return "-".join(str(x) for x in c[:6]) + f"-{tag}-{c[7]}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_torchtune_peak_matches_simulation(case: Case) -> None:
+    from tuneplan.adapters.probe.harness import StepSetup, measure_step
+
+    arch, method, b, s, ckpt, precision, targets, loss = case
+    config = CONFIGS[arch]
+    strategy = _strategy(method, b, s, ckpt, precision, targets, loss)
+    measured = measure_step(StepSetup(config=config, strategy=strategy, optimizer_impl="fused"))
+    estimate = estimate_memory(parse_model_config(config, name=arch), strategy,
+                               MemoryAssumptions(adamw_impl="fused"))
+    assert estimate.trainable_params == measured.trainable_params
+    assert any("torchtune's own layout" in n for n in estimate.notes)
+    tensors = _tensors(estimate)
+    assert abs(tensors - measured.peak_bytes) / measured.peak_bytes <= 0.03, (
+        f"estimated {tensors} ({estimate.peak_phase}) vs simulated {measured.peak_bytes} "
+        f"({measured.peak_phase})")
+
+
+# Full-size models under fake tensors: (bundled name, method, checkpointing, batch, sequence,
+# loss), bf16, LoRA r16 "all-linear".
+FULL_SIZE = [
+    ("meta-llama/Llama-3.1-8B", "lora", True, 1, 2048, CHUNKED),
+    ("meta-llama/Llama-3.1-8B", "full", True, 1, 2048, CHUNKED),
+    ("meta-llama/Llama-3.1-8B", "lora", False, 1, 1024, CHUNKED),
+    ("meta-llama/Llama-3.1-8B", "lora", True, 2, 1024, STANDARD),
+    ("meta-llama/Llama-3.2-1B", "lora", True, 4, 2048, CHUNKED),
+]
+
+
+@pytest.mark.parametrize("case", FULL_SIZE, ids=lambda c: "-".join(str(x) for x in c))
+def test_torchtune_full_size_peak_matches_fake_simulation(
+        case: tuple[str, str, bool, int, int, Loss]) -> None:
+    from tuneplan.adapters.hub import find_bundled, load_bundled_config, resolve_model
+    from tuneplan.adapters.probe.harness import StepSetup, measure_step
+
+    name, method, ckpt, b, s, loss = case
+    bundled = find_bundled(name)
+    assert bundled is not None
+    strategy = _strategy(method, b, s, ckpt, BF16, ALL, loss, rank=16)
+    measured = measure_step(StepSetup(config=load_bundled_config(bundled), strategy=strategy,
+                                      fake=True))
+    estimate = estimate_memory(resolve_model(name), strategy)
+    assert estimate.trainable_params == measured.trainable_params
+    tensors = _tensors(estimate)
+    assert abs(tensors - measured.peak_bytes) / measured.peak_bytes <= 0.03, (
+        f"estimated {tensors} ({estimate.peak_phase}) vs simulated {measured.peak_bytes}")
+
+
+def test_torchtune_layout_differs_from_hf() -> None:
+    """The same LoRA job: torchtune's fp32 RoPE cache at the builder's 131072 positions and its
+    eight logits chunks are in the estimate, and it says which layout it used."""
+    from tuneplan.adapters.hub import resolve_model
+
+    model = resolve_model("meta-llama/Llama-3.1-8B")
+    job = _strategy("lora", 1, 2048, True, BF16, ALL, CHUNKED, rank=16)
+    est = estimate_memory(model, job)
+    hf = estimate_memory(model, Strategy(method=Method.LORA, recipe=Recipe.HF, precision=BF16,
+                                         seq_len=2048, lora_rank=16, lora_alpha=32,
+                                         checkpointing=Checkpointing.FULL))
+    assert est.breakdown.value("weights/rope_cache") == 131072 * 128 * 4 + 64 * 4
+    # all 8 chunks in bf16 + their fp32 log-softmax + the running chunk's fp32 copy
+    assert est.breakdown.value("logits/forward") == 2048 * 128256 * (2 + 4) + 256 * 128256 * 4
+    assert est.allocated_peak_bytes != hf.allocated_peak_bytes
+    assert any("torchtune's own layout" in n for n in est.notes)
+
+
+@pytest.mark.parametrize(("changes", "words"), [
+    ({"method": Method.DORA}, "--method dora"),
+    ({"attention": Attention.EAGER}, "--attention eager"),
+    ({"lora_targets": ("gate_proj",)}, "gate, up and down together"),
+    ({"trainable_modules": ("lm_head",)}, "--trainable-modules"),
+])
+def test_torchtune_simulation_refuses_what_it_does_not_run(changes: dict[str, object],
+                                                            words: str) -> None:
+    from tuneplan.adapters.probe.harness import StepSetup, measure_step
+    from tuneplan.errors import UnsupportedError
+
+    strategy = Strategy(**{"method": Method.LORA, "recipe": Recipe.TORCHTUNE, "precision": BF16,
+                           "batch_size": 1, "seq_len": 64, **changes})  # type: ignore[arg-type]
+    with pytest.raises(UnsupportedError, match=words):
+        measure_step(StepSetup(config=CONFIGS["llama-gqa"], strategy=strategy))
+    # the estimate does not pretend: the hf layout stands in, and says why
+    est = estimate_memory(parse_model_config(CONFIGS["llama-gqa"], name="x"), strategy)
+    assert any("hf layout with torchtune's dtypes stands in" in n for n in est.notes)
