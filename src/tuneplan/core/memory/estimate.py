@@ -147,10 +147,14 @@ class _Fixed:
     layer_inputs: tuple[act.LayerInputs, ...]   # per kind of block in ``model.layers``
     layers: int                                 # blocks in all
     forward_per_token: dict[str, int]           # act.forward_transient at one token
+    live_per_token: dict[str, int]              # act.forward_live at one token
     experts_adapted: bool                       # LoRA wraps some block's routed experts
     #: all blocks' saved bytes by component as (key, per batch, fixed): affine in the batch
     #: for a fixed sequence (checked at three batches), or None (then summed per estimate)
     saved_line: _Line | None
+    #: ``saved_line`` divided by the blocks (one block's saved bytes), where every per-batch
+    #: and fixed size divides exactly (always for one kind of block), else None
+    one_line: _Line | None
     rope: Piece                                 # RoPE cos/sin (the sequence's, not the batch's)
     host: Breakdown | None                      # host RAM, unless it grows with the batch
     #: per GPU generation: the cuBLAS workspace and the device overheads outside the allocator
@@ -194,22 +198,26 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
     static = static_terms(model, strategy, plan, trainable, sp, a)
     w = act.widths(strategy, plan, a.dropout_mask_bytes)
     layer_inputs = tuple(act.layer_inputs(model, layer, strategy, w) for layer in model.layers)
+    layers = sum(layer.count for layer in model.layers)
+    line = _saved_line(model, strategy, w, layer_inputs)
     found = _Fixed(
         notes=tuple(n for n in (structure_note(model), fused_qkv_note(model, strategy),
                                 _recipe_note(strategy, plan, model)) if n),
         behaviours=tuple(versions.behaviours(model, strategy, a.adamw_impl)),
         source=source, assumptions=a, model=model, trainable=trainable, plan=plan, shards=sp,
         static=static, widths=w,
-        layer_inputs=layer_inputs, saved_line=_saved_line(model, strategy, w, layer_inputs),
+        layer_inputs=layer_inputs, saved_line=line, one_line=_divided(line, layers),
         rope=_rope(model, w, _shape(strategy, 1)), overheads={}, own={},
         # offloaded checkpoints are the only host bytes that grow with the micro-batch
         host=None if strategy.checkpointing is Checkpointing.OFFLOAD else breakdown(
             host_terms(model, strategy, static, sp)),
-        layers=sum(layer.count for layer in model.layers),
+        layers=layers,
         experts_adapted=any(experts.experts_adapted(model, layer, strategy)
                             for layer in model.layers),
         forward_per_token=act.forward_transient(model, strategy, w,
                                                 act.Shape(batch=1, seq_q=1, seq_kv=1)),
+        live_per_token=act.forward_live(model, strategy, w,
+                                        act.Shape(batch=1, seq_q=1, seq_kv=1), layer_inputs),
         head_trains=strategy.method is Method.FULL or any(
             m in ("lm_head", "score", "embed_out") for m in strategy.trainable_modules),
         dequant=_dequant_term(strategy, static),
@@ -271,6 +279,14 @@ def _saved_line(model: ModelSpec, s: Strategy, w: act.Widths,
             at[2][k] != 3 * per + fixed for k, per, fixed in line):
         return None
     return line
+
+
+def _divided(line: _Line | None, layers: int) -> _Line | None:
+    """``line`` over ``layers`` blocks, exact: (b·p + r) // L is b·(p/L) + r/L where L divides
+    both p and r; None where some size does not divide (then divided per estimate)."""
+    if line is None or any(per % layers or rest % layers for _, per, rest in line):
+        return None
+    return tuple((k, per // layers, rest // layers) for k, per, rest in line)
 
 
 def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
@@ -359,15 +375,18 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
                  a: MemoryAssumptions, fixed: _Fixed) -> _Blocks:
     layers = fixed.layers
     line, batch = fixed.saved_line, shape.batch
-    per_block = {k: batch * per + rest for k, per, rest in line} if line is not None else (
-        _saved(model, s, w, shape, fixed.layer_inputs))
-    one = {k: v // layers for k, v in per_block.items()}
-    current, transient, when = _current_block(model, s, w, shape, one,
-                                              s.checkpointing is not Checkpointing.NONE,
+    checkpointed = s.checkpointing is not Checkpointing.NONE
+    per_block: dict[str, int] = {}   # all blocks' saved bytes: not needed when checkpointed
+    if not checkpointed or fixed.one_line is None:
+        per_block = {k: batch * per + rest for k, per, rest in line} if line is not None else (
+            _saved(model, s, w, shape, fixed.layer_inputs))
+    one = {k: batch * per + rest for k, per, rest in fixed.one_line} if (
+        fixed.one_line is not None) else {k: v // layers for k, v in per_block.items()}
+    current, transient, when = _current_block(model, s, w, shape, one, checkpointed,
                                               fixed.experts_adapted)
     cos_sin = fixed.rope
     fwd_parts, fwd = _forward_moment(model, s, w, shape, one, fixed)
-    if s.checkpointing is Checkpointing.NONE:
+    if not checkpointed:
         per_block["norms"] -= act.first_norm_without_grad(model, s, w, shape)
         saved = _group("activations/blocks/", per_block, f"{layers} blocks · saved {{k}}",
                        tokens=shape.tokens)
@@ -397,15 +416,16 @@ def _forward_moment(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Sha
     """The block running forward (or being recomputed) at its MLP: what it has saved so far
     and the temporaries of its gate/up or down projection, whichever moment is larger."""
     # forward_transient is tokens · a per-token size (made once, at one token, per strategy)
-    temps = {k: shape.tokens * v for k, v in fixed.forward_per_token.items()}
-    live = act.forward_live(model, s, w, shape, fixed.layer_inputs)
+    # and so is forward_live (a max over blocks of sums of T·size terms): both made at T = 1
+    t = shape.tokens
+    temps, live = fixed.forward_per_token, fixed.live_per_token
     at_gate = dict(one, mlp=0, mlp_tail=0, linear_inputs_down=0, adapters_mlp=0,
-                   held=live["mlp_in"])
-    at_down = dict(one, held=live["down_in"])
-    if sum(at_gate.values()) + temps["mlp_in"] >= sum(at_down.values()) + temps["down_in"]:
-        parts, temp, when = at_gate, temps["mlp_in"], "gate/up"
+                   held=t * live["mlp_in"])
+    at_down = dict(one, held=t * live["down_in"])
+    if sum(at_gate.values()) + t * temps["mlp_in"] >= sum(at_down.values()) + t * temps["down_in"]:
+        parts, temp, when = at_gate, t * temps["mlp_in"], "gate/up"
     else:
-        parts, temp, when = at_down, temps["down_in"], "down"
+        parts, temp, when = at_down, t * temps["down_in"], "down"
     return (_group("activations/running_block/", parts,
                    f"block at its {when} projection · saved {{k}}",
                    {"held": f"block at its {when} projection · held unsaved: residual sum, "
