@@ -77,9 +77,12 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
     UnsupportedError for strategies the estimate cannot honour.
     """
     a = assumptions or _DEFAULT_ASSUMPTIONS
-    key = (id(model), id(a), strategy, generation)
+    fixed = _fixed(model, strategy, a)
+    # keyed by the batch-independent entry's identity (the entry below keeps it alive, so no
+    # other entry can take its id): the strategy is hashed once per estimate, in ``_fixed``
+    key = (id(fixed), strategy.batch_size, generation)
     done = _DONE.get(key)
-    if done is not None and done[0] is model and done[1].assumptions is a:
+    if done is not None and done[0] is fixed:
         # The same question again: the same answer (a fresh object for the strategy passed
         # in, and a phases dict of its own, so no caller shares mutable state).
         est = done[1]
@@ -91,7 +94,6 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
             phases=dict(done[2]), host_ram_bytes=est.host_ram_bytes, host=est.host,
             trainable_params=est.trainable_params, total_params=est.total_params,
             notes=est.notes, behaviours=est.behaviours)
-    fixed = _fixed(model, strategy, a)
     model, plan, static = fixed.model, fixed.plan, fixed.static
     moments = _moments(model, strategy, plan, static, a, fixed)
     phases = {k: total(v) for k, v in moments.items()}
@@ -107,7 +109,8 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
     # The peak's groups are expanded, and Terms (with their formulas and sources) made, when
     # a breakdown is first read.
     explained = breakdown([*moments[phase], workspace, *device])
-    host = fixed.host or breakdown(host_terms(model, strategy, static, fixed.shards))
+    host = fixed.host if fixed.host is not None else breakdown(   # (not ``or``: that
+        host_terms(model, strategy, static, fixed.shards))       # would build its terms)
     est = MemoryEstimate(
         model=model.name, strategy=strategy, assumptions=a, breakdown=explained,
         allocated_peak_bytes=allocated, reserved_peak_bytes=allocated + int(reserve.value),
@@ -118,7 +121,7 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
     if len(_DONE) >= _DONE_LIMIT:
         _DONE.clear()
     # the entry keeps its own copy of the phases: the caller may do what it likes with its own
-    _DONE[key] = (fixed.source, est, dict(phases))
+    _DONE[key] = (fixed, est, dict(phases))
     return est
 
 
@@ -165,9 +168,10 @@ class _Fixed:
 
 
 _FIXED: dict[tuple[object, ...], _Fixed] = {}
-#: Whole estimates per (model, assumptions, strategy, generation): asked again (a planner
-#: re-run, the web app's repeated plans) they are answered from here. Bounded like _FIXED.
-_DONE: dict[tuple[object, ...], tuple[ModelSpec, MemoryEstimate, dict[str, int]]] = {}
+#: Whole estimates per (batch-independent entry, micro-batch, generation): asked again (a
+#: planner re-run, the web app's repeated plans) they are answered from here. Bounded like
+#: _FIXED.
+_DONE: dict[tuple[object, ...], tuple[_Fixed, MemoryEstimate, dict[str, int]]] = {}
 _DONE_LIMIT = 4096
 
 
@@ -426,13 +430,18 @@ def _forward_moment(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Sha
         parts, temp, when = at_gate, t * temps["mlp_in"], "gate/up"
     else:
         parts, temp, when = at_down, t * temps["down_in"], "down"
-    return (_group("activations/running_block/", parts,
-                   f"block at its {when} projection · saved {{k}}",
-                   {"held": f"block at its {when} projection · held unsaved: residual sum, "
-                            "norm output, MLP product"}),
-            part("activations/forward_transient", temp,
-                 f"{when} projection temporaries: PEFT input cast + base output + scaled "
-                 "update (T·out each), or its T·out output", "peft lora.Linear.forward"))
+    saved, held, temporaries = _FORWARD_TEXT[when]
+    return (_group("activations/running_block/", parts, saved, held),
+            part("activations/forward_transient", temp, temporaries, "peft lora.Linear.forward"))
+
+
+#: The running block's formulas at each projection (written once, not per estimate).
+_FORWARD_TEXT = {when: (
+    f"block at its {when} projection · saved {{k}}",
+    {"held": f"block at its {when} projection · held unsaved: residual sum, norm output, MLP "
+             "product"},
+    f"{when} projection temporaries: PEFT input cast + base output + scaled update (T·out "
+    "each), or its T·out output") for when in ("gate/up", "down")}
 
 
 def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
@@ -462,8 +471,11 @@ def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shap
                     adapters_mlp=one["adapters_mlp"] - merged)
         candidates.append((rest, transient, "mlp"))
     parts, transient, when = max(candidates, key=lambda c: c[1].value + sum(c[0].values()))
-    return _group("activations/current_block/", parts,
-                  f"block in {when} backward · saved {{k}}"), transient, when
+    return _group("activations/current_block/", parts, _BACKWARD_TEXT[when]), transient, when
+
+
+#: The block running backward's formula at each place (written once, not per estimate).
+_BACKWARD_TEXT = {when: f"block in {when} backward · saved {{k}}" for when in ("mlp", "attention")}
 
 
 def _rope(model: ModelSpec, w: act.Widths, shape: act.Shape) -> Piece:
