@@ -77,23 +77,24 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
     UnsupportedError for strategies the estimate cannot honour.
     """
     a = assumptions or _DEFAULT_ASSUMPTIONS
-    fixed = _fixed(model, strategy, a)
-    # keyed by the batch-independent entry's identity (the entry below keeps it alive, so no
-    # other entry can take its id): the strategy is hashed once per estimate, in ``_fixed``
-    key = (id(fixed), strategy.batch_size, generation)
-    done = _DONE.get(key)
-    if done is not None and done[0] is fixed:
+    if len(_DONE) >= _DONE_LIMIT:
+        _DONE.clear()
+    # One lookup asks and, if need be, reserves the entry filled below: a key tuple does not
+    # keep its hash, and hashing the strategy twice (a get, then a store) is a cost per estimate.
+    done = _DONE.setdefault((id(model), id(a), strategy, generation), [])
+    if done and done[0][0] is model and done[0][1].assumptions is a:
         # The same question again: the same answer (a fresh object for the strategy passed
         # in, and a phases dict of its own, so no caller shares mutable state).
-        est = done[1]
+        est, phases = done[0][1], done[0][2]
         return MemoryEstimate(
             model=est.model, strategy=strategy, assumptions=a, breakdown=est.breakdown,
             allocated_peak_bytes=est.allocated_peak_bytes,
             reserved_peak_bytes=est.reserved_peak_bytes,
             device_total_bytes=est.device_total_bytes, peak_phase=est.peak_phase,
-            phases=dict(done[2]), host_ram_bytes=est.host_ram_bytes, host=est.host,
+            phases=dict(phases), host_ram_bytes=est.host_ram_bytes, host=est.host,
             trainable_params=est.trainable_params, total_params=est.total_params,
             notes=est.notes, behaviours=est.behaviours)
+    fixed = _fixed(model, strategy, a)
     model, plan, static = fixed.model, fixed.plan, fixed.static
     moments = _moments(model, strategy, plan, static, a, fixed)
     phases = {k: total(v) for k, v in moments.items()}
@@ -118,10 +119,8 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
         phases=phases, host_ram_bytes=int(host.total),
         host=host, trainable_params=fixed.trainable.total, total_params=static.total_params,
         notes=fixed.notes, behaviours=fixed.behaviours)
-    if len(_DONE) >= _DONE_LIMIT:
-        _DONE.clear()
     # the entry keeps its own copy of the phases: the caller may do what it likes with its own
-    _DONE[key] = (fixed, est, dict(phases))
+    done[:] = [(fixed.source, est, dict(phases))]
     return est
 
 
@@ -168,10 +167,11 @@ class _Fixed:
 
 
 _FIXED: dict[tuple[object, ...], _Fixed] = {}
-#: Whole estimates per (batch-independent entry, micro-batch, generation): asked again (a
-#: planner re-run, the web app's repeated plans) they are answered from here. Bounded like
-#: _FIXED.
-_DONE: dict[tuple[object, ...], tuple[_Fixed, MemoryEstimate, dict[str, int]]] = {}
+#: Whole estimates per (model, assumptions, strategy, generation): asked again (a planner
+#: re-run, the web app's repeated plans) they are answered from here. Bounded like _FIXED. An
+#: entry is a list of at most one (model, estimate, phases); empty while (or if) the estimate
+#: it was made for is being computed (or raised).
+_DONE: dict[tuple[object, ...], list[tuple[ModelSpec, MemoryEstimate, dict[str, int]]]] = {}
 _DONE_LIMIT = 4096
 
 
