@@ -381,9 +381,19 @@ def leave_out_report(rows: list[SpeedRow], base: ThroughputAssumptions) -> dict[
                         e for g in by_source for e in g["errors"].values()),
                     "leave_one_gpu_out_median_abs_error_pct": median_abs(
                         e for g in by_gpu for e in g["errors"].values())},
+        # the ranges ThroughputAssumptions.assumed_error_range / calibrated_error_range take
+        "error_range_10_90_pct": {
+            "in_sample": _deciles(inside.values()),
+            "leave_one_gpu_out": _deciles(e for g in by_gpu for e in g["errors"].values())},
         "leave_one_source_out": by_source,
         "leave_one_gpu_out": by_gpu,
     }
+
+
+def _deciles(errors: Any) -> list[float]:
+    """10th and 90th percentile of signed errors in % (statistics.quantiles, exclusive)."""
+    cuts = statistics.quantiles(sorted(errors), n=10)
+    return [round(cuts[0], 1), round(cuts[-1], 1)]
 
 
 SPEED_PROCEDURE = ("each fitted constant minimises the median |error| of its own rows, the "
@@ -426,6 +436,11 @@ def print_leave_out(doc: dict[str, Any], out: Any = sys.stdout) -> None:
               f"{_pct(f['refit_all_median_abs_error_pct'])}, leave-one-source-out "
               f"{_pct(f['leave_one_source_out_median_abs_error_pct'])}, leave-one-GPU-out "
               f"{_pct(f['leave_one_gpu_out_median_abs_error_pct'])}\n")
+    r = doc["error_range_10_90_pct"]
+    out.write(f"signed error, 10th..90th percentile: in-sample {r['in_sample'][0]:+.1f}.."
+              f"{r['in_sample'][1]:+.1f} % (calibrated_error_range), leave-one-GPU-out "
+              f"{r['leave_one_gpu_out'][0]:+.1f}..{r['leave_one_gpu_out'][1]:+.1f} % "
+              f"(assumed_error_range)\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -336,7 +336,8 @@ def test_objective_risk_ranks_by_the_risk_priced_cost_and_says_each_risk(run_cli
         ranked = Decimal(p["cost"]["ranked_usd"])
         assert Decimal(r["risk_priced_usd"]) == ranked * (1 + Decimal(str(r["penalty"])))
         assert r["penalty"] == pytest.approx(r["memory"] + r["fabric"] + r["streaming"]
-                                             + r["spot"] + r["time_error"], abs=1e-3)
+                                             + r["spot"] + r["precision"] + r["time_error"],
+                                             abs=1e-3)
         low, high = r["hours_range"]
         assert low < p["cost"]["hours"] <= high or p["cost"]["uses_spot"]
         assert any(line.startswith("risks: ") for line in p["why"])

@@ -241,3 +241,15 @@ def test_the_always_shown_columns_win_over_the_width_and_empty_tables_print() ->
     sink = io.StringIO()
     print_table(columns, [], OutputFormat.TABLE, Console(file=sink, width=80))
     assert {"id", "note", "extra"} <= _header_words(sink.getvalue())
+
+
+def test_python_dash_m_runs_the_same_command_line() -> None:
+    import subprocess
+    import sys
+
+    import tuneplan
+
+    done = subprocess.run([sys.executable, "-m", "tuneplan", "--version"], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"tuneplan {tuneplan.__version__}"

@@ -93,8 +93,12 @@ def test_compute_bound_job_faster_on_the_4090_only_where_physics_says_so() -> No
     # bandwidth, where the 4090 (1008 GB/s) beats the L40S (864 GB/s): its term is shorter
     tiny = Strategy(method=Method.QLORA, batch_size=1, seq_len=128)
     dq = "micro-batch/nf4-dequantize"
-    assert (estimate_throughput(MODEL, tiny, rtx4090).step.value(dq)
-            < estimate_throughput(MODEL, tiny, l40s).step.value(dq))
+    small_4090, small_l40s = (estimate_throughput(MODEL, tiny, g) for g in (rtx4090, l40s))
+    assert small_4090.step.value(dq) < small_l40s.step.value(dq)
+    # ... and where those phases outweigh the matmuls, the whole job is faster on the 4090
+    for small in (small_4090, small_l40s):
+        assert small.bound_seconds()["memory"] > small.bound_seconds()["compute"]
+    assert small_4090.tokens_per_second > small_l40s.tokens_per_second
 
 
 def test_nf4_and_gptq_qlora_differ_by_their_kernels() -> None:
@@ -121,12 +125,25 @@ def test_zero3_step_grows_with_fabric_latency_and_shrinks_with_bandwidth() -> No
                    seq_len=512, grad_accum=4)
     links = NodeLinks(intra="pcie")
     base = estimate_throughput(MODEL, job, gpu, links=links).step_seconds
-    slow_latency = dataclasses.replace(A, collective_latency_s=10 * A.collective_latency_s)
-    assert estimate_throughput(MODEL, job, gpu, links=links,
-                               assumptions=slow_latency).step_seconds > base
     fast_pcie = dataclasses.replace(A, pcie_efficiency=2 * A.pcie_efficiency)
     assert estimate_throughput(MODEL, job, gpu, links=links,
                                assumptions=fast_pcie).step_seconds < base
+    # across nodes: the fabric's own latency per ring step and its bandwidth (NodeLinks)
+    two_nodes = dataclasses.replace(job, nodes=2)
+    nccl_net_hop = dict(A.nccl_hop_latency_s)["net"]
+
+    def step(latency: float, rate: float) -> float:
+        got = estimate_throughput(MODEL, two_nodes, gpu, links=NodeLinks(
+            inter_node_bytes_per_s=rate, inter_node_latency_s=latency))
+        term = got.step.get("step/communication-exposed")
+        assert term is not None
+        # NCCL's ring model: base + 14 intra-node hops + 1 network hop per gather
+        assert term.inputs["latency_per_collective_s"] == pytest.approx(
+            A.nccl_base_latency_s + 14 * dict(A.nccl_hop_latency_s)["nvlink"] + latency)
+        return got.step_seconds
+
+    assert step(10 * nccl_net_hop, 50e9) > step(nccl_net_hop, 50e9)
+    assert step(nccl_net_hop, 400e9) < step(nccl_net_hop, 50e9)
     # no flat multi-GPU factor on top of the collectives model
     assert estimate_throughput(MODEL, job, gpu, links=links).step.get(
         "step/multi-gpu-sync") is None
@@ -186,6 +203,12 @@ def test_the_json_states_mfu_bound_and_assumptions() -> None:
     assert sum(doc["bound_seconds"].values()) == pytest.approx(result.step_seconds)
     assert 0 < doc["mfu"] < 1
     assert "RTX 4090" in doc["assumptions"]["measured_matmul_tflops"]["value"]
+    # calibrated or assumed, with the range the model's error gives the figures
+    basis = doc["time_basis"]
+    assert basis["basis"] == "assumed"
+    low, high = basis["tokens_per_second_range"]
+    assert low < doc["tokens_per_second"] < high
+    assert low == pytest.approx(doc["tokens_per_second"] / (1 + A.assumed_error_range[1]))
     matmul = result.step.get("micro-batch/matmul")
     assert matmul is not None and matmul.inputs["efficiency_entry"] == "ceiling measured"
 
@@ -198,3 +221,98 @@ def test_each_measurement_names_a_catalogued_gpu_with_its_peak_and_power() -> No
         assert gpu.bf16_flops_per_s == pytest.approx(peak * 1e12), name
         assert gpu.tdp_w == watts, name
         assert tflops > 0 and source, name
+
+
+def test_attention_kernel_is_its_own_term_flash_compute_bound_eager_memory_bound() -> None:
+    from tuneplan.core.job.strategy import Attention
+
+    gpu = load_gpu_spec("A100 80GB SXM4")
+    job = Strategy(method=Method.LORA, seq_len=8192, batch_size=1)
+    flash = estimate_throughput(MODEL, job, gpu)
+    eager = estimate_throughput(MODEL, dataclasses.replace(job, attention=Attention.EAGER), gpu)
+    fa2 = flash.step.get("micro-batch/attention")
+    assert fa2 is not None and fa2.inputs["kernel"] == "flash-attention 2"
+    # FlashAttention-2 at its published share of the A100's measured ceiling
+    speed = fa2.inputs["flops"] / fa2.value
+    assert speed == pytest.approx(312e12 * (271.2 / 312) * A.flash_share("Ampere"), rel=1e-6)
+    # eager: the full s x s scores in batched GEMMs, plus their traffic through HBM
+    scores = eager.step.get("micro-batch/eager-attention-scores")
+    assert scores is not None and flash.step.get("micro-batch/eager-attention-scores") is None
+    elements = 1 * MODEL.spec.num_heads * 8192**2 * MODEL.num_layers
+    per = 2 * A.eager_score_bytes_forward + A.eager_score_bytes_backward  # with recompute
+    bandwidth = float(gpu.memory_bandwidth_bytes_per_s or 0) * A.elementwise_bandwidth_efficiency
+    assert scores.value == pytest.approx(elements * per / bandwidth)
+    assert eager.step_seconds > flash.step_seconds
+    # sdpa runs FlashAttention-2 on sm80+, but not on a V100 (no FA2 kernels there)
+    sdpa = estimate_throughput(MODEL, dataclasses.replace(job, attention=Attention.SDPA), gpu)
+    assert sdpa.step.get("micro-batch/attention").inputs["kernel"] == "flash-attention 2"
+    v100 = estimate_throughput(MODEL, dataclasses.replace(job, precision=Precision.FP16_MIXED,
+                                                           seq_len=1024),
+                               load_gpu_spec("V100 SXM2 16GB"))
+    assert v100.step.get("micro-batch/attention").inputs["kernel"] == "batched GEMM"
+    # Hopper's FA2 reaches a smaller share of its ceiling (FA3 paper: 35 % of peak)
+    assert A.flash_share("Hopper (GH100)") < A.flash_share("Ampere (GA100)")
+
+
+def test_fused_loss_moves_fewer_logit_bytes_than_the_standard_one() -> None:
+    from tuneplan.core.job.recipes import Recipe
+    from tuneplan.core.job.strategy import Loss
+
+    gpu = load_gpu_spec("L40S")
+    job = Strategy(method=Method.LORA, seq_len=2048, batch_size=2)
+    standard = estimate_throughput(MODEL, dataclasses.replace(job, loss=Loss.STANDARD), gpu)
+    fused = estimate_throughput(MODEL, dataclasses.replace(job, loss=Loss.CHUNKED), gpu)
+    s_term, f_term = standard.step.get("micro-batch/loss"), fused.step.get("micro-batch/loss")
+    assert s_term is not None and f_term is not None
+    assert s_term.inputs["bytes_per_logit"] == A.standard_loss_bytes_per_logit
+    assert f_term.inputs["kernel"] == "Liger fused linear cross-entropy"
+    assert f_term.inputs["bytes_per_logit"] == A.fused_loss_bytes_per_logit
+    assert s_term.inputs["logits"] == 2 * 2048 * MODEL.vocab_size
+    assert f_term.value < s_term.value and fused.step_seconds < standard.step_seconds
+    # torchtune's chunked CE is only fused under torch.compile
+    tune = dataclasses.replace(job, recipe=Recipe.TORCHTUNE, precision=Precision.BF16)
+    eager_tt = estimate_throughput(MODEL, tune, gpu).step.get("micro-batch/loss")
+    compiled_tt = estimate_throughput(MODEL, dataclasses.replace(tune, compile=True),
+                                      gpu).step.get("micro-batch/loss")
+    assert eager_tt is not None and compiled_tt is not None
+    assert eager_tt.inputs["bytes_per_logit"] == A.standard_loss_bytes_per_logit
+    assert compiled_tt.inputs["bytes_per_logit"] == A.compiled_loss_bytes_per_logit
+    # the loss is memory-bound: it runs on bandwidth, where the RTX 4090 beats the L40S
+    on_4090 = estimate_throughput(MODEL, dataclasses.replace(job, loss=Loss.STANDARD),
+                                  load_gpu_spec("RTX 4090")).step.value("micro-batch/loss")
+    assert on_4090 < s_term.value
+
+
+def test_a_probe_calibration_is_per_gpu_not_per_architecture() -> None:
+    a100, a6000 = load_gpu_spec("A100 80GB SXM4"), load_gpu_spec("RTX A6000")
+    calibrated = dataclasses.replace(A, matmul_efficiency_by_gpu=(
+        ("A100 80GB SXM4", 0.3, "calibrated from probe #1"),))
+    job = Strategy(method=Method.LORA, seq_len=2048, batch_size=4)
+    slow = estimate_throughput(MODEL, job, a100, assumptions=calibrated)
+    assert slow.time_basis.basis == "calibrated"
+    assert slow.tokens_per_second < estimate_throughput(MODEL, job, a100).tokens_per_second
+    # the same architecture on another card keeps its own (assumed) ceiling
+    other = estimate_throughput(MODEL, job, a6000, assumptions=calibrated)
+    assert other.time_basis.basis == "assumed"
+    assert other.tokens_per_second == pytest.approx(
+        estimate_throughput(MODEL, job, a6000).tokens_per_second)
+    # the calibration scales the flash attention term with the linears
+    term = slow.step.get("micro-batch/attention")
+    assert term is not None and term.inputs["calibration_scale"] < 1
+
+
+def test_torch_compile_is_its_own_named_saving() -> None:
+    gpu = load_gpu_spec("A100 80GB SXM4")
+    job = Strategy(method=Method.LORA, seq_len=2048, batch_size=4)
+    eager = estimate_throughput(MODEL, job, gpu)
+    compiled = estimate_throughput(MODEL, dataclasses.replace(job, compile=True), gpu)
+    assert eager.step.get("micro-batch/torch-compile") is None
+    term = compiled.step.get("micro-batch/torch-compile")
+    assert term is not None and term.value < 0
+    # the linears' time is the eager one; the saving is (1/speedup - 1) of it
+    matmul = compiled.step.value("micro-batch/matmul")
+    assert matmul == pytest.approx(eager.step.value("micro-batch/matmul"))
+    assert term.value == pytest.approx(matmul * (1 / A.compile_speedup - 1))
+    assert compiled.bound_seconds()["compute"] == pytest.approx(
+        matmul + term.value + compiled.step.value("micro-batch/attention"))
+    assert compiled.tokens_per_second > eager.tokens_per_second

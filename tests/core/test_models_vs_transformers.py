@@ -71,6 +71,10 @@ CASES: dict[str, dict[str, Any]] = {
     "deepseek_v3": _cfg("deepseek_v3", **_DS),
     "deepseek_v3-no-q-lora": _cfg("deepseek_v3", **{**_DS, "q_lora_rank": None,
                                                      "attention_bias": True}),
+    # V2: softmax router (group-limited here), MLP biases, two shared experts
+    "deepseek_v2": _cfg("deepseek_v2", **{**_DS, "mlp_bias": True, "n_shared_experts": 2,
+                                           "topk_method": "group_limited_greedy", "n_group": 2,
+                                           "topk_group": 1}),
     # attention sinks, biases everywhere, router bias, 3-D experts with biases
     "gpt_oss": _cfg("gpt_oss", num_key_value_heads=2, head_dim=16, num_local_experts=4,
                     num_experts_per_tok=2, sliding_window=8),
@@ -110,6 +114,14 @@ CASES: dict[str, dict[str, Any]] = {
     "olmo2": _cfg("olmo2", num_key_value_heads=2),
     "granite": _cfg("granite", num_key_value_heads=2, tie_word_embeddings=True),
     "smollm3": _cfg("smollm3", num_key_value_heads=2, pad_token_id=0),
+    "bart": {"model_type": "bart", "d_model": 64, "encoder_ffn_dim": 96, "decoder_ffn_dim": 96,
+             "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_layers": 2,
+             "decoder_layers": 3, "vocab_size": 128, "max_position_embeddings": 64},
+    "bart-untied": {"model_type": "bart", "d_model": 64, "encoder_ffn_dim": 96,
+                    "decoder_ffn_dim": 96, "encoder_attention_heads": 4,
+                    "decoder_attention_heads": 4, "encoder_layers": 1, "decoder_layers": 1,
+                    "vocab_size": 128, "max_position_embeddings": 64,
+                    "tie_word_embeddings": False},
 }
 
 #: Families whose modeling code lives in their hub repositories (remote code, never run): no
@@ -122,12 +134,12 @@ REMOTE_CODE_TYPES = frozenset({"qwen", "baichuan", "chatglm", "internlm2"})
 _CHECKPOINT_ONLY = {"mt5-gated-untied": {"lm_head": 128 * 64}}
 
 _EMBED = re.compile(r"embed_tokens|\bwte\b|\bwpe\b|embed_in|word_embeddings|embed_positions|"
-                    r"^shared\.|project_in|project_out|position_embeddings|token_type|"
-                    r"embeddings\.LayerNorm")
+                    r"(^|\.)shared\.|project_in|project_out|position_embeddings|token_type|"
+                    r"embeddings\.LayerNorm|layernorm_embedding")
 _LAYER = re.compile(r"\.(layers|h|block|layer)\.\d+\.")
 
 
-def _component(name: str) -> str:
+def _component(name: str, seq2seq: bool = False) -> str:
     """Map a transformers parameter path to tuneplan's by_component key."""
     if "multi_modal_projector" in name:
         return "multi_modal_projector"
@@ -141,8 +153,8 @@ def _component(name: str) -> str:
         return "embeddings"
     if not _LAYER.search(name):
         return "final_norm"
-    prefix = "encoder" if "encoder." in name else "decoder" if "decoder.block" in name else (
-        "layers")
+    prefix = "encoder" if "encoder." in name else "decoder" if (
+        "decoder.block" in name or (seq2seq and "decoder.layers" in name)) else "layers"
     return f"{prefix}/{_inside_layer(name)}"
 
 
@@ -151,7 +163,8 @@ def _inside_layer(name: str) -> str:
              ("norm", "norms"), ("ln_", "norms"), ("LayerNorm", "norms"),
              ("shared_expert_gate", "router"), ("shared_expert", "shared_experts"),
              ("experts.", "experts"), ("mlp.gate.", "router"), ("mlp.router.", "router"),
-             ("EncDecAttention", "cross_attention"), ("attn", "attention"),
+             ("EncDecAttention", "cross_attention"), ("encoder_attn", "cross_attention"),
+             ("attn", "attention"),
              ("attention", "attention"), ("Attention", "attention"))
     return next((comp for key, comp in rules if key in name), "mlp")
 
@@ -161,6 +174,7 @@ def _build(config: dict[str, Any]) -> Any:
     model_type = cfg.pop("model_type")
     hf_config = transformers.AutoConfig.for_model(model_type, **cfg)
     auto = {"t5": transformers.AutoModelForSeq2SeqLM, "mt5": transformers.AutoModelForSeq2SeqLM,
+            "bart": transformers.AutoModelForSeq2SeqLM,
             "bert": transformers.AutoModelForMaskedLM,
             "gemma3": transformers.Gemma3ForConditionalGeneration}
     with torch.device("meta"):
@@ -175,7 +189,7 @@ def test_counts_match_transformers_module(case: str) -> None:
     model = _build(config)
     real: dict[str, int] = {}
     for name, param in model.named_parameters():   # shared (tied) parameters appear once
-        key = _component(name)
+        key = _component(name, seq2seq=config["model_type"] == "bart")
         real[key] = real.get(key, 0) + param.numel()
     for key, value in _CHECKPOINT_ONLY.get(case, {}).items():
         real[key] = real.get(key, 0) + value

@@ -14,7 +14,7 @@ from tuneplan.adapters.hub import resolve_model
 from tuneplan.core.catalog.offers import Offer
 from tuneplan.core.cost.estimate import Billing, billed_seconds
 from tuneplan.core.cost.spot import SpotModel, expected_billed_s, expected_wall_s, simulate
-from tuneplan.core.job.methods import Method
+from tuneplan.core.job.methods import Method, Quant
 from tuneplan.core.job.strategy import Job, Sharding, Strategy
 from tuneplan.core.planner.plan import Plan, PlanResult, plan_offers
 from tuneplan.units import HOUR_S
@@ -96,8 +96,9 @@ def test_memory_binds_when_nothing_fits_and_the_method_relaxation_is_a_real_plan
 
 
 def test_a_job_the_estimator_cannot_handle_says_exactly_that() -> None:
-    spec = resolve_model("bigscience/T0_3B")
-    job = Job(model=spec.name, strategy=Strategy(method=Method.LORA), tokens=1_000_000)
+    spec = resolve_model("meta-llama/Llama-3.1-8B")
+    job = Job(model=spec.name, strategy=Strategy(method=Method.QLORA, quant=Quant.INT2),
+              tokens=1_000_000)
     result = plan_offers(spec, job, MIXED, SPECS, PROVIDERS, now=NOW)
     assert result.infeasible is not None
     [binding] = [b for b in result.infeasible.binding if b.constraint == "estimate"]

@@ -230,6 +230,13 @@ def test_full_fine_tuning_on_a_t4_trains_in_fp16_with_loss_scaling() -> None:
     (plan,) = result.plans
     assert plan.strategy.precision is Precision.FP16_MIXED
     assert any("no BF16 on T4" in w and "loss scaling" in w for w in plan.warnings)
+    # ... and the risk objective prices it: fp16 is what an L4 (bf16) at the same price
+    # would not risk.
+    assert plan.risk is not None and plan.risk.precision == pytest.approx(0.10)
+    assert any(r.startswith("fp16 with dynamic loss scaling") for r in plan.risk.reasons)
+    both = run("Qwen/Qwen2.5-0.5B", "full", [*t4, offer("L4", 1, "0.35")],
+               objective=Objective.RISK)
+    assert both.plans[0].offer.gpu == "L4" and both.plans[0].risk.precision == 0.0
     # What it takes: Qwen's 152k-word vocabulary makes the logits big; with the chunked loss
     # 16 GB holds 0.5B full without recompute, faster than the standard loss, which fits
     # only with checkpointing on (with AdamW kept too: an 8-bit AdamW would also free it).

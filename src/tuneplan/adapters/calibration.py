@@ -2,7 +2,10 @@
 ``adapters/store.py``), shared as JSON, and turned into calibrated assumptions for one GPU.
 
 Only what hardware alone decides is calibrated: CUDA context size, allocator reserve fraction
-and matmul efficiency, from the newest CUDA probe on that GPU. The maths stays in the core.
+and matmul efficiency, from the newest CUDA probe on that GPU. The matmul efficiency is kept
+per GPU (``ThroughputAssumptions.matmul_efficiency_by_gpu``), so one set of assumptions can
+carry the probes of several GPUs (``calibrated_for_gpus``: what ``plan`` uses). The maths
+stays in the core.
 """
 
 from __future__ import annotations
@@ -13,13 +16,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuneplan.adapters.store import CatalogStore
 from tuneplan.core.catalog.hardware import GpuSpec
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.errors import CatalogError, InvalidValueError
+
+if TYPE_CHECKING:
+    from tuneplan.core.job.strategy import Job
+    from tuneplan.core.planner.plan import PlanAssumptions
 
 FORMAT = "tuneplan-calibration"
 FORMAT_VERSION = 1
@@ -234,14 +241,42 @@ def calibrate(record: ProbeRecord, gpu: GpuSpec,
                   sources={**mem.sources, "context_bytes": label,
                            "allocator_reserve_fraction": label})
     notes = [f"memory: CUDA context and allocator reserve {label}"]
-    efficiency = m.get("matmul_efficiency")
-    if isinstance(efficiency, int | float) and efficiency > 0:
-        arch = gpu.architecture or "default"
-        tp = replace(tp, matmul_efficiency_by_architecture=(
-            (arch, float(efficiency)), *tp.matmul_efficiency_by_architecture),
-            notes=(*tp.notes, f"matmul efficiency {efficiency:.3f} {label}"))
-        notes.append(f"throughput: matmul efficiency {label}")
+    tp, said = calibrate_throughput(record, gpu.name, tp)
+    notes += said
     return Calibration(memory=mem, throughput=tp, record=record, notes=tuple(notes))
+
+
+def calibrate_throughput(record: ProbeRecord, gpu_name: str,
+                         throughput: ThroughputAssumptions) -> tuple[ThroughputAssumptions,
+                                                                     list[str]]:
+    """``throughput`` with the probe's matmul efficiency for ``gpu_name`` alone (the card it
+    ran on: its clocks and power limit, not its architecture's), and the note saying so;
+    unchanged when the probe measured none."""
+    efficiency = record.measured.get("matmul_efficiency")
+    if isinstance(efficiency, bool) or not isinstance(efficiency, int | float) \
+            or not efficiency > 0:
+        return throughput, []
+    label = f"calibrated from {record.label()}"
+    tp = replace(throughput, matmul_efficiency_by_gpu=(
+        (gpu_name, float(efficiency), label), *throughput.matmul_efficiency_by_gpu),
+        notes=(*throughput.notes, f"{gpu_name}: matmul efficiency {efficiency:.3f} {label}"))
+    return tp, [f"throughput: {gpu_name} matmul efficiency {label}"]
+
+
+def calibrated_for_gpus(path: str | Path | None = None,
+                        throughput: ThroughputAssumptions | None = None
+                        ) -> ThroughputAssumptions:
+    """``throughput`` (default: the defaults) with the newest CUDA probe's matmul efficiency
+    of every GPU the store holds a probe of: what ``plan`` prices each offer's GPU with."""
+    tp = throughput or ThroughputAssumptions()
+    with CalibrationStore.open(path) as store:
+        latest: dict[str, ProbeRecord] = {}
+        for record in store.records():
+            if record.device == "cuda" and record.gpu:
+                latest[record.gpu] = record
+    for name, record in sorted(latest.items()):
+        tp, _ = calibrate_throughput(record, name, tp)
+    return tp
 
 
 def calibration_for(gpu: GpuSpec | None, path: str | Path | None = None) -> Calibration:
@@ -253,3 +288,36 @@ def calibration_for(gpu: GpuSpec | None, path: str | Path | None = None) -> Cali
     with CalibrationStore.open(path) as store:
         record = store.latest_for(gpu.name)
     return plain if record is None else calibrate(record, gpu)
+
+
+def calibrated_plan_assumptions(gpu: GpuSpec | None, path: str | Path | None = None,
+                                base: PlanAssumptions | None = None) -> PlanAssumptions:
+    """The planner's assumptions with the stored probes applied: every probed GPU's matmul
+    efficiency (``calibrated_for_gpus``), and, when the job names one GPU (``--gpu``), that
+    GPU's CUDA context and allocator reserve too (memory is calibrated only there: its
+    constants are not kept per GPU)."""
+    from tuneplan.core.planner.plan import PlanAssumptions
+
+    a = base or PlanAssumptions()
+    memory = a.memory
+    if gpu is not None:
+        with CalibrationStore.open(path) as store:
+            record = store.latest_for(gpu.name)
+        if record is not None:
+            memory = calibrate(record, gpu, memory=a.memory).memory
+    return replace(a, memory=memory, throughput=calibrated_for_gpus(path, a.throughput))
+
+
+def calibrated_for_job(job: Job, path: str | Path | None = None) -> PlanAssumptions:
+    """``calibrated_plan_assumptions`` for a job: the GPU it names (``--gpu``) when that is
+    one spec, else none (a word-prefix filter such as ``A100`` names several). What ``plan``
+    prices with and ``cost PLAN_ID`` re-prices with."""
+    from tuneplan.adapters.bundled import resolve_gpu_spec
+
+    gpu = None
+    if job.gpu:
+        try:
+            gpu = resolve_gpu_spec(job.gpu)
+        except InvalidValueError:
+            gpu = None
+    return calibrated_plan_assumptions(gpu, path)

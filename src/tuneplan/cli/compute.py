@@ -66,6 +66,14 @@ def _print_throughput(result: Throughput) -> None:
     table.add_row("communication per step", f"{result.comm_seconds_per_step:.3f} s")
     if result.hours is not None:
         table.add_row("training time", format_duration(result.hours * HOUR_S))
+    basis = result.time_basis
+    low, high = basis.speed_range(result.tokens_per_second)
+    table.add_row("time basis", basis.text())
+    table.add_row("tokens/s (job) range", f"{low:,.0f}-{high:,.0f}")
+    if result.hours is not None:
+        short, long = basis.duration_range(result.hours * HOUR_S)
+        table.add_row("training time range",
+                      f"{format_duration(short)}-{format_duration(long)}")
     for term in result.step:
         table.add_row(f"  {term.path}", f"{term.value:.4f} s")
     console = make_console()

@@ -121,11 +121,22 @@ def render_plans(result: PlanResult, catalog: CatalogInfo, top: int, now: dateti
     _print_catalog(catalog, now, console)
     for rank, p in rows:
         console.print(f"[bold]#{rank} {p.id}[/bold] why: " + safe("; ".join(p.why[1:] or p.why)))
+        console.print("   time: " + _time_text(p))
         for warning in p.warnings:
             console.print(f"   warning: {safe(warning)}")
     if result.rejected:
         console.print(f"{len(result.rejected)} offers rejected (see --json), e.g. "
                       f"{safe(result.rejected[0].offer.gpu)}: {safe(result.rejected[0].reason)}")
+
+
+def _time_text(p: Plan) -> str:
+    """``2.31 h of training, assumed (model error -9..+18 %): 2.10-2.74 h``."""
+    t = p.candidate.throughput
+    if t.hours is None:
+        return t.time_basis.text()
+    low, high = t.time_basis.duration_range(t.hours)
+    return (f"{format_duration(t.hours * HOUR_S)} of training, {t.time_basis.text()}: "
+            f"{format_duration(low * HOUR_S)}-{format_duration(high * HOUR_S)}")
 
 
 def render_infeasible(result: PlanResult, console: Console) -> None:
@@ -199,6 +210,8 @@ def render_fit(report: FitReport, console: Console, fmt: OutputFormat = OutputFo
     for note in report.notes:
         if report.precision is None or not note.startswith("no BF16"):
             console.print(f"note: {safe(note)}")
+    if report.time_basis is not None and any(s.tokens_per_second for s in report.suggestions):
+        console.print(f"tok/s below: {report.time_basis.text()}")
     for s in report.suggestions:
         host = (f", host RAM {s.host_ram_bytes / GiB:,.0f} GiB"
                 if s.strategy.offload.value != "none" else "")

@@ -49,8 +49,11 @@ def cost_saved_plan(plan_id: str, request: CostRequest | None = None) -> dict[st
     job = saved.job
     if r.spot and job.spot is False:
         job = replace(job, spot=None)
+    from tuneplan.adapters.calibration import calibrated_for_job
+
+    # the saved probes the plan was priced with (calibrated_for_job, as plan applies them)
     document = _price(resolve_model(saved.model_id), job, saved.strategy, saved.offer,
-                      PlanAssumptions(), r)
+                      calibrated_for_job(saved.job), r)
     return {"plan_id": saved.id, **document}
 
 
@@ -147,6 +150,9 @@ def _price(model: ModelSpec, job: Job, strategy: Strategy, offer: Offer, a: Plan
     document["throughput"] = {"tokens_per_second": c.throughput.tokens_per_second,
                               "training_hours": c.throughput.hours,
                               "mfu": c.throughput.mfu, "bound": c.throughput.bound,
+                              "time_basis": c.throughput.time_basis.as_dict(
+                                  tokens_per_second=c.throughput.tokens_per_second,
+                                  hours=c.throughput.hours),
                               "notes": list(c.throughput.notes)}
     return document
 

@@ -267,7 +267,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("optimizer-in-backward", "optimizer_in_backward", S, SWITCH, Group.STRATEGY,
          "Step each parameter during backward and free its gradient at once."),
     Flag("lora-rank", "lora_rank", S, _integer(1, 4096), Group.STRATEGY,
-         "LoRA-family rank r."),
+         "LoRA-family rank r; also the rank-like r of adalora (init_r), loha, lokr, vera, "
+         "hra, miss, shira, randlora and lora-fa."),
     Flag("lora-alpha", "lora_alpha", S, _integer(1, 65_536), Group.STRATEGY, "LoRA alpha."),
     Flag("lora-dropout", "lora_dropout", S, _real(0.0, 1.0, high_open=True), Group.STRATEGY,
          "LoRA dropout probability, in [0, 1)."),
@@ -278,7 +279,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("trainable-layers", "trainable_layers", S, _integer(0, 65_536), Group.STRATEGY,
          "freeze: how many of the last blocks train."),
     Flag("num-virtual-tokens", "num_virtual_tokens", S, _integer(1, 65_536), Group.STRATEGY,
-         "Prefix/prompt tuning: virtual tokens."),
+         "Prefix/prompt/p-tuning: virtual tokens; llama-adapter: adapter_len."),
     Flag("quant", "quant", S, _enum(Quant), Group.STRATEGY,
          "QLoRA base-weight quantization."),
     Flag("double-quant", "double_quant", S, SWITCH, Group.STRATEGY,
@@ -463,17 +464,21 @@ def _adapters(s: Strategy) -> bool:
 #: form field) where they do not apply they are refused, not silently ignored. A job file may
 #: carry them (it describes the whole job, and `--method auto` tries several methods).
 APPLIES_TO: dict[str, tuple[Callable[[Strategy], bool], str]] = {
-    "lora-rank": (_adapters, "LoRA-family methods (lora, dora, qlora, lora8bit, ...)"),
-    "lora-alpha": (_adapters, "LoRA-family methods (lora, dora, qlora, lora8bit, ...)"),
-    "lora-dropout": (_adapters, "LoRA-family methods (lora, dora, qlora, lora8bit, ...)"),
+    "lora-rank": (lambda s: s.method.uses_rank or s.method is Method.AUTO,
+                  "methods with a rank (lora, dora, qlora, lora8bit, lora-fa, adalora, loha, "
+                  "lokr, vera, hra, miss, shira, randlora)"),
+    "lora-alpha": (lambda s: s.method.is_lora or s.method in (Method.LORA_FA, Method.AUTO),
+                   "LoRA methods (lora, dora, qlora, lora8bit, lora-fa)"),
+    "lora-dropout": (lambda s: s.method.is_lora or s.method is Method.AUTO,
+                     "LoRA methods (lora, dora, qlora, lora8bit)"),
     "lora-targets": (lambda s: _adapters(s) or s.method is Method.IA3,
                      "adapter methods (the LoRA family and ia3)"),
     "trainable-modules": (lambda s: s.method is not Method.FULL,
                           "methods that freeze something (full trains every module)"),
     "trainable-layers": (lambda s: s.method is Method.FREEZE, "--method freeze"),
     "num-virtual-tokens": (lambda s: s.method in (Method.PREFIX, Method.PROMPT,
-                                                  Method.P_TUNING),
-                           "prefix, prompt and p-tuning"),
+                                                  Method.P_TUNING, Method.LLAMA_ADAPTER),
+                           "prefix, prompt, p-tuning and llama-adapter"),
     "quant": (lambda s: s.method in (Method.QLORA, Method.LORA8BIT, Method.AUTO),
               "qlora (and lora8bit, as int8)"),
     "double-quant": (lambda s: s.method is Method.AUTO or (

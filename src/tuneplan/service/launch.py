@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tuneplan.core.launch.bundle import LaunchSpec
+    from tuneplan.core.models import ModelSpec
     from tuneplan.core.planner.plan import Plan, PlanResult
     from tuneplan.core.planner.record import SavedPlan
 
@@ -23,10 +24,23 @@ def bundle(plan: SavedPlan, targets: Iterable[str]) -> tuple[LaunchSpec, dict[st
     from tuneplan.core.launch.bundle import asks_all, bundle_files, expand_targets, launch_spec
 
     targets = list(targets)
-    spec = launch_spec(plan)
+    spec = launch_spec(plan, _model(plan.model_id))
     files = bundle_files(spec, expand_targets(targets), train_script=read_train_script(),
                          sky_catalog=load_sky_catalog(), strict=not asks_all(targets))
     return spec, files
+
+
+def _model(model_id: str) -> ModelSpec | None:
+    """The plan's model, for the LoRA target names PEFT is given; None when it cannot be
+    resolved now (a hub model offline): then the targets are written as the plan states them,
+    and train.py maps them onto a fused ``query_key_value`` at run time."""
+    from tuneplan.adapters.hub import resolve_model
+    from tuneplan.errors import TuneplanError
+
+    try:
+        return resolve_model(model_id)
+    except TuneplanError:
+        return None
 
 
 def saved_bundle(plan_id: str | None, plan_file: Path | None, targets: Iterable[str]

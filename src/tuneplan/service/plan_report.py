@@ -80,11 +80,17 @@ def plan_entry(p: Plan, result: PlanResult, job: Job | None = None) -> dict[str,
                    # total, which is what stays on the card)
                    "paged_out_bytes": c.paged_out_bytes,
                    "exact_for_gpu": c.exact, "trainable_params": c.memory.trainable_params,
-                   "total_params": c.memory.total_params},
+                   "total_params": c.memory.total_params,
+                   # per GPU, term by term (they sum to device_total_bytes): only for plans
+                   # whose estimate is this strategy's own on this GPU generation
+                   "terms": [{"name": t.path, "bytes": int(t.value), "formula": t.formula}
+                             for t in c.memory.breakdown] if c.exact else None},
         "throughput": {"tokens_per_second": t.tokens_per_second,
                        "tokens_per_second_per_gpu": t.tokens_per_second_per_gpu,
                        "step_seconds": t.step_seconds, "mfu": t.mfu, "bound": t.bound,
-                       "training_hours": t.hours},
+                       "training_hours": t.hours,
+                       "time_basis": t.time_basis.as_dict(
+                           tokens_per_second=t.tokens_per_second, hours=t.hours)},
         "cost": cost, "pareto": p.id in result.pareto_ids, "risk": risk_part(p),
         "fixed": sorted(fixed_values(job)),
         "why": list(p.why), "warnings": list(p.warnings),

@@ -26,10 +26,12 @@ def plan_job(job: Job, model: ModelSpec, *, store_path: str | Path | None = None
 def plan_job_stamped(job: Job, model: ModelSpec, *, store_path: str | Path | None = None,
                      now: datetime | None = None) -> tuple[PlanResult, tuple[str, int]]:
     """``plan_job`` and the stamp of the catalog it planned over (``CatalogStore.stamp``)."""
+    from tuneplan.adapters.calibration import calibrated_for_job
     from tuneplan.adapters.plans import plan
 
     stamp, offers = current_offers(store_path)
-    return plan(job, model=model, offers=offers, now=now or datetime.now(UTC)), stamp
+    return plan(job, model=model, offers=offers, now=now or datetime.now(UTC),
+                assumptions=calibrated_for_job(job, store_path)), stamp
 
 
 _CURRENT: dict[str, tuple[tuple[str, int], list[Offer]]] = {}
@@ -95,9 +97,10 @@ def raise_if_infeasible(result: PlanResult) -> None:
 
 
 def fit_job(job: Job, model: ModelSpec, *, store_path: str | Path | None = None) -> FitReport:
-    """The fit solver on ``job.gpu``: largest micro-batch and sequence per method, and the
-    changes that make the job fit (one-GPU ones first; more GPUs labelled with the nodes one
-    offer of that GPU in the catalog holds)."""
+    """The fit solver on ``job.gpu`` with its saved probe calibration applied (memory and
+    speed): largest micro-batch and sequence per method, and the changes that make the job
+    fit (one-GPU ones first; more GPUs labelled with the nodes one offer of that GPU in the
+    catalog holds)."""
     from tuneplan.adapters.bundled import resolve_gpu_spec
     from tuneplan.core.planner.fit import fit
     from tuneplan.core.planner.search import StrategySearch
@@ -105,8 +108,12 @@ def fit_job(job: Job, model: ModelSpec, *, store_path: str | Path | None = None)
     if not job.gpu:
         raise InvalidValueError("fit needs --gpu NAME (see `tuneplan gpus`)")
     gpu = resolve_gpu_spec(job.gpu)
+    from tuneplan.adapters.calibration import calibration_for
+
+    cal = calibration_for(gpu, store_path)  # the saved probe of this GPU, if any
     search = StrategySearch(model=model, base=job.strategy,
-                            tokens=job.tokens_per_epoch, epochs=job.epochs)
+                            tokens=job.tokens_per_epoch, epochs=job.epochs,
+                            memory_assumptions=cal.memory, throughput_assumptions=cal.throughput)
     per_node, basis = node_gpus(gpu.name, store_path=store_path)
     return fit(search, gpu, max_gpus=job.max_gpus or 64, node_gpus=per_node,
                node_gpus_basis=basis)

@@ -17,13 +17,16 @@ from torch import nn
 
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.strategy import ALL_LINEAR, Optimizer, Task
+from tuneplan.core.job.tuners import TUNER_METHODS, PeftSpec, peft_spec
+from tuneplan.core.models import parse_model_config
 from tuneplan.errors import ProbeError, UnsupportedError
 
 if TYPE_CHECKING:
     from tuneplan.adapters.probe.harness import StepSetup
 
 # Methods that wrap the model with ``peft.get_peft_model`` (QLoRA does so after 4-bit loading).
-PEFT_METHODS = frozenset({Method.LORA, Method.DORA, Method.PREFIX, Method.PROMPT, Method.IA3})
+PEFT_METHODS = frozenset({Method.LORA, Method.DORA, Method.PREFIX, Method.PROMPT,
+                          Method.IA3}) | TUNER_METHODS
 _DROP_KEYS = ("torch_dtype", "dtype", "transformers_version", "quantization_config")
 
 
@@ -68,9 +71,27 @@ def check_supported(setup: StepSetup) -> None:
         )
 
 
-def auto_class(task: Task) -> Any:
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+def is_encoder_decoder(config: Mapping[str, Any] | None) -> bool:
+    """A T5-style config (``is_encoder_decoder``, or a model_type that is one)."""
+    if not config:
+        return False
+    return bool(config.get("is_encoder_decoder")) or config.get("model_type") in _SEQ2SEQ_TYPES
 
+
+_SEQ2SEQ_TYPES = frozenset({"t5", "mt5", "bart", "mbart", "umt5"})
+
+
+def auto_class(task: Task, config: Mapping[str, Any] | None = None) -> Any:
+    """The Auto class a job builds: an encoder-decoder language model is an
+    ``AutoModelForSeq2SeqLM`` (T5ForConditionalGeneration), not a causal LM."""
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSeq2SeqLM,
+        AutoModelForSequenceClassification,
+    )
+
+    if task is Task.CAUSAL_LM and is_encoder_decoder(config):
+        return AutoModelForSeq2SeqLM
     return AutoModelForCausalLM if task is Task.CAUSAL_LM else AutoModelForSequenceClassification
 
 
@@ -79,7 +100,7 @@ def build_base(setup: StepSetup, *, checkpointing: bool = True) -> nn.Module:
     ``setup.param_dtype``; with the job's checkpointing unless ``checkpointing`` is False."""
     check_supported(setup)
     s = setup.strategy
-    auto = auto_class(s.task)
+    auto = auto_class(s.task, setup.config)
     hf = make_config(setup.config, s.task)
     torch.manual_seed(setup.seed)
     device = torch.device("meta") if setup.fake else torch.device("cpu")
@@ -112,7 +133,11 @@ def peft_config(setup: StepSetup) -> Any:
     import peft
 
     s = setup.strategy
-    task_type = "CAUSAL_LM" if s.task is Task.CAUSAL_LM else "SEQ_CLS"
+    if s.method in TUNER_METHODS:
+        spec = tuner_spec(setup)
+        return getattr(peft, spec.config_class)(**spec.kwargs)
+    task_type = ("SEQ_2_SEQ_LM" if is_encoder_decoder(setup.config) else "CAUSAL_LM") if (
+        s.task is Task.CAUSAL_LM) else "SEQ_CLS"
     # PEFT takes the string "all-linear" or a list of module names.
     targets: Any = ALL_LINEAR if s.all_linear else list(s.lora_targets)
     to_save = list(s.trainable_modules) or None
@@ -135,6 +160,18 @@ def peft_config(setup: StepSetup) -> Any:
                task_type=task_type)
 
 
+def tuner_spec(setup: StepSetup) -> PeftSpec:
+    """The PEFT config of a tuner job, as the estimate and the launch bundle have it."""
+    return peft_spec(parse_model_config(setup.config, name="probe"), setup.strategy)
+
+
+def freeze_named(model: nn.Module, names: tuple[str, ...]) -> None:
+    """Freeze the adapter parameters ``names`` (LoRA-FA's ``lora_A``) after ``get_peft_model``."""
+    for name, p in model.named_parameters():
+        if any(f".{n}." in name for n in names):
+            p.requires_grad_(False)
+
+
 def apply_method(model: nn.Module, setup: StepSetup) -> nn.Module:
     """Full fine-tuning leaves the model as is; PEFT methods wrap it like Trainer users do."""
     method = setup.strategy.method
@@ -148,6 +185,8 @@ def apply_method(model: nn.Module, setup: StepSetup) -> nn.Module:
         wrapped: nn.Module = peft.get_peft_model(
             model, peft_config(setup), autocast_adapter_dtype=True
         )
+        if method in TUNER_METHODS:
+            freeze_named(wrapped, tuner_spec(setup).freeze)
         return wrapped
     except (ValueError, TypeError) as exc:
         raise UnsupportedError(f"peft cannot apply {method}: {exc}") from exc

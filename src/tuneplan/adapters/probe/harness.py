@@ -34,11 +34,12 @@ from tuneplan.core.job.strategy import (
     Sharding,
     Strategy,
 )
+from tuneplan.core.job.tuners import TUNER_METHODS
 from tuneplan.errors import InvalidValueError, ProbeError, UnsupportedError
 
 OptimizerImpl = Literal["fused", "foreach", "single"]
 RUNNABLE_METHODS = frozenset({Method.FULL, Method.LORA, Method.DORA, Method.QLORA,
-                              Method.PREFIX, Method.PROMPT, Method.IA3})
+                              Method.PREFIX, Method.PROMPT, Method.IA3}) | TUNER_METHODS
 RUNNABLE_OPTIMIZERS = frozenset({Optimizer.ADAMW, Optimizer.SGD, Optimizer.ADAFACTOR,
                                  Optimizer.ADAMW8BIT, Optimizer.LION})
 
@@ -48,7 +49,8 @@ def refuse_unrunnable(s: Strategy) -> None:
     the HF Trainer's step in one process (hf or plain recipe), one micro-batch, unpacked rows."""
     reasons = [
         (s.method not in RUNNABLE_METHODS,
-         f"--method {s.method} (probe runs full, lora, dora, qlora, prefix, prompt, ia3)"),
+         f"--method {s.method} (probe runs full, lora, dora, qlora, prefix, prompt, ia3 "
+         "and the peft tuners of core/job/tuners.py)"),
         (s.recipe not in (Recipe.HF, Recipe.PLAIN, Recipe.LITGPT),
          f"--recipe {s.recipe} (probe runs the HF Trainer step (hf, plain) or litgpt's fit "
          "loop (litgpt))"),

@@ -52,7 +52,7 @@ def load_pretrained(setup: StepSetup, source: str | Path) -> nn.Module:
     s = setup.strategy
     if s.method is Method.QLORA:
         raise UnsupportedError("the probe loads real weights for qlora only with --random-weights")
-    model: Any = build.auto_class(s.task).from_pretrained(
+    model: Any = build.auto_class(s.task, setup.config).from_pretrained(
         str(source), dtype=setup.param_dtype, attn_implementation=str(s.attention))
     model.config.use_cache = False
     if setup.checkpointing:

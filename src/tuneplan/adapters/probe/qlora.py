@@ -45,7 +45,7 @@ def build_qlora(setup: StepSetup) -> nn.Module:
     from tuneplan.adapters.probe import build
 
     base = build.build_base(setup, checkpointing=False)  # checkpointing comes after loading
-    auto = build.auto_class(setup.strategy.task)
+    auto = build.auto_class(setup.strategy.task, setup.config)
     with tempfile.TemporaryDirectory(prefix="tuneplan-qlora-") as folder:
         base.save_pretrained(folder)  # type: ignore[operator]
         del base

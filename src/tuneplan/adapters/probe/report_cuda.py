@@ -113,7 +113,11 @@ def implied_efficiency(tp: Any, measured_step_s: float, gpu: GpuSpec,
     """The matmul efficiency that makes the estimated step take the measured time, keeping
     the other step terms; only when matmuls are at least half the estimated step (a small,
     host-bound run says nothing about the GPU's matmul speed)."""
-    matmul = sum(float(t.value) for t in tp.step if t.path.endswith("/matmul"))
+    # the compute-bound terms (linears, attention scores, compile's saving on them) all
+    # scale with a calibrated efficiency
+    from tuneplan.core.compute.step import COMPUTE_TERMS
+
+    matmul = sum(float(t.value) for t in tp.step if t.path in COMPUTE_TERMS)
     rest = float(tp.step.total) - matmul
     if matmul < 0.5 * float(tp.step.total) or measured_step_s <= rest:
         return {}

@@ -24,12 +24,16 @@ KNOWN_SHARDING = frozenset({"ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-grad
 class NodeLinks:
     """Hardware facts of the node a job runs on that the GPU's spec does not hold: ``intra``
     forces the link between its GPUs (``auto``, ``nvlink`` or ``pcie``), and the fabric
-    between nodes in bytes/s (None: ``ThroughputAssumptions.inter_node_bytes_per_s``), and
-    the vCPUs of one node's host where the offer states them (CPU Adam under offload)."""
+    between nodes in bytes/s (None: ``ThroughputAssumptions.inter_node_bytes_per_s``) and its
+    latency per ring step, and the vCPUs of one node's host where the offer states them (CPU
+    Adam under offload)."""
 
     intra: str = "auto"
     inter_node_bytes_per_s: float | None = None
     host_vcpus: int | None = None
+    #: one ring step's latency across the nodes' network, where the offer states it (None:
+    #: NCCL's own model, ``ThroughputAssumptions.nccl_hop_latency_s``)
+    inter_node_latency_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.intra not in ("auto", "nvlink", "pcie"):
@@ -48,10 +52,26 @@ class Fabric:
     inter_node_bytes_per_s: float
     gpus_per_node: int
     nodes: int
+    intra_hop_latency_s: float = 0.0
+    net_hop_latency_s: float = 0.0
+    base_latency_s: float = 0.0
 
     @property
     def ranks(self) -> int:
         return self.gpus_per_node * self.nodes
+
+    def ring_latency_s(self, *, all_reduce: bool) -> float:
+        """Latency of one ring collective over all ranks, as NCCL models it: a base plus one
+        hop per ring step, the steps that cross nodes at the network's hop latency."""
+        ranks, nodes = self.ranks, self.nodes
+        if ranks <= 1:
+            return 0.0
+        if all_reduce:
+            steps, inter = 2 * (ranks - 1), (2 * nodes if nodes > 1 else 0)
+        else:
+            steps, inter = ranks - 1, nodes - 1
+        return (self.base_latency_s + (steps - inter) * self.intra_hop_latency_s
+                + inter * self.net_hop_latency_s)
 
     def ring_bytes_per_s(self) -> float:
         """Bus bandwidth of a ring over all ranks: the slowest hop."""
@@ -64,6 +84,7 @@ class Fabric:
 def node_fabric(*, interconnect: str | None, interconnect_bytes_per_s: float | None,
                 pcie_gen: int | None, gpus_per_node: int, nodes: int, intra: str = "auto",
                 inter_node_bytes_per_s: float | None = None,
+                inter_node_latency_s: float | None = None,
                 assumptions: ThroughputAssumptions) -> Fabric:
     """The fabric of a node of these GPUs; ``intra`` forces ``nvlink`` or ``pcie``.
 
@@ -82,8 +103,12 @@ def node_fabric(*, interconnect: str | None, interconnect_bytes_per_s: float | N
     else:
         intra, link = "pcie", pcie
     inter = (inter_node_bytes_per_s or a.inter_node_bytes_per_s) * a.inter_node_efficiency
+    hops = dict(a.nccl_hop_latency_s)
     return Fabric(intra=intra, intra_bytes_per_s=max(link, pcie), inter_node_bytes_per_s=inter,
-                  gpus_per_node=gpus_per_node, nodes=nodes)
+                  gpus_per_node=gpus_per_node, nodes=nodes, intra_hop_latency_s=hops[intra],
+                  net_hop_latency_s=(inter_node_latency_s if inter_node_latency_s is not None
+                                     else hops["net"]),
+                  base_latency_s=a.nccl_base_latency_s)
 
 
 def communication_per_step(*, sharding: str, ranks: int, grad_accum: int,

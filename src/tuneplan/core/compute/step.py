@@ -7,7 +7,7 @@ token come from ``core.compute.throughput``, trainable parameters from
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from tuneplan.core.catalog.hardware import GpuSpec
@@ -30,12 +30,15 @@ from tuneplan.core.job.methods import (
     effective_quant,
 )
 from tuneplan.core.job.strategy import (
+    Attention,
     Checkpointing,
+    Loss,
     Offload,
     Optimizer,
     Precision,
     Sharding,
     Strategy,
+    Task,
 )
 from tuneplan.core.models import LinearRole
 from tuneplan.errors import UnsupportedError
@@ -89,15 +92,23 @@ def trainable_params(model: ModelShape, strategy: Strategy) -> int:
 
 PRE_AMPERE = ("Volta", "Turing")
 
+#: The compute-bound step terms (``Throughput.bound`` reads them as ``compute``).
+COMPUTE_TERMS = frozenset({"micro-batch/matmul", "micro-batch/attention",
+                           "micro-batch/torch-compile"})
+
 
 def matmul_efficiency(gpu: GpuSpec, precision: Precision, peak: float,
                       a: ThroughputAssumptions) -> tuple[float, dict[str, object]]:
     """Fraction of the dense ``peak`` a training step's matmuls reach on ``gpu`` (before the
     hidden-size factor), and what it rests on: fp32 its own constant; a calibrated override
-    by architecture; else the GPU's matmul ceiling (``core.compute.ceiling``) times
-    ``matmul_step_share`` (and ``pre_ampere_step_factor`` on Volta and Turing)."""
+    for this GPU (a probe on it), else by architecture; else the GPU's matmul ceiling
+    (``core.compute.ceiling``) times ``matmul_step_share`` (and ``pre_ampere_step_factor`` on
+    Volta and Turing)."""
     if precision is Precision.FP32:
         return a.fp32_matmul_efficiency, {"efficiency_entry": "fp32 (CUDA cores)"}
+    own = a.gpu_override(gpu.name)
+    if own is not None:
+        return own[0], {"efficiency_entry": f"calibrated ({gpu.name})", "calibration": own[1]}
     override = a.matmul_override(gpu.architecture)
     if override is not None:
         return override[0], {"efficiency_entry": f"calibrated ({override[1]})"}
@@ -112,32 +123,155 @@ def matmul_efficiency(gpu: GpuSpec, precision: Precision, peak: float,
         "step_share": a.matmul_step_share, "pre_ampere_factor": factor}
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MicroBatch:
+    """What one micro-batch computes: all FLOPs, the attention-score share of them (QK^T and
+    AV in every pass), and the attended shape (sequences x context) the kernels see."""
+
+    flops: float
+    attention_flops: float
+    sequences: int
+    context: int
+    tokens: int
+
+
+def uses_flash_kernel(gpu: GpuSpec, s: Strategy) -> bool:
+    """FlashAttention-2 runs the scores: ``--attention flash``, or ``sdpa``, whose flash
+    backend is FlashAttention-2 (PyTorch 2.2+) on sm80+ in fp16/bf16; eager, fp32 and
+    pre-Ampere cards (no FA2 kernels) use batched GEMMs instead."""
+    old = gpu.architecture.split()[0] in PRE_AMPERE if gpu.architecture else False
+    return (s.attention is not Attention.EAGER and s.precision is not Precision.FP32
+            and not old)
+
+
 def _micro_batch_terms(model: ModelShape, s: Strategy, gpu: GpuSpec,
-                       a: ThroughputAssumptions, peak: float, flops: float) -> list[Term]:
+                       a: ThroughputAssumptions, peak: float, mb: MicroBatch) -> list[Term]:
     eff, basis = matmul_efficiency(gpu, s.precision, peak, a)
     size = 1.0 if s.precision is Precision.FP32 else (
         model.hidden_size / (model.hidden_size + a.hidden_size_half_efficiency))
-    speed = peak * eff * size * (a.compile_speedup if s.compile else 1.0)
+    speed = peak * eff * size
     if s.method is Method.LORA8BIT:
         speed /= a.int8_matmul_slowdown
-    matmul_s = flops / speed
+    matmul_s = (mb.flops - mb.attention_flops) / speed
+    attention = _attention_term(s, gpu, a, peak, eff, speed, mb)
+    compiled = _compile_term(s, a, matmul_s)
+    gpu_s = matmul_s + float(attention.value) + (float(compiled.value) if compiled else 0.0)
     host_s, host_inputs = _host_seconds(model, s, a)
     p = a.host_overlap_exponent
-    exposed = (matmul_s**p + host_s**p) ** (1 / p) - matmul_s
+    exposed = (gpu_s**p + host_s**p) ** (1 / p) - gpu_s
     terms = [
         Term(path="micro-batch/matmul", value=matmul_s, unit="s",
-             formula="FLOPs per micro-batch / (peak x efficiency x h/(h+h0))",
-             inputs={"flops": flops, "peak_flops_per_s": peak, "efficiency": eff,
-                     **basis, "size_factor": round(size, 4)},
-             source="compute-bound matmuls and attention: the GPU's matmul ceiling (measured "
-                    "or by the power rule) x the share a training step reaches"),
+             formula="(FLOPs - attention FLOPs) per micro-batch / (peak x efficiency x "
+                     "h/(h+h0))",
+             inputs={"flops": mb.flops - mb.attention_flops, "peak_flops_per_s": peak,
+                     "efficiency": eff, **basis, "size_factor": round(size, 4)},
+             source="compute-bound linears: the GPU's matmul ceiling (measured or by the power "
+                    "rule) x the share a training step reaches"),
+        attention,
         Term(path="micro-batch/host-overhead-exposed", value=exposed, unit="s",
-             formula="(matmul^p + host^p)^(1/p) - matmul", inputs={**host_inputs, "p": p},
+             formula="(gpu^p + host^p)^(1/p) - gpu", inputs={**host_inputs, "p": p},
              source="the CPU launches kernels while the GPU runs earlier ones: host time shows "
                     "only where it exceeds GPU time (small micro-batches)"),
     ]
-    offload = offload_term(model, s, a, matmul_s + exposed)
-    return terms + ([offload] if offload else []) + _memory_bound_terms(model, s, gpu, a)
+    offload = offload_term(model, s, a, gpu_s + exposed)
+    return (terms + ([compiled] if compiled else []) + ([offload] if offload else [])
+            + _kernel_memory_terms(model, s, gpu, a, mb) + _memory_bound_terms(model, s, gpu, a))
+
+
+def _compile_term(s: Strategy, a: ThroughputAssumptions, matmul_s: float) -> Term | None:
+    """What ``--compile`` saves on the matmul-bound part (negative seconds): Inductor's
+    fusions around the GEMMs (norms, activations, casts) that the eager time above carries,
+    ``compile_speedup`` fitted on torchtune's compiled rows; its fused loss and fewer launches
+    are ``micro-batch/loss`` and the host term's own."""
+    if not s.compile:
+        return None
+    saved = matmul_s * (1 / a.compile_speedup - 1)
+    return Term(path="micro-batch/torch-compile", value=saved, unit="s",
+                formula="matmul x (1/compile_speedup - 1)",
+                inputs={"matmul_s": matmul_s, "compile_speedup": a.compile_speedup},
+                source="torch.compile (Inductor) fuses the elementwise work between the GEMMs; "
+                       "the speed-up is fitted on torchtune's compiled rows")
+
+
+def _attention_term(s: Strategy, gpu: GpuSpec, a: ThroughputAssumptions, peak: float,
+                    eff: float, matmul_speed: float, mb: MicroBatch) -> Term:
+    """The score products QK^T and AV (every pass) by their kernel: FlashAttention-2 at its
+    published share of the GPU's matmul ceiling (``flash_attention_ceiling_share``), scaled
+    like the linears where a probe calibrated this GPU; otherwise batched GEMMs at the
+    linears' speed (eager's memory traffic is ``micro-batch/eager-attention-scores``)."""
+    if not uses_flash_kernel(gpu, s):
+        return Term(path="micro-batch/attention", value=mb.attention_flops / matmul_speed,
+                    unit="s", formula="attention FLOPs / the linears' speed",
+                    inputs={"flops": mb.attention_flops, "kernel": "batched GEMM",
+                            "attention": s.attention.value},
+                    source="eager attention (and SDPA where FlashAttention-2 does not run: "
+                           "fp32, pre-Ampere) computes the scores with cuBLAS batched GEMMs")
+    from tuneplan.core.compute.ceiling import matmul_ceiling
+
+    ceiling = matmul_ceiling(gpu, peak, a)
+    share = a.flash_share(gpu.architecture)
+    default = ceiling.fraction * a.matmul_step_share
+    scale = eff / default if (a.gpu_override(gpu.name) or
+                              a.matmul_override(gpu.architecture)) else 1.0
+    speed = peak * ceiling.fraction * share * scale
+    return Term(path="micro-batch/attention", value=mb.attention_flops / speed, unit="s",
+                formula="attention FLOPs / (peak x ceiling fraction x FA2 share of the ceiling"
+                        " x calibration)",
+                inputs={"flops": mb.attention_flops, "kernel": "flash-attention 2",
+                        "attention": s.attention.value, "ceiling_fraction":
+                        round(ceiling.fraction, 4), "fa2_share_of_ceiling": share,
+                        "calibration_scale": round(scale, 4)},
+                source="FlashAttention-2 (sdpa's flash backend, or --attention flash) is "
+                       "compute-bound at a published share of the peak (flash_attention_"
+                       "ceiling_share); causal blocks above the diagonal are skipped")
+
+
+def _kernel_memory_terms(model: ModelShape, s: Strategy, gpu: GpuSpec,
+                         a: ThroughputAssumptions, mb: MicroBatch) -> list[Term]:
+    """Memory-bound kernels the chosen kernels add or avoid: eager attention's materialised
+    scores, and the loss over the logits (standard vs fused/chunked)."""
+    bandwidth = float(gpu.memory_bandwidth_bytes_per_s or 1e12) * a.elementwise_bandwidth_efficiency
+    terms: list[Term] = []
+    if s.attention is Attention.EAGER:
+        per = a.eager_score_bytes_forward * (2 if recomputes(s) else 1) \
+            + a.eager_score_bytes_backward
+        elements = mb.sequences * model.spec.num_heads * mb.context**2 * model.num_layers
+        terms.append(Term(
+            path="micro-batch/eager-attention-scores", value=elements * per / bandwidth,
+            unit="s", formula="sequences x heads x context^2 x layers x bytes per score / "
+                              "(HBM bandwidth x efficiency)",
+            inputs={"score_elements": elements, "bytes_per_score": per,
+                    "bandwidth": bandwidth},
+            source="eager attention writes and rereads the full s x s scores: scale, mask add, "
+                   "fp32 softmax, cast back (transformers eager_attention_forward), and their "
+                   "gradients"))
+    if s.task is Task.CAUSAL_LM:
+        per_logit, kernel = loss_bytes_per_logit(s, a)
+        logits = mb.tokens * model.vocab_size
+        terms.append(Term(
+            path="micro-batch/loss", value=logits * per_logit / bandwidth, unit="s",
+            formula="tokens x vocab x bytes per logit / (HBM bandwidth x efficiency)",
+            inputs={"logits": logits, "bytes_per_logit": per_logit, "kernel": kernel,
+                    "bandwidth": bandwidth},
+            source="cross-entropy over the logits, forward and backward, by its kernel"))
+    return terms
+
+
+def loss_bytes_per_logit(s: Strategy, a: ThroughputAssumptions) -> tuple[float, str]:
+    """HBM bytes per logit the loss moves (forward + backward) and the kernel that moves them:
+    the recipe's loss (``core.memory.logits.effective_loss``, one rule for memory and speed)."""
+    from tuneplan.core.job.recipes import Recipe, precision_plan
+    from tuneplan.core.memory.logits import effective_loss
+
+    if effective_loss(s, precision_plan(s)) is Loss.STANDARD:
+        return a.standard_loss_bytes_per_logit, "unfused fp32 cross-entropy"
+    if s.recipe is Recipe.TORCHTUNE:
+        if s.compile:
+            return a.compiled_loss_bytes_per_logit, "torchtune chunked CE under torch.compile"
+        return a.standard_loss_bytes_per_logit, "torchtune chunked CE (eager: fp32 per chunk)"
+    if s.recipe is Recipe.UNSLOTH:
+        return a.fused_loss_bytes_per_logit, "unsloth fast_cross_entropy_loss"
+    return a.fused_loss_bytes_per_logit, "Liger fused linear cross-entropy"
 
 
 def stored_weight_bytes(model: ModelShape, s: Strategy) -> float:
@@ -287,20 +421,21 @@ def _optimizer_term(model: ModelShape, s: Strategy, gpu: GpuSpec,
 
 
 def step_time(*, model: ModelShape, strategy: Strategy, links: NodeLinks, gpu: GpuSpec,
-              assumptions: ThroughputAssumptions, peak: float, flops_per_token: float,
-              computed_tokens: int) -> tuple[Breakdown, Breakdown, float, list[str]]:
+              assumptions: ThroughputAssumptions, peak: float, micro_batch: MicroBatch
+              ) -> tuple[Breakdown, Breakdown, float, list[str]]:
     """(step Breakdown in s, communication Breakdown in B, comm seconds, notes)."""
     a, s = assumptions, strategy
     if s.sharding not in KNOWN_SHARDING:
         raise UnsupportedError(f"unknown --sharding {s.sharding!r}")
-    micro = _micro_batch_terms(model, s, gpu, a, peak, flops_per_token * computed_tokens)
+    micro = _micro_batch_terms(model, s, gpu, a, peak, micro_batch)
     terms = [Term(path=t.path, value=t.value * s.grad_accum, unit="s",
                   formula=f"grad_accum x ({t.formula})",
                   inputs={**t.inputs, "grad_accum": s.grad_accum}, source=t.source)
              for t in micro]
     terms.append(_optimizer_term(model, s, gpu, a, links))
-    comm_term, comm, comm_s, fabric = _communication(model, s, links, gpu, a,
-                                                     float(micro[0].value))
+    # the compute-bound part of a micro-batch: the window communication overlaps
+    compute_s = sum(float(t.value) for t in micro if t.path in COMPUTE_TERMS)
+    comm_term, comm, comm_s, fabric = _communication(model, s, links, gpu, a, compute_s)
     terms.append(comm_term)
     eff = a.multi_gpu_efficiency * (a.multi_node_efficiency if s.nodes > 1 else 1.0)
     if s.world_size > 1 and eff != 1.0:
@@ -331,7 +466,8 @@ def _communication(model: ModelShape, s: Strategy, links: NodeLinks, gpu: GpuSpe
     fabric = node_fabric(
         interconnect=gpu.interconnect, interconnect_bytes_per_s=gpu.interconnect_bytes_per_s,
         pcie_gen=gpu.pcie_gen, gpus_per_node=s.gpus, nodes=s.nodes, intra=links.intra,
-        inter_node_bytes_per_s=links.inter_node_bytes_per_s, assumptions=a)
+        inter_node_bytes_per_s=links.inter_node_bytes_per_s,
+        inter_node_latency_s=links.inter_node_latency_s, assumptions=a)
     dtype = compute_dtype_bytes(s.precision)
     ranks = s.world_size
     # gathered parameters move as stored: QLoRA-FSDP shards the packed 4-bit weights
@@ -344,7 +480,8 @@ def _communication(model: ModelShape, s: Strategy, links: NodeLinks, gpu: GpuSpe
     collectives = collectives_per_step(sharding=s.sharding, ranks=ranks,
                                        grad_accum=s.grad_accum, num_layers=model.num_layers,
                                        passes_gathering=passes)
-    comm_s = float(comm.total) / fabric.ring_bytes_per_s() + collectives * a.collective_latency_s
+    latency = fabric.ring_latency_s(all_reduce=s.sharding is Sharding.DDP)
+    comm_s = float(comm.total) / fabric.ring_bytes_per_s() + collectives * latency
     matmul_s = micro_matmul_s * s.grad_accum
     if s.sharding in PER_MICROBATCH_GRADS:
         window, share = matmul_s, a.overlap_fraction_sharded
@@ -355,6 +492,8 @@ def _communication(model: ModelShape, s: Strategy, links: NodeLinks, gpu: GpuSpe
         path="step/communication-exposed", value=exposed, unit="s",
         formula="max(0, comm - overlap x compute window)",
         inputs={"comm_s": comm_s, "overlap": share, "window_s": window, "fabric": fabric.intra,
-                "ring_bytes_per_s": fabric.ring_bytes_per_s(), "collectives": collectives},
-        source="bytes / slowest ring hop + latency per collective, partly hidden by compute"))
+                "ring_bytes_per_s": fabric.ring_bytes_per_s(), "collectives": collectives,
+                "latency_per_collective_s": latency},
+        source="bytes / slowest ring hop + NCCL's ring latency per collective (a base and a "
+               "hop per step, the fabric's own across nodes), partly hidden by compute"))
     return term, comm, comm_s, fabric

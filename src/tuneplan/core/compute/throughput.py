@@ -16,9 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tuneplan.core.catalog.hardware import GpuSpec
+from tuneplan.core.compute import seq2seq
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
 from tuneplan.core.compute.communication import NodeLinks
-from tuneplan.core.compute.step import recomputes, step_time
+from tuneplan.core.compute.confidence import TimeBasis, time_basis
+from tuneplan.core.compute.step import COMPUTE_TERMS, MicroBatch, recomputes, step_time
 from tuneplan.core.job.methods import (
     ESTIMATED_METHODS,
     ESTIMATED_QUANTS,
@@ -31,7 +33,9 @@ from tuneplan.core.job.methods import (
     targeted_linears,
 )
 from tuneplan.core.job.strategy import Attention, Checkpointing, Precision, Strategy, Task
+from tuneplan.core.job.tuners import TUNER_METHODS
 from tuneplan.core.models import LinearRole, ModelSpec
+from tuneplan.core.models.latent import score_dim
 from tuneplan.core.models.provenance import structure_note
 from tuneplan.errors import UnsupportedError
 from tuneplan.explain import Breakdown, Term
@@ -116,7 +120,7 @@ def model_shape_from_spec(spec: ModelSpec) -> ModelShape:
                 stored=group.count * lin.copies, role=lin.role))
     return ModelShape(
         spec=spec, total_params=total, num_layers=spec.num_layers,
-        hidden_size=spec.hidden_size, attention_dim=spec.num_heads * spec.head_dim,
+        hidden_size=spec.hidden_size, attention_dim=score_dim(spec),
         vocab_size=spec.vocab_size, linears=tuple(linears),
         causal=not spec.layers or any(group.kind != "encoder" for group in spec.layers))
 
@@ -190,15 +194,24 @@ def _unmodelled(s: Strategy) -> list[str]:
     """What the speed model takes as it is and does not time, said where it applies, so a
     flag that leaves tokens/s unchanged is seen to be read."""
     out = []
-    if s.method not in ESTIMATED_METHODS and s.method.is_low_rank:
+    if s.method in TUNER_METHODS and s.method.is_low_rank:
+        out.append(f"--method {s.method.value}: its adapter FLOPs are timed as LoRA's over "
+                   "the same targets at --lora-rank (the tuner's own kernels, e.g. a "
+                   "materialised update or FFTs, are not timed); its trainable count is "
+                   "peft's (core/job/tuners.py)")
+    elif s.method in TUNER_METHODS:
+        out.append(f"--method {s.method.value}: timed as the frozen model (plus any virtual "
+                   "tokens); its own small modules are not timed")
+    elif s.method not in ESTIMATED_METHODS and s.method.is_low_rank:
         out.append(f"--method {s.method.value}: timed as LoRA over the same targets and rank "
                    "(its own kernels are not modelled; memory does not estimate it)")
     elif s.method not in ESTIMATED_METHODS:
         out.append(f"--method {s.method.value}: timed as the frozen model with one hidden-size "
                    "vector per block training (memory does not estimate it)")
     if s.recipe.value != "hf":
-        out.append(f"--recipe {s.recipe.value}: timed with the same kernels as hf (no "
-                   "per-framework speed-ups modelled); the recipe changes memory only")
+        out.append(f"--recipe {s.recipe.value}: timed with the same kernels as hf but its "
+                   "loss (micro-batch/loss: its default and fused cross-entropy); its other "
+                   "kernels (norms, rotary, activations) are not modelled")
     if s.checkpointing is Checkpointing.OFFLOAD:
         out.append("--offload-activations: the host copies of the checkpoints are assumed to "
                    "overlap with compute (no PCIe time added)")
@@ -230,6 +243,10 @@ def flops_per_token(model: ModelShape | ModelSpec, strategy: Strategy, a: Throug
     causal = a.causal_attention_factor if model.causal else 1.0
     factor = a.eager_attention_factor if s.attention is Attention.EAGER else causal
     attn = 4 * model.num_layers * context * model.attention_dim * factor
+    if model.spec.is_encoder_decoder:   # encoder self + decoder self + cross attention
+        factor = seq2seq.attention_layers(model.spec, causal, s.attention is Attention.EAGER,
+                                          a.eager_attention_factor) / model.num_layers
+        attn = 4 * model.num_layers * context * model.attention_dim * factor
     backprop, weight = _backward_params(model, s)
     adapters, adapters_stored = adapter_params(model, s)
     terms = [
@@ -307,7 +324,8 @@ def peak_flops_per_s(gpu: GpuSpec, precision: Precision) -> tuple[float, list[st
 
 
 #: Which limit each step term belongs to (terms not listed are bandwidth-bound: memory).
-_BOUND_OF = {"micro-batch/matmul": "compute", "step/multi-gpu-sync": "communication",
+_BOUND_OF = {**dict.fromkeys(COMPUTE_TERMS, "compute"),
+             "step/multi-gpu-sync": "communication",
              "step/communication-exposed": "communication",
              "micro-batch/host-overhead-exposed": "host",
              "micro-batch/param-offload-exposed": "host", "step/optimizer-offloaded": "host"}
@@ -330,6 +348,8 @@ class Throughput:
     communication: Breakdown
     peak_flops_per_s: float
     assumptions: ThroughputAssumptions
+    #: calibrated (a probe on this GPU) or assumed, with the range of the model's error
+    time_basis: TimeBasis
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -359,6 +379,9 @@ class Throughput:
             "peak_flops_per_s": self.peak_flops_per_s,
             "flops_per_token": self.flops_per_token.as_dict(), "step": self.step.as_dict(),
             "communication": self.communication.as_dict(), "notes": list(self.notes),
+            "time_basis": self.time_basis.as_dict(
+                tokens_per_second=self.tokens_per_second, step_seconds=self.step_seconds,
+                hours=self.hours),
             "assumptions": self.assumptions.describe(),
         }
 
@@ -395,9 +418,16 @@ def estimate_throughput(model: ModelShape | ModelSpec, strategy: Strategy, gpu: 
     structure = structure_note(shape.spec)
     notes += [structure] if structure else []
     notes += _unmodelled(s)
+    attention = float(flops.value("forward/attention") + flops.value("backward/attention"))
+    if recomputes(s):
+        attention += float(flops.value("forward/attention"))
+    computed_mb = computed * s.batch_size
+    micro = MicroBatch(flops=float(flops.total) * computed_mb,
+                       attention_flops=attention * computed_mb, sequences=s.batch_size,
+                       context=context, tokens=computed_mb)
     step, comm, comm_s, more = step_time(
         model=shape, strategy=s, links=links or NodeLinks(), gpu=gpu, assumptions=a, peak=peak,
-        flops_per_token=flops.total, computed_tokens=computed * s.batch_size)
+        micro_batch=micro)
     step_s = float(step.total)
     tokens_per_step = real * s.batch_size * s.grad_accum * s.world_size
     tps = tokens_per_step / step_s
@@ -409,4 +439,5 @@ def estimate_throughput(model: ModelShape | ModelSpec, strategy: Strategy, gpu: 
         step_seconds=step_s, mfu=mfu, comm_seconds_per_step=comm_s,
         comm_bytes_per_step_per_gpu=float(comm.total), tokens_per_step=tokens_per_step,
         hours=hours, flops_per_token=flops, step=step, communication=comm,
-        peak_flops_per_s=peak, assumptions=a, notes=tuple(notes + more))
+        peak_flops_per_s=peak, assumptions=a, time_basis=time_basis(gpu, s.precision, a),
+        notes=tuple(notes + more))

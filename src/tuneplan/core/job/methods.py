@@ -8,7 +8,7 @@ DoRA adds an ``out``-sized magnitude, IA3 one vector per target, prefix tuning o
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -40,6 +40,14 @@ class Method(StrEnum):
     BOFT = "boft"
     LORA_FA = "lora-fa"
     LAYERNORM = "layernorm"
+    # peft's newer tuners (core/job/tuners.py models them)
+    FOURIERFT = "fourierft"
+    HRA = "hra"
+    MISS = "miss"
+    SHIRA = "shira"
+    ROAD = "road"
+    RANDLORA = "randlora"
+    C3A = "c3a"
     AUTO = "auto"
 
     @property
@@ -57,7 +65,8 @@ class Method(StrEnum):
     @property
     def is_low_rank(self) -> bool:
         """Adapters on the targeted linears (the LoRA family and PEFT's other weight adapters:
-        AdaLoRA, LoHa, LoKr, VeRA, LoRA-FA, OFT, BOFT): the speed model's adapter FLOPs."""
+        AdaLoRA, LoHa, LoKr, VeRA, LoRA-FA, OFT, BOFT and the newer per-linear tuners): the
+        speed model's adapter FLOPs."""
         return self in _LOW_RANK
 
     @property
@@ -65,10 +74,26 @@ class Method(StrEnum):
         """Prompt tuning and P-tuning prepend ``num_virtual_tokens`` positions to every input."""
         return self in (Method.PROMPT, Method.P_TUNING)
 
+    @property
+    def uses_rank(self) -> bool:
+        """Whether ``--lora-rank`` sets this method's rank (``tuners.RANK_FIELD``)."""
+        return self.is_lora or self in _RANKED
+
 
 _LOW_RANK = frozenset({Method.LORA, Method.DORA, Method.QLORA, Method.LORA8BIT, Method.ADALORA,
                        Method.LOHA, Method.LOKR, Method.VERA, Method.LORA_FA, Method.OFT,
-                       Method.BOFT})
+                       Method.BOFT, Method.FOURIERFT, Method.HRA, Method.MISS, Method.SHIRA,
+                       Method.ROAD, Method.RANDLORA, Method.C3A})
+# the same set as tuners.RANK_FIELD's keys (a test holds them equal; no import cycle)
+_RANKED = frozenset({Method.ADALORA, Method.LOHA, Method.LOKR, Method.VERA, Method.HRA,
+                     Method.MISS, Method.SHIRA, Method.RANDLORA, Method.LORA_FA})
+
+
+#: Methods modelled in core/job/tuners.py (PEFT's other tuners).
+_TUNERS = frozenset({Method.ADALORA, Method.LOHA, Method.LOKR, Method.VERA, Method.OFT,
+                     Method.BOFT, Method.HRA, Method.FOURIERFT, Method.MISS, Method.SHIRA,
+                     Method.ROAD, Method.RANDLORA, Method.C3A, Method.LORA_FA,
+                     Method.LAYERNORM, Method.P_TUNING, Method.LLAMA_ADAPTER})
 
 
 class Quant(StrEnum):
@@ -81,7 +106,7 @@ class Quant(StrEnum):
 
 ESTIMATED_METHODS = frozenset({Method.FULL, Method.FREEZE, Method.LORA, Method.DORA,
                                Method.QLORA, Method.LORA8BIT, Method.PREFIX, Method.PROMPT,
-                               Method.IA3})
+                               Method.IA3}) | _TUNERS
 ESTIMATED_QUANTS = frozenset({Quant.NF4, Quant.FP4, Quant.INT8, Quant.GPTQ_INT4})
 # PEFT's IA3 feed-forward modules scale their *input* (vector of in_features), see
 # peft/utils/constants.py TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING.
@@ -283,8 +308,33 @@ class Trainable:
         return self.base_params + self.adapter_params
 
 
+#: Encoder-decoder model types whose blocks the memory model estimates (core/memory/seq2seq.py).
+SEQ2SEQ_TYPES = frozenset({"t5", "mt5", "bart"})
+#: transformers 5.24 configuration_t5.py / configuration_mt5.py set ``tie_word_embeddings =
+#: True`` whatever the config says (T5's ``scale_decoder_outputs`` keeps the old meaning), so
+#: ``T5ForConditionalGeneration`` ties ``lm_head`` to ``shared`` even for T5 v1.1 / T0 / mT0
+#: checkpoints that store a separate head (checked on the meta device: bigscience/T0_3B builds
+#: 2,783,959,040 parameters, its checkpoint holds 2,849,757,184).
+HF_T5_FORCED_TIE = (5, 0)
+
+
+def ties_head(model: ModelSpec, strategy: Strategy) -> bool:
+    """The job's transformers ties ``model``'s head to its embedding whatever its config says."""
+    return model.model_type in ("t5", "mt5") and strategy.stack.at_least(
+        "transformers", HF_T5_FORCED_TIE)
+
+
+def as_built(model: ModelSpec, strategy: Strategy) -> ModelSpec:
+    """``model`` as the job's transformers builds it (a T5 head tied under transformers 5)."""
+    if ties_head(model, strategy) and not model.tie_word_embeddings:
+        return replace(model, tie_word_embeddings=True)
+    return model
+
+
 def count_trainable(model: ModelSpec, strategy: Strategy) -> Trainable:
-    """Trainable parameters of ``strategy.method`` on ``model``; raises UnsupportedError."""
+    """Trainable parameters of ``strategy.method`` on ``model`` as the job's transformers
+    builds it (``as_built``); raises UnsupportedError."""
+    model = as_built(model, strategy)
     method = strategy.method
     if method not in ESTIMATED_METHODS:
         raise UnsupportedError(f"method {method.value!r} is not estimated yet; use one of "
@@ -296,7 +346,11 @@ def count_trainable(model: ModelSpec, strategy: Strategy) -> Trainable:
                          largest_tensor=max(r * c for r, c, _ in mats), matrices=mats)
     if method is Method.FREEZE:
         return _freeze(model, strategy, extra)
-    adapters = _adapter_matrices(model, strategy)
+    if method in _TUNERS:
+        from tuneplan.core.job.tuners import tuner_matrices  # it imports this module
+        adapters = tuner_matrices(model, strategy)
+    else:
+        adapters = _adapter_matrices(model, strategy)
     adapter_params = sum(r * c * n for r, c, n in adapters)
     sizes = [r * c for r, c, _ in adapters] + [extra]
     return Trainable(base_params=extra, adapter_params=adapter_params,

@@ -19,7 +19,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tuneplan.core.catalog.offers import Offer, offer_record
 from tuneplan.core.cost.estimate import CostAssumptions, checkpoint_bytes
 from tuneplan.core.cost.spot import young_daly_interval_s
+from tuneplan.core.job.methods import peft_lora_targets
 from tuneplan.core.job.strategy import Loss, Sharding, Strategy
+from tuneplan.core.job.tuners import LAUNCH_REFUSALS, TUNER_METHODS, launch_peft
+from tuneplan.core.models import ModelSpec
 from tuneplan.core.planner.record import SavedPlan
 from tuneplan.errors import InvalidValueError
 from tuneplan.units import GB, HOUR_S
@@ -92,6 +95,14 @@ class LaunchSpec:
     spot_usd: Decimal | None
     why: tuple[str, ...]
     warnings: tuple[str, ...]
+    #: the modules PEFT is given (``peft_lora_targets``: split q/k/v names on a fused
+    #: ``query_key_value`` model name that module); empty: ``strategy.lora_targets``
+    peft_targets: tuple[str, ...] = ()
+
+    @property
+    def lora_targets(self) -> tuple[str, ...]:
+        """What every launch file names as the LoRA targets: the modules PEFT wraps."""
+        return self.peft_targets or self.strategy.lora_targets
 
     @property
     def gpu_name(self) -> str:
@@ -137,12 +148,22 @@ def _interval(plan: SavedPlan, ckpt_bytes: int) -> tuple[float, str]:
                       f"{1 / a.default_interruptions_per_hour:.0f} h MTBF), default assumptions")
 
 
-def launch_spec(plan: SavedPlan) -> LaunchSpec:
+def launch_spec(plan: SavedPlan, model: ModelSpec | None = None) -> LaunchSpec:
     """The launch view of a plan (``saved_plan(plan, result)`` for one just made, or a saved
     one an adapter read back), with the checkpoint cadence: save_steps = interval / step time
     (hourly when no interruption is expected); kept = what the disk holds beside the weights,
-    within [MIN_KEPT, MAX_KEPT]. Raises InvalidValueError when the plan cannot be launched."""
+    within [MIN_KEPT, MAX_KEPT]. With the plan's ``model``, the LoRA targets are the modules
+    PEFT wraps (``peft_lora_targets``), so every launch file names what the estimate counted.
+    Raises InvalidValueError when the plan cannot be launched."""
     s = plan.strategy
+    if model is not None and model.is_encoder_decoder:
+        raise InvalidValueError(f"plan {plan.id} cannot be launched: {model.name} is an "
+                                "encoder-decoder, and the bundled train.py (and the axolotl / "
+                                "LLaMA-Factory configs) train causal LMs on text completions, "
+                                "not source/target pairs")
+    if s.method in LAUNCH_REFUSALS:
+        raise InvalidValueError(f"plan {plan.id} cannot be launched: "
+                                f"{LAUNCH_REFUSALS[s.method]}")
     if plan.step_s <= 0 or plan.total_params < 1:
         raise InvalidValueError(f"plan {plan.id} cannot be launched: step time "
                                 f"{plan.step_s} s, {plan.total_params} parameters")
@@ -166,7 +187,8 @@ def launch_spec(plan: SavedPlan) -> LaunchSpec:
         disk_bytes=weights + kept * ckpt + DISK_HEADROOM_BYTES, total_params=total,
         trainable_params=plan.trainable_params, tokens_per_epoch=plan.job.tokens_per_epoch,
         epochs=plan.job.epochs, hours=plan.hours, on_demand_usd=plan.on_demand_usd,
-        spot_usd=plan.spot_usd, why=plan.why, warnings=plan.warnings)
+        spot_usd=plan.spot_usd, why=plan.why, warnings=plan.warnings,
+        peft_targets=peft_lora_targets(model, s) if model is not None else ())
 
 
 def train_config(spec: LaunchSpec, *, output_dir: str = CHECKPOINT_DIR) -> dict[str, Any]:
@@ -178,7 +200,7 @@ def train_config(spec: LaunchSpec, *, output_dir: str = CHECKPOINT_DIR) -> dict[
         "method": s.method.value, "precision": s.precision.value,
         "optimizer": s.optimizer.value, "lora_rank": s.lora_rank,
         "lora_alpha": s.lora_alpha, "lora_dropout": s.lora_dropout,
-        "lora_targets": list(s.lora_targets), "trainable_modules": list(s.trainable_modules),
+        "lora_targets": list(spec.lora_targets), "trainable_modules": list(s.trainable_modules),
         "quant": s.quant.value, "double_quant": s.double_quant,
         "batch_size": s.batch_size, "grad_accum": s.grad_accum, "seq_len": s.seq_len,
         "packing": s.packing, "gradient_checkpointing": s.checkpointing.value != "none",
@@ -192,6 +214,8 @@ def train_config(spec: LaunchSpec, *, output_dir: str = CHECKPOINT_DIR) -> dict[
         "dataset": {"kind": "jsonl", "path": "data/train.jsonl", "text_field": "text",
                     "cache_dir": "data/tokenised"},
         "deepspeed": "ds_config.json" if spec.zero_stage is not None else None,
+        # PEFT's other tuners: the config train.py builds (core/job/tuners.py), else None
+        "peft": launch_peft(s).as_dict() if s.method in TUNER_METHODS else None,
     }
 
 

@@ -121,7 +121,7 @@ def axolotl_config(spec: LaunchSpec) -> dict[str, Any] | Refusal:
         if ALL_LINEAR in s.lora_targets:
             out["lora_target_linear"] = True
         else:
-            out["lora_target_modules"] = list(s.lora_targets)
+            out["lora_target_modules"] = list(spec.lora_targets)
         if s.trainable_modules:
             out["lora_modules_to_save"] = list(s.trainable_modules)
         if s.method is Method.DORA:
@@ -193,7 +193,7 @@ def llamafactory_config(spec: LaunchSpec) -> dict[str, Any] | Refusal:
         out |= {"lora_rank": s.lora_rank, "lora_alpha": s.lora_alpha,
                 "lora_dropout": s.lora_dropout,
                 "lora_target": "all" if ALL_LINEAR in s.lora_targets
-                else ",".join(s.lora_targets)}
+                else ",".join(spec.lora_targets)}
         if s.trainable_modules:
             out["additional_target"] = ",".join(s.trainable_modules)
         if s.method is Method.DORA:

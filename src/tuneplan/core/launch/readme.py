@@ -45,8 +45,11 @@ def _code(text: str) -> str:
 
 def _chosen(spec: LaunchSpec) -> list[str]:
     s, offer = spec.strategy, spec.offer
-    lora = (f", rank {s.lora_rank}, alpha {s.lora_alpha}, targets "
-            f"{','.join(s.lora_targets)}" if s.method.is_lora else "")
+    given = ",".join(s.lora_targets)
+    wrapped = ",".join(spec.lora_targets)
+    named = given if wrapped == given else f"{given} (PEFT wraps {wrapped})"
+    lora = (f", rank {s.lora_rank}, alpha {s.lora_alpha}, targets {named}"
+            if s.method.is_lora else "")
     quant = f", base in {s.quant.value}" if s.method.value in ("qlora", "lora8bit") else ""
     return [
         f"- Model `{spec.model_id}`, method **{s.method.value}**{lora}{quant}.",

@@ -25,7 +25,9 @@ from tuneplan.core.job.methods import (
 )
 from tuneplan.core.job.recipes import PrecisionPlan
 from tuneplan.core.job.strategy import Attention, Checkpointing, Strategy
+from tuneplan.core.job.tuners import WEIGHT_TUNERS, held
 from tuneplan.core.job.versions import bnb_4bit_saves_input, bnb_8bit_keeps_cat
+from tuneplan.core.memory import mla
 from tuneplan.core.memory.experts import experts_adapted, param_wrapped, param_wrapper_saved
 from tuneplan.core.memory.parts import Piece, part
 from tuneplan.core.models import LayerSpec, Linear, LinearRole, MlpKind, ModelSpec, NormKind
@@ -59,6 +61,7 @@ class Widths:
     mlp: int = 2               # MLP intermediates: bnb Linear4bit/8bit return the input dtype
     dropout_mask: int = 1
     base: int = 2              # frozen base weights (PEFT's merged expert weights)
+    norm_weight: int = 2       # norm (and embedding) weights, trained or frozen
 
 
 def widths(strategy: Strategy, plan: PrecisionPlan, dropout_mask_bytes: int) -> Widths:
@@ -73,9 +76,11 @@ def widths(strategy: Strategy, plan: PrecisionPlan, dropout_mask_bytes: int) -> 
     # to the input's dtype, so after PEFT's fp32 norm upcast the MLP runs in fp32.
     quantized = effective_quant(strategy) is not None
     return Widths(compute=plan.compute_bytes, residual=residual, norm_out=norm_out,
-                  adapter=plan.adapter_bytes, autocast=plan.autocast, norm_trains=full,
+                  adapter=plan.adapter_bytes, autocast=plan.autocast,
+                  # LN tuning trains copies of the norms: they save their output too
+                  norm_trains=full or strategy.method is Method.LAYERNORM,
                   mlp=norm_out if quantized else plan.compute_bytes,
-                  dropout_mask=dropout_mask_bytes, base=base)
+                  dropout_mask=dropout_mask_bytes, base=base, norm_weight=stored)
 
 
 def norm_saved(model: ModelSpec, tokens: int, w: Widths) -> int:
@@ -87,20 +92,48 @@ def norm_saved(model: ModelSpec, tokens: int, w: Widths) -> int:
     return tokens * h * (4 if w.autocast else w.residual) + 2 * tokens * 4
 
 
+#: Input groups on the attention side of a block (MLA's latent inputs included).
+ATTN_GROUPS = frozenset({"attn_in", "o_in", *mla.LATENT_GROUPS.values()})
+
+
+def _side(group: str) -> str:
+    return "attn" if group in ATTN_GROUPS else "mlp"
+
+
 def _saved_key(group: str) -> str:
     """Where a saved input of ``group`` is counted (the down projection's is freed first)."""
-    return {"attn_in": "linear_inputs_attn", "o_in": "linear_inputs_attn",
-            "down_in": "linear_inputs_down"}.get(group, "linear_inputs_mlp")
+    if group in ATTN_GROUPS:
+        return "linear_inputs_attn"
+    return "linear_inputs_down" if group == "down_in" else "linear_inputs_mlp"
 
 
 def linear_group(lin: Linear) -> str:
-    """Which saved input a linear reads: attn_in, o_in, mlp_in or down_in."""
+    """Which saved input a linear reads: attn_in, o_in, mlp_in, down_in, MLA's q_lat_in and
+    kv_lat_in (``mla.LATENT_GROUPS``) or a shared expert's shared_down_in."""
     short = lin.name.rsplit(".", 1)[-1]
     if lin.role is LinearRole.ATTENTION:
-        return "o_in" if short in _O_NAMES else "attn_in"
+        return "o_in" if short in _O_NAMES else mla.LATENT_GROUPS.get(short, "attn_in")
     if lin.role is LinearRole.ROUTER:
         return "mlp_in"
-    return "down_in" if short in _DOWN_NAMES else "mlp_in"
+    if short in _DOWN_NAMES:
+        return "shared_down_in" if lin.role is LinearRole.SHARED_EXPERT else "down_in"
+    return "mlp_in"
+
+
+def _group_dims(model: ModelSpec, layer: LayerSpec, w: Widths) -> dict[str, tuple[int, int]]:
+    """(elements per token, bytes per element) of each input group of ``layer``: read off the
+    linears that read it (o_proj's input is heads·v_head_dim under MLA)."""
+    widths_of = {"attn_in": w.norm_out, "mlp_in": w.norm_out, "o_in": w.compute,
+                 "down_in": w.mlp, "shared_down_in": w.mlp,
+                 **dict.fromkeys(mla.LATENT_GROUPS.values(), mla.latent_width(w))}
+    dims = {"attn_in": (model.hidden_size, w.norm_out), "mlp_in": (model.hidden_size, w.norm_out),
+            "o_in": (model.num_heads * model.head_dim, w.compute),
+            "down_in": (model.intermediate_size, w.mlp)}
+    for lin in layer.linears:
+        group = linear_group(lin)
+        if lin.role is not LinearRole.EXPERT and group not in ("attn_in", "mlp_in"):
+            dims[group] = (lin.in_features, widths_of[group])
+    return dims
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,11 +155,10 @@ class LayerInputs:
 def layer_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Widths) -> LayerInputs:
     """Saved linear inputs (and adapter intermediates) of ``layer``, per token + fixed."""
     method = strategy.method
+    tuner = method in WEIGHT_TUNERS
     targets = set(id(lin) for lin in targeted_linears(model, strategy, layer)) if (
-        method.is_lora or method is Method.IA3) else set()
-    dims = {"attn_in": (model.hidden_size, w.norm_out), "mlp_in": (model.hidden_size, w.norm_out),
-            "o_in": (model.num_heads * model.head_dim, w.compute),
-            "down_in": (model.intermediate_size, w.mlp)}
+        method.is_lora or method is Method.IA3 or tuner) else set()
+    dims = _group_dims(model, layer, w)
     shared: set[str] = set()
     # Bytes per token (every size below is tokens · something, summed) and fixed bytes.
     out = {"linear_inputs_attn": 0, "linear_inputs_mlp": 0, "linear_inputs_down": 0,
@@ -137,12 +169,18 @@ def layer_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Widt
     cat = bnb_8bit_keeps_cat(strategy)
     for lin in layer.linears:
         if id(lin) in targets and param_wrapped(lin):
-            fixed["adapters_mlp"] += param_wrapper_saved(lin, w, strategy, shared)
+            # an fp32 router saves its own fp32 input copy (mla.group_router_saved)
+            own = lin.role is LinearRole.ROUTER and mla.fp32_router_input_saved(model, w)
+            fixed["adapters_mlp"] += param_wrapper_saved(lin, w, strategy,
+                                                         set() if own else shared)
+            if lin.role is LinearRole.ROUTER and model.model_type in mla.FP32_ROUTER_TYPES:
+                # its merged weight W + s·B·A is fp32 (the router weight is kept fp32)
+                fixed["adapters_mlp"] += lin.weight_params * max(4 - w.base, 0)
             continue
         if lin.role is LinearRole.EXPERT:
             continue
         group = linear_group(lin)
-        side = "attn" if group in ("attn_in", "o_in") else "mlp"
+        side = _side(group)
         d_in = dims[group][1]
         if method.trains_base:
             if w.autocast and d_in != w.compute:
@@ -164,20 +202,52 @@ def layer_inputs(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Widt
                 out[_saved_key(group)] += lin.in_features
         if id(lin) not in targets:
             continue
+        if tuner:
+            _tuner_saved(lin, d_in, w, strategy, side, group, out, fixed, shared)
+            continue
         if method is Method.IA3:
             out[f"adapters_{side}"] += _ia3_saved(lin, 1, d_in, w, shared, group)
         else:
             out[f"adapters_{side}"] += _lora_saved(lin, 1, d_in, w, strategy, shared, group)
     for group in shared:
-        if group == "o_in" and strategy.attention is not Attention.EAGER:
+        if group == "o_in" and not mla.output_is_copied(model, strategy):
             continue  # SDPA/flash output is laid out so o_proj's input is a view of it
         dim, width = dims[group]
-        side = "attn" if group in ("attn_in", "o_in") else (
-            "down" if group == "down_in" else "mlp")
-        out[f"linear_inputs_{side}"] += dim * width
+        out[_saved_key(group)] += dim * width
     return LayerInputs(per_token=out, fixed=fixed, shared=frozenset(shared),
                        experts_train=method.trains_base or experts_adapted(model, layer,
                                                                            strategy))
+
+
+def _tuner_saved(lin: Linear, d_in: int, w: Widths, strategy: Strategy, side: str,
+                 group: str, out: dict[str, int], fixed: dict[str, int],
+                 shared: set[str]) -> None:
+    """What a ``tuners.WEIGHT_TUNERS`` module on ``lin`` saves (``tuners.held``): per-token
+    and fixed bytes, and its input: the block's tensor itself, or PEFT's cast of it to the
+    adapter dtype (one per target)."""
+    h = held(strategy.method, lin, strategy.lora_rank, w.adapter)
+    out[f"adapters_{side}"] += h.per_token
+    fixed[f"adapters_{side}"] += h.fixed * lin.copies
+    if h.input and d_in != w.adapter:
+        out[f"adapters_{side}"] += lin.in_features * w.adapter
+    elif h.input:
+        shared.add(group)
+
+
+def tuner_transients(model: ModelSpec, strategy: Strategy, w: Widths,
+                     tokens: int) -> tuple[int, int]:
+    """(forward, backward) bytes a ``tuners.WEIGHT_TUNERS`` module holds only while it runs
+    (its materialised update's temporaries, FFTs): the largest over the targeted linears,
+    one module running at a time. (0, 0) for other methods."""
+    if strategy.method not in WEIGHT_TUNERS:
+        return 0, 0
+    fwd = bwd = 0
+    for layer in model.layers:
+        for lin in targeted_linears(model, strategy, layer):
+            h = held(strategy.method, lin, strategy.lora_rank, w.adapter)
+            fwd = max(fwd, h.forward + tokens * h.forward_per_token)
+            bwd = max(bwd, h.backward + tokens * h.backward_per_token)
+    return fwd, bwd
 
 
 def forward_live(model: ModelSpec, strategy: Strategy, w: Widths, shape: Shape,
@@ -251,7 +321,11 @@ def eager_cast_bytes(model: ModelSpec, strategy: Strategy, w: Widths, shape: Sha
 
 
 def attention_saved(model: ModelSpec, strategy: Strategy, w: Widths, shape: Shape) -> int:
-    """SDPA/flash: q, k, v, out + fp32 logsumexp; eager: q, repeated k/v, fp32 softmax + cast."""
+    """SDPA/flash: q, k, v, out + fp32 logsumexp; eager: q, repeated k/v, fp32 softmax + cast.
+    Multi-head latent attention: ``mla.attention_saved``."""
+    dims = mla.mla_dims(model)
+    if dims is not None:
+        return mla.attention_saved(dims, strategy, w, shape)
     c, b = w.compute, shape.batch
     qd = model.num_heads * model.head_dim
     kvd = model.num_kv_heads * model.head_dim
@@ -310,9 +384,14 @@ def block_saved(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Width
     experts_train = inputs.experts_train
     mlp = mlp_saved(model, layer, w, shape, experts_train)
     tail = moe_tail_saved(model, layer, w, shape, experts_train)
+    if layer.num_experts and model.model_type in mla.FP32_ROUTER_TYPES:
+        router_trains = strategy.method.trains_base or (strategy.method.is_lora and any(
+            lin.role is LinearRole.ROUTER and param_wrapped(lin)
+            for lin in targeted_linears(model, strategy, layer)))
+        mlp += mla.group_router_saved(model, layer, w, shape, router_trains)
     parts = {"norms": 2 * norm_saved(model, t, w),
              "attention": attention_saved(model, strategy, w, shape),
-             "mlp": mlp - tail, "mlp_tail": tail}
+             "mlp": mlp - tail + mla.shared_expert_saved(layer, w, shape), "mlp_tail": tail}
     parts.update(inputs.at(t))
     return parts
 
@@ -325,7 +404,8 @@ def first_norm_without_grad(model: ModelSpec, strategy: Strategy, w: Widths,
     first norm a tensor without grad: autograd records nothing there.
     """
     m = strategy.method
-    if m.trains_base or m is Method.PROMPT or strategy.checkpointing is not Checkpointing.NONE:
+    if m.trains_base or m.adds_virtual_tokens or m is Method.LAYERNORM or (
+            strategy.checkpointing is not Checkpointing.NONE):
         return 0
     if any(lin.role is LinearRole.EMBEDDING for lin in outer_targets(model, strategy)):
         return 0  # a LoRA on the embedding: its output requires grad
@@ -347,18 +427,27 @@ def backward_transients(model: ModelSpec, strategy: Strategy, w: Widths,
         pairs, inter = t * model.num_experts_per_token, (
             model.moe_intermediate_size or model.intermediate_size)
     # At the gate·up product's backward: the down input's gradient and both factors'.
-    mlp = part("activations/backward_transient",
-               (3 if gated else 2) * pairs * inter * c + t * model.hidden_size * c,
-               "MLP backward gradients (3 gated / 2 plain)·T·I·bytes + T·H·bytes", tokens=t)
+    # A tuner's backward temporaries (tuners.held) peak inside one target's backward: at a
+    # gate/up target, beside both products' gradients and the input gradient; elsewhere
+    # beside the gradient flowing in and out. Whichever is larger is the block's transient.
+    _, tuner = tuner_transients(model, strategy, w, t)
+    own = (3 if gated else 2) * pairs * inter * c + t * model.hidden_size * c
+    at_target = tuner + 2 * pairs * inter * c + t * model.hidden_size * c
+    mlp = part("activations/backward_transient", max(own, at_target) if tuner else own,
+               "MLP backward gradients (3 gated / 2 plain)·T·I·bytes + T·H·bytes"
+               + (", or a tuner target's backward temporaries + 2·T·I·bytes + T·H·bytes, "
+                  "the larger" if tuner else ""), tokens=t)
     if strategy.attention is Attention.EAGER:
         # softmax backward: its fp32 output gradient and fp32 input gradient (measured).
         size = 2 * shape.batch * model.num_heads * shape.seq_q * shape.seq_kv * 4 + \
             2 * t * model.hidden_size * c
         formula = "eager softmax gradients 2·B·heads·S·S_kv·4 + 2·T·H·bytes"
     else:
-        size = t * (model.num_heads + 2 * model.num_kv_heads) * model.head_dim * c + \
-            t * model.hidden_size * c
+        size = t * sum(mla.qkv_dims(model)) * c + t * model.hidden_size * c
         formula = "flash/SDPA q, k, v gradients + T·H·bytes"
+    if tuner and tuner + 2 * t * model.hidden_size * c > size:
+        size, formula = tuner + 2 * t * model.hidden_size * c, (
+            "a tuner target's backward temporaries + 2·T·H·bytes")
     return mlp, part("activations/backward_transient", size, formula, tokens=t)
 
 

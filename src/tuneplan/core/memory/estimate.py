@@ -18,6 +18,7 @@ from tuneplan.core.job import versions
 from tuneplan.core.job.methods import (
     Method,
     Trainable,
+    as_built,
     count_trainable,
     effective_quant,
     fused_qkv_note,
@@ -25,8 +26,9 @@ from tuneplan.core.job.methods import (
 )
 from tuneplan.core.job.recipes import PrecisionPlan, Recipe, precision_plan
 from tuneplan.core.job.strategy import Checkpointing, Strategy, Task
+from tuneplan.core.job.tuners import tuner_note
 from tuneplan.core.memory import activations as act
-from tuneplan.core.memory import experts, litgpt
+from tuneplan.core.memory import experts, litgpt, mla, seq2seq
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.core.memory.logits import loss_moments
 from tuneplan.core.memory.overheads import device_terms, reserve_term, workspace_term
@@ -192,6 +194,7 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
         return found
     check_strategy(model, strategy)
     source = model
+    model = as_built(model, strategy)   # a T5 head tied under transformers 5
     if strategy.task is Task.SEQ_CLS:
         # *ForSequenceClassification has no vocabulary head: a H×labels ``score`` instead
         # (tiny, counted with the logits); the embedding stays.
@@ -206,7 +209,10 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
     line = _saved_line(model, strategy, w, layer_inputs)
     found = _Fixed(
         notes=tuple(n for n in (structure_note(model), fused_qkv_note(model, strategy),
-                                _recipe_note(strategy, plan, model)) if n),
+                                seq2seq.forced_tie_note(source, strategy),
+                                seq2seq.length_note(model, strategy),
+                                _recipe_note(strategy, plan, model),
+                                tuner_note(strategy)) if n),
         behaviours=tuple(versions.behaviours(model, strategy, a.adamw_impl)),
         source=source, assumptions=a, model=model, trainable=trainable, plan=plan, shards=sp,
         static=static, widths=w,
@@ -253,14 +259,17 @@ def _recipe_note(strategy: Strategy, plan: PrecisionPlan,
 
 
 def _shape(s: Strategy, batch: int) -> act.Shape:
-    prompt = s.num_virtual_tokens if s.method is Method.PROMPT else 0
+    prompt = s.num_virtual_tokens if s.method.adds_virtual_tokens else 0
     prefix = s.num_virtual_tokens if s.method is Method.PREFIX else 0
     return act.Shape(batch=batch, seq_q=s.seq_len + prompt, seq_kv=s.seq_len + prompt + prefix)
 
 
 def _saved(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
            layer_inputs: tuple[act.LayerInputs, ...]) -> dict[str, int]:
-    """All blocks' saved bytes by component (``act.block_saved`` times each kind's count)."""
+    """All blocks' saved bytes by component (``act.block_saved`` times each kind's count;
+    encoder-decoder models: ``seq2seq.saved``)."""
+    if model.is_encoder_decoder:
+        return seq2seq.saved(model, s, w, shape)
     per_block: dict[str, int] = {}
     for layer, inputs in zip(model.layers, layer_inputs, strict=True):
         for key, value in act.block_saved(model, layer, s, w, shape, inputs).items():
@@ -338,13 +347,19 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
 def _inputs(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape) -> list[Piece]:
     inputs = [part("activations/inputs", 2 * shape.tokens * 8,
                    "input ids + labels: 2·T·8 (int64)", tokens=shape.tokens)]
-    if s.method is Method.PROMPT and s.checkpointing is not Checkpointing.NONE:
+    if s.method.adds_virtual_tokens and s.checkpointing is not Checkpointing.NONE:
         # enable_input_require_grads (PEFT + checkpointing) turns the frozen embedding's output
         # into a leaf that requires grad; torch.cat's graph holds it until backward ends.
         inputs.append(part("activations/embedding_output", s.batch_size * s.seq_len *
                            model.hidden_size * w.residual, "embedding output before the "
                            "virtual tokens are prepended B·S·H·bytes, held by the graph",
                            "transformers enable_input_require_grads; peft prompt tuning"))
+    if model.is_encoder_decoder and s.checkpointing is not Checkpointing.NONE:
+        inputs.append(part("activations/checkpoint_inputs",
+                           seq2seq.checkpoint_inputs(model, s, w, shape),
+                           "inputs every checkpointed T5 block keeps: position biases, "
+                           "encoder output, causal mask", "transformers T5Stack.forward",
+                           tokens=shape.tokens))
     embed = [lin for lin in outer_targets(model, s) if lin.role is LinearRole.EMBEDDING]
     if embed:
         # peft lora.Embedding: after_A = embedding(x, A.T) (T·r) is saved by the matmul with B
@@ -381,11 +396,14 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
     line, batch = fixed.saved_line, shape.batch
     checkpointed = s.checkpointing is not Checkpointing.NONE
     per_block: dict[str, int] = {}   # all blocks' saved bytes: not needed when checkpointed
-    if not checkpointed or fixed.one_line is None:
+    if not checkpointed or fixed.one_line is None or model.is_encoder_decoder:
         per_block = {k: batch * per + rest for k, per, rest in line} if line is not None else (
             _saved(model, s, w, shape, fixed.layer_inputs))
-    one = {k: batch * per + rest for k, per, rest in fixed.one_line} if (
-        fixed.one_line is not None) else {k: v // layers for k, v in per_block.items()}
+    if model.is_encoder_decoder:
+        one = seq2seq.top_block(model, s, w, shape, per_block)
+    else:
+        one = {k: batch * per + rest for k, per, rest in fixed.one_line} if (
+            fixed.one_line is not None) else {k: v // layers for k, v in per_block.items()}
     current, transient, when = _current_block(model, s, w, shape, one, checkpointed,
                                               fixed.experts_adapted)
     cos_sin = fixed.rope
@@ -430,6 +448,8 @@ def _forward_moment(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Sha
         parts, temp, when = at_gate, t * temps["mlp_in"], "gate/up"
     else:
         parts, temp, when = at_down, t * temps["down_in"], "down"
+    tuner, _ = act.tuner_transients(model, s, w, shape.tokens)  # its update being made
+    temp += tuner
     saved, held, temporaries = _FORWARD_TEXT[when]
     return (_group("activations/running_block/", parts, saved, held),
             part("activations/forward_transient", temp, temporaries, "peft lora.Linear.forward"))
@@ -479,8 +499,11 @@ _BACKWARD_TEXT = {when: f"block in {when} backward · saved {{k}}" for when in (
 
 
 def _rope(model: ModelSpec, w: act.Widths, shape: act.Shape) -> Piece:
-    return part("activations/rope", 2 * shape.seq_kv * model.head_dim * w.compute,
-                "RoPE cos and sin 2·S·head_dim·bytes (shared by all blocks)")
+    if model.is_encoder_decoder:   # T5: relative position bias (counted in its blocks)
+        return part("activations/rope", 0, "no rotary positions (relative position bias)")
+    return part("activations/rope", 2 * shape.seq_kv * mla.rope_dim(model) * w.compute,
+                "RoPE cos and sin 2·S·head_dim·bytes (shared by all blocks; MLA: its "
+                "qk_rope_head_dim)")
 
 
 def _dequant_term(s: Strategy, st: Static) -> list[Piece]:

@@ -41,16 +41,25 @@ def experts_adapted(model: ModelSpec, layer: LayerSpec, strategy: Strategy) -> b
         lin.role is LinearRole.EXPERT for lin in targeted_linears(model, strategy, layer))
 
 
+#: Routers that cast their top-k weights back to the logits' dtype
+#: (``router_top_value.to(router_logits.dtype)`` in transformers 5.24 Qwen2MoeTopKRouter and
+#: Qwen3MoeTopKRouter), so the combine runs in the compute dtype; Mixtral's and DeepSeek's
+#: routing weights stay fp32.
+ROUTING_WEIGHTS_IN_COMPUTE_DTYPE = frozenset({"qwen2_moe", "qwen3_moe"})
+
+
 def moe_combine_transient(model: ModelSpec, w: Widths, shape: Shape) -> Piece | None:
     """MoE blocks start backward at the routing-weight combine, everything saved still alive:
-    the fp32 (routing weights are fp32) gradients of the per-pair outputs, their un-permuted
-    copy and the expanded sum gradient, 3·T·k·H·4, plus the T·H gradient arriving."""
+    the gradients of the per-pair outputs, their un-permuted copy and the expanded sum
+    gradient, 3·T·k·H at the routing weights' width (fp32, or the compute dtype where the
+    router casts them back), plus the T·H gradient arriving."""
     if not model.num_experts:
         return None
     pairs = shape.tokens * model.num_experts_per_token
-    return part("activations/backward_transient", 3 * pairs * model.hidden_size * 4 +
+    width = w.compute if model.model_type in ROUTING_WEIGHTS_IN_COMPUTE_DTYPE else 4
+    return part("activations/backward_transient", 3 * pairs * model.hidden_size * width +
                 shape.tokens * model.hidden_size * w.compute,
-                "MoE combine backward 3·T·k·H·4 (fp32) + T·H·bytes",
+                f"MoE combine backward 3·T·k·H·{width} (routing weights' width) + T·H·bytes",
                 "transformers integrations/moe.py grouped_mm_experts_forward", tokens=shape.tokens)
 
 

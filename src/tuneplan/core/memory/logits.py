@@ -84,7 +84,9 @@ def _logit_bytes(plan: PrecisionPlan, w: Widths, head_trains: bool) -> int:
 def _loss_moments(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan, w: Widths,
                   shape: Shape, head_trains: bool, chunks: int) -> LossMoments:
     t, v = shape.tokens, model.vocab_size
-    kept = [part("activations/final_norm", norm_saved(model, t, w),
+    final = 0 if model.is_encoder_decoder and not model.final_norm_params else (
+        norm_saved(model, t, w))   # BART has no final norm
+    kept = [part("activations/final_norm", final,
                  "final norm: fp32 input T·H·4 + rsqrt T·4 (+ normalized if it trains)",
                  tokens=t, hidden=model.hidden_size)]
     if head_trains:
@@ -105,11 +107,32 @@ def _loss_moments(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan, w: 
         return LossMoments(kept=tuple(kept), forward_only=(), backward_only=())
     if loss is Loss.CHUNKED:
         return _chunked(kept, t, v, cl, chunks, ins)
+    if model.is_encoder_decoder:
+        return _seq2seq(kept, t, v, cl, w.autocast, ins)
     layout = hf_loss_layout(strategy) if loss_follows_transformers(strategy) else "pad-labels"
     if layout != "pad-labels":
         return _shifted(kept, t, shape.batch * (shape.seq_q - 1) * v, v, cl, w.autocast,
                         layout, ins)
     return _standard(kept, t, v, cl, ins)
+
+
+def _seq2seq(kept: list[Piece], t: int, v: int, cl: int, autocast: bool,
+             ins: dict[str, Any]) -> LossMoments:
+    """T5ForConditionalGeneration (transformers 5.24): ``CrossEntropyLoss`` on the lm_head's
+    logits as they are, no ``.float()`` (its decoder labels are not shifted either), so
+    without autocast the log-softmax is kept in the logits' dtype; autocast runs it in fp32."""
+    src = "transformers T5ForConditionalGeneration.forward (CrossEntropyLoss, no upcast)"
+    width = 4 if autocast else cl
+    kept.append(part("logits/log_softmax", t * v * width,
+                     "log-softmax saved by cross_entropy T·V·bytes", src, **ins))
+    fwd = (part("logits/logits", t * v * cl, "T·V·logit_bytes, held by the model output", src,
+                **ins),
+           part("logits/upcast", t * v * 4 if autocast and cl != 4 else 0,
+                "autocast's fp32 copy of the logits T·V·4", src, **ins))
+    bwd = (part("logits/loss_grads", 2 * t * v * width,
+                "nll_loss and log_softmax gradients 2·T·V·bytes (logits freed: output dropped)",
+                src, **ins),)
+    return LossMoments(kept=tuple(kept), forward_only=fwd, backward_only=bwd)
 
 
 def _chunked(kept: list[Piece], t: int, v: int, cl: int, chunks: int,

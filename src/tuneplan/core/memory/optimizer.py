@@ -70,3 +70,24 @@ def optimizer_bytes(strategy: Strategy, plan: PrecisionPlan, trainable: Trainabl
     largest = trainable.largest_tensor * max(plan.trainable_weight_bytes, plan.adapter_bytes)
     return OptimizerBytes(grads=grads, grad_largest=largest, states=states, master=master,
                           step_temp=temp, formula=formula, impl=impl)
+
+
+#: bitsandbytes pages an optimizer state only for tensors of at least this many elements;
+#: smaller ones get ordinary ``torch.zeros_like`` buffers in the allocator (bitsandbytes
+#: 0.50.2 optim/optimizer.py ``Optimizer8bit.get_state_buffer``: ``p.numel() < 1e5``).
+PAGED_MIN_ELEMENTS = 100_000
+
+
+def paged_state_bytes(strategy: Strategy, plan: PrecisionPlan, trainable: Trainable,
+                      a: MemoryAssumptions) -> int:
+    """Bytes of a paged optimizer's state that live in CUDA managed memory (``get_paged``,
+    cudaMallocManaged): the states of tensors of at least ``PAGED_MIN_ELEMENTS`` elements;
+    0 for optimizers that do not page. Those tensors are all over the 8-bit minimum size, so
+    paged-adamw8bit keeps 8-bit states for them."""
+    if not strategy.optimizer.is_paged:
+        return 0
+    big = sum(r * c * k for r, c, k in trainable.matrices if r * c >= PAGED_MIN_ELEMENTS)
+    if strategy.optimizer.is_8bit:
+        return int(big * (2 + 2 * 4 / a.optim8bit_blocksize))
+    width = 4 if plan.master_bytes else plan.state_bytes
+    return 2 * big * width

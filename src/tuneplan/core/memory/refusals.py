@@ -7,7 +7,13 @@ estimate does not model yet. Validation only: nothing here computes sizes.
 
 from __future__ import annotations
 
-from tuneplan.core.job.methods import ESTIMATED_QUANTS, Method, context_problem, effective_quant
+from tuneplan.core.job.methods import (
+    ESTIMATED_QUANTS,
+    SEQ2SEQ_TYPES,
+    Method,
+    context_problem,
+    effective_quant,
+)
 from tuneplan.core.job.recipes import Recipe
 from tuneplan.core.job.strategy import Attention, Offload, Sharding, Strategy
 from tuneplan.core.job.versions import check_stack
@@ -68,18 +74,16 @@ def _problems(model: ModelSpec, s: Strategy) -> list[str]:
         out.append("--optimizer-in-backward works with one GPU and no gradient accumulation")
     if s.recipe is Recipe.TORCHTUNE and s.precision.is_mixed:
         out.append("torchtune trains in pure bf16/fp32; use --precision bf16")
-    if model.is_encoder_decoder or any(
-            lin.role in (LinearRole.CROSS_ATTENTION, LinearRole.SHARED_EXPERT)
+    if (model.is_encoder_decoder and model.model_type not in SEQ2SEQ_TYPES) or any(
+            lin.role is LinearRole.CROSS_ATTENTION and not model.is_encoder_decoder
             for layer in model.layers for lin in layer.linears):
-        out.append(f"{model.model_type} (encoder-decoder, cross-attention or shared experts) "
+        out.append(f"{model.model_type} (encoder-decoder, cross-attention) "
                    "activations are not estimated yet")
     if (model.model_type in SOFTCAP_MODEL_TYPES and s.attention is Attention.SDPA
             and s.recipe in (Recipe.HF, Recipe.PLAIN)):
         out.append(f"{model.model_type} caps its attention logits (soft-capping), which SDPA "
                    "cannot do: transformers 5.24 refuses attn_implementation='sdpa' for it; "
                    "use --attention eager (or flash with flash-attn 2.6+)")
-    if model.extra.get("kv_lora_rank") or model.extra.get("q_lora_rank"):
-        out.append("multi-head latent attention (MLA) activations are not estimated yet")
     if model.extra.get("state_space"):
         out.append(f"{model.model_type} has state-space (Mamba-style) mixer blocks: their "
                    "parameters are counted exactly, but the selective scan's saved "

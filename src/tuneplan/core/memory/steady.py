@@ -20,9 +20,14 @@ from tuneplan.core.job.methods import (
 )
 from tuneplan.core.job.recipes import PrecisionPlan
 from tuneplan.core.job.strategy import Checkpointing, Sharding, Strategy, Task
+from tuneplan.core.job.tuners import WEIGHT_TUNERS, linear_matrices
 from tuneplan.core.memory.activations import linear_group
 from tuneplan.core.memory.assumptions import MemoryAssumptions
-from tuneplan.core.memory.optimizer import optimizer_bytes
+from tuneplan.core.memory.optimizer import (
+    PAGED_MIN_ELEMENTS,
+    optimizer_bytes,
+    paged_state_bytes,
+)
 from tuneplan.core.memory.parts import Piece, part, total
 from tuneplan.core.memory.sharding import ShardPlan, shard
 from tuneplan.core.memory.weights import head_quantized, split_params, weight_terms
@@ -65,9 +70,20 @@ def static_terms(model: ModelSpec, s: Strategy, plan: PrecisionPlan, trainable: 
     if sp.states_on_host:
         host += [states, master]
     elif s.optimizer.is_paged:
-        # bnb paged optimizers allocate CUDA managed memory, outside torch's allocator stats.
-        outside.append(states)
-        resident.append(master)
+        # bnb paged optimizers put the states of large tensors in CUDA managed memory,
+        # outside torch's allocator; small tensors' states are ordinary allocations.
+        paged = min(shard(paged_state_bytes(s, plan, trainable, a), sp.states_div),
+                    int(states.value))
+        outside.append(part("optimizer/paged_states", paged,
+                            f"states of tensors >= {PAGED_MIN_ELEMENTS} elements in CUDA "
+                            "managed memory, counted as resident on the GPU (bnb prefetches "
+                            "them for each step; under memory pressure the driver can evict "
+                            "them to host RAM, at a speed cost)",
+                            "bitsandbytes 0.50.2 functional.get_paged / "
+                            "Optimizer8bit.get_state_buffer"))
+        resident += [part("optimizer/states", int(states.value) - paged,
+                          ob.formula + f"; tensors under {PAGED_MIN_ELEMENTS} elements "
+                          "(not paged)"), master]
     else:
         resident += [states, master]
     resident += _buffers(model, sp, ob.grads, wbytes, split.total, a)
@@ -234,6 +250,9 @@ def _linear_grad(lin: Linear, s: Strategy, plan: PrecisionPlan, targeted: bool) 
         return 0
     if s.method is Method.IA3:
         return lin.in_features * lin.copies * plan.adapter_bytes  # upper bound of the vector
+    if s.method in WEIGHT_TUNERS:
+        per = sum(r * c * k for r, c, k in linear_matrices(s.method, lin, s.lora_rank))
+        return per * lin.copies * plan.adapter_bytes
     per = lora_rank_of(lin, s) * (lin.in_features + lin.out_features) + (
         lin.out_features if s.method is Method.DORA else 0)
     return per * lin.copies * plan.adapter_bytes

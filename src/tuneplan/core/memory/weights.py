@@ -22,6 +22,7 @@ from tuneplan.core.job.methods import (
 from tuneplan.core.job.recipes import PrecisionPlan, Recipe
 from tuneplan.core.job.stack import version_text
 from tuneplan.core.job.strategy import Strategy
+from tuneplan.core.job.tuners import frozen_buffers
 from tuneplan.core.job.versions import experts_are_linear
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.core.memory.parts import Piece, part
@@ -135,6 +136,11 @@ def weight_terms(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan,
                       f"peft {version_text(strategy.stack.peft)} adapter dtype "
                       "(recipes.peft_adapter_bytes)",
                       params=trainable.adapter_params, bytes_per_param=plan.adapter_bytes))
+    buffers, what = frozen_buffers(model, strategy)
+    if buffers:
+        terms.append(part("weights/adapter_buffers", buffers, what,
+                          f"peft {version_text(strategy.stack.peft)} register_buffer in the "
+                          "tuner's layer.py/model.py"))
     return terms
 
 

@@ -2,8 +2,8 @@
 
 Exact learnable-parameter counts by component. This module reads no files: the adapters
 (``adapters/hub.py``) load the JSON and call ``parse_model_config``. The spec types live in
-``core/models/spec.py`` and the per-family parsers in ``core/model_{decoders,legacy,encoders}.py``;
-everything public is re-exported here.
+``core/models/spec.py`` and the per-family parsers in
+``core/models/{decoders,legacy,encoders,seq2seq}.py``; everything public is re-exported here.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def _parsers() -> dict[str, _Parser]:
     """model_type -> parser; the parser modules load on the first parse (not on import: the
     CLI's start-up needs the spec types, not the parsers)."""
     from tuneplan.core.models.decoders import TRAITS, parse_deepseek_v3, parse_llama_like
+    from tuneplan.core.models.deepseek_v2 import parse_deepseek_v2
     from tuneplan.core.models.encoders import parse_bert, parse_gemma3, parse_t5
     from tuneplan.core.models.legacy import (
         parse_bloom,
@@ -68,11 +69,13 @@ def _parsers() -> dict[str, _Parser]:
         parse_internlm2,
         parse_qwen1,
     )
+    from tuneplan.core.models.seq2seq import parse_bart
 
     return {
         **dict.fromkeys(TRAITS, parse_llama_like),
         "gemma3": parse_gemma3,
         "deepseek_v3": parse_deepseek_v3,
+        "deepseek_v2": parse_deepseek_v2,
         "gpt2": parse_gpt2,
         "gpt_neox": parse_gpt_neox,
         "opt": parse_opt,
@@ -90,6 +93,7 @@ def _parsers() -> dict[str, _Parser]:
         "baichuan": parse_baichuan,
         "chatglm": parse_chatglm,
         "internlm2": parse_internlm2,
+        "bart": parse_bart,
     }
 
 

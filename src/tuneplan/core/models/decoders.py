@@ -243,7 +243,11 @@ def parse_deepseek_v3(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
         if d.layers > n_dense else None) if g is not None)
     # e_score_correction_bias: a buffer in transformers (not learned by the optimizer), a
     # Parameter in DeepSeek's own modeling code: reported in ``extra``, not counted.
-    extra = {**ranks, "first_k_dense_replace": n_dense,
+    # Group-limited routing (DeepseekV3TopkRouter): experts in n_group groups, topk_group kept.
+    routing = {"n_group": r.get_int("n_group", default=8, hi=MAX_EXPERTS),
+               "topk_group": r.get_int("topk_group", default=4, hi=MAX_EXPERTS),
+               "norm_topk_prob": r.get_bool("norm_topk_prob", default=True, note=False)}
+    extra = {**ranks, **routing, "first_k_dense_replace": n_dense,
              "e_score_correction_bias_elements": experts * (d.layers - n_dense)}
     return finish(r, name=name, model_type=model_type, d=d, layers=layers,
                   tie=r.get_bool("tie_word_embeddings", default=False), norm_kind=NormKind.RMSNORM,

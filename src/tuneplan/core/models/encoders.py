@@ -16,7 +16,7 @@ from tuneplan.core.models.blocks import (
     qkvo,
     read_dims,
 )
-from tuneplan.core.models.config import MAX_LAYERS, MAX_POSITIONS, ConfigReader
+from tuneplan.core.models.config import MAX_LAYERS, MAX_POSITIONS, ConfigReader, describe
 from tuneplan.core.models.decoders import finish, parse_llama_like
 from tuneplan.core.models.spec import LayerSpec, Linear, LinearRole, MlpKind, ModelSpec, NormKind
 
@@ -55,6 +55,7 @@ def parse_t5(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
     ff: tuple[Linear, ...] = (
         (lin("wi_0", d.hidden, d.inter, MLP), lin("wi_1", d.hidden, d.inter, MLP)) if gated
         else (lin("wi", d.hidden, d.inter, MLP),)) + (lin("wo", d.inter, d.hidden, MLP),)
+    dropout = _dropout_rate(r)
     rel = {"relative_attention_bias": buckets * d.heads}
     tie = r.get_bool("tie_word_embeddings", default=True)
     notes = () if tie else ("separate lm_head counted as the checkpoint stores it; transformers "
@@ -65,7 +66,21 @@ def parse_t5(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
                   norm_kind=NormKind.RMSNORM, mlp_kind=MlpKind.GATED if gated else MlpKind.PLAIN,
                   act=act, embedding_params=d.vocab * d.hidden, final_norm_params=2 * d.hidden,
                   is_encoder_decoder=True, num_decoder_layers=dec_layers,
-                  extra={"inner_dim": inner, "relative_attention_num_buckets": buckets})
+                  extra={"inner_dim": inner, "relative_attention_num_buckets": buckets,
+                         "dropout_rate": dropout})
+
+
+def _dropout_rate(r: ConfigReader) -> float:
+    """``dropout_rate`` in [0, 1): T5Config's default 0.1 (transformers 5.24) when absent;
+    the training step keeps a dropout mask wherever it is above 0."""
+    key, value = r.raw("dropout_rate")
+    if value is None:
+        r.default(key, 0.1)
+        return 0.1
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+        r.problem(key, f"must be a number in [0, 1), got {describe(value)}")
+        return 0.1
+    return float(value)
 
 
 def _stack(kind: str, linears: tuple[Linear, ...], norms: int, count: int,

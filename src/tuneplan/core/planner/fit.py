@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from tuneplan.core.catalog.hardware import GpuSpec, MemoryFigure
+from tuneplan.core.compute.confidence import TimeBasis, time_basis
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.strategy import (
     Attention,
@@ -102,8 +103,15 @@ class FitReport:
     notes: tuple[str, ...] = ()              # card facts (caveats.card_notes)
     node_gpus: int = 8                       # GPUs one node of this type holds (catalog)
     node_gpus_basis: str = "assumed (an 8-GPU board)"
+    #: the suggestions' tokens/s: calibrated (a probe on this GPU) or assumed, and its range
+    time_basis: TimeBasis | None = None
 
     def as_dict(self) -> dict[str, object]:
+        basis = self.time_basis
+        suggestions = [s.as_dict() | ({} if basis is None or s.tokens_per_second is None else
+                                      {"tokens_per_second_range": list(
+                                          basis.speed_range(s.tokens_per_second))})
+                       for s in self.suggestions]
         return {
             "gpu": self.gpu, "capacity_bytes": self.capacity_bytes,
             "limit_bytes": self.limit_bytes, "nominal_bytes": self.nominal_bytes,
@@ -123,7 +131,8 @@ class FitReport:
                          "largest_seq_len": m.largest_seq_len, "refusal": m.refusal,
                          "layout": m.layout}
                         for m in self.methods],
-            "suggestions": [s.as_dict() for s in self.suggestions],
+            "suggestions": suggestions,
+            "time_basis": None if basis is None else basis.as_dict(),
         }
 
 
@@ -152,7 +161,8 @@ def fit(search: StrategySearch, gpu: GpuSpec, *, max_gpus: int = 64,
                      nominal_bytes=gpu.memory_bytes, margin=search.margin,
                      usable=gpu.usable_memory, precision=with_layout(choice, start),
                      notes=tuple(card_notes(start, gpu)), node_gpus=max(1, node_gpus),
-                     node_gpus_basis=node_gpus_basis)
+                     node_gpus_basis=node_gpus_basis,
+                     time_basis=time_basis(gpu, start.precision, search.throughput_assumptions))
 
 
 def _card_fit(found: MethodFit, s: Strategy, gpu: GpuSpec, choice: PrecisionChoice

@@ -68,6 +68,7 @@ from tuneplan.core.planner.search import (
     Refused,
     SearchOutcome,
     StrategySearch,
+    memory_limit,
 )
 from tuneplan.units import HOUR_S, GiB
 
@@ -175,6 +176,18 @@ class Rejection:
     offer: Offer
     reason: str
     kind: str = "other"
+    #: kind ``memory``: the smallest whole-device peak per GPU any strategy reached on the
+    #: offer's node, and what a plan may fill (usable x margin)
+    need_bytes: int | None = None
+    limit_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _NoFit(Refused):
+    """``Refused`` for memory, with the figures: the smallest peak seen and the limit."""
+
+    need_bytes: int = 0
+    limit_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -302,7 +315,10 @@ def _plan(context: _Context, job: Job, search: StrategySearch
                                  a, prices)
             shapes[key] = shape
         if isinstance(shape, Refused):
-            rejected.append(Rejection(offer=offer, reason=shape.reason, kind=shape.kind))
+            rejected.append(Rejection(
+                offer=offer, reason=shape.reason, kind=shape.kind,
+                need_bytes=shape.need_bytes if isinstance(shape, _NoFit) else None,
+                limit_bytes=shape.limit_bytes if isinstance(shape, _NoFit) else None))
             continue
         price, spot_price = offer.price_per_hour, offer.spot_price_per_hour
         for option in shape.options:
@@ -472,8 +488,11 @@ def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[s
     if not candidates:
         need = outcome.smallest_need_bytes
         batch = job.strategy.batch_size if job.is_fixed("batch_size") else 1
-        return Refused(_why_not(need, outcome.refusals, capacity, a, batch=batch),
-                       kind="memory" if need is not None else "estimate")
+        reason = _why_not(need, outcome.refusals, capacity, a, batch=batch)
+        if need is None:
+            return Refused(reason, kind="estimate")
+        return _NoFit(reason, kind="memory", need_bytes=need,
+                      limit_bytes=memory_limit(capacity, a.memory_margin))
     # A candidate the card cannot run (bitsandbytes without a kernel for it) is skipped too.
     short |= {id(c): why for c in candidates if (why := card_problem(c.strategy, gpu))}
     options: list[_Option] = []
@@ -660,7 +679,10 @@ def rank_plans(plans: list[Plan], objective: Objective,
     if objective is Objective.TIME:
         return sorted(plans, key=lambda p: (p.best_hours, p.best_cost, p.id)), ids
     if objective is Objective.RISK:
-        return sorted(plans, key=lambda p: (p.risk_cost, p.best_hours, p.id)), ids
+        # Equal risk-priced cost: fewer GPUs first (fewer machines that can fail, no
+        # gradient all-reduce), then the faster plan.
+        return sorted(plans, key=lambda p: (p.risk_cost, p.strategy.world_size, p.best_hours,
+                                            p.id)), ids
     by_cost = sorted(plans, key=lambda p: (p.best_cost, p.best_hours, p.id))
     if objective is Objective.PARETO:
         on = set(ids)
@@ -935,7 +957,7 @@ def _rejections_binding(job: Job, result: PlanResult) -> Binding:
                                                     r.offer.id))
         return Binding(constraint="memory", detail=(
             f"nothing fits in GPU memory; on the largest node tried ({big.offer.gpu_count}x "
-            f"{big.offer.gpu}) it {big.reason}"))
+            f"{big.offer.gpu}) it {big.reason}" + _one_node_short(job, big)))
     if "estimate" in by_kind:
         reasons = [r.reason for r in by_kind["estimate"]]
         common = max(dict.fromkeys(reasons), key=reasons.count)
@@ -945,6 +967,19 @@ def _rejections_binding(job: Job, result: PlanResult) -> Binding:
     reasons = [r.reason for r in result.rejected]
     common = max(dict.fromkeys(reasons), key=reasons.count) if reasons else "no offer"
     return Binding(constraint="hardware", detail=f"no offer can run it as asked: {common}")
+
+
+def _one_node_short(job: Job, r: Rejection) -> str:
+    """On a one-node job (no --multi-node, no --nodes), what one node lacks, plainly."""
+    if job.multi_node or job.is_fixed("nodes") or r.need_bytes is None or (
+            r.limit_bytes is None or r.need_bytes <= r.limit_bytes):
+        return ""
+    per_gpu = r.need_bytes - r.limit_bytes
+    gpus = r.offer.gpu_count
+    return (f"; one node cannot hold it: short by {per_gpu / GiB:.1f} GiB per GPU, "
+            f"{gpus * per_gpu / GiB:.1f} GiB over its {gpus} GPUs ({gpus * r.need_bytes / GiB:.1f}"
+            f" GiB needed, {gpus * r.limit_bytes / GiB:.1f} GiB may be filled); --multi-node "
+            "plans across several nodes")
 
 
 def _memory_changes(context: _Context, search: StrategySearch, result: PlanResult

@@ -156,11 +156,12 @@ def pageable_bytes(est: MemoryEstimate) -> int:
     allocator) and prefetches each one back to the GPU (``cudaMemPrefetchAsync``) just before
     its update; under memory pressure the CUDA driver evicts those pages to host RAM rather
     than failing an allocation. The smaller tensors' state and the rest of the step stay on
-    the card; the memory model's optimizer-state term is taken whole (the small tensors'
-    share is negligible)."""
+    the card: the memory model keeps the two apart (``optimizer/paged_states`` outside the
+    allocator, ``optimizer/states`` the small tensors' resident state), and only the first
+    may leave."""
     if not est.strategy.optimizer.is_paged:
         return 0
-    term = est.breakdown.get("optimizer/states")
+    term = est.breakdown.get("optimizer/paged_states")
     return int(term.value) if term is not None else 0
 
 

@@ -288,6 +288,8 @@ def add_adapters(model: Any, cfg: dict[str, Any]) -> Any:
     method = cfg["method"]
     if method == "full":
         return model
+    if cfg.get("peft"):
+        return add_tuner(model, cfg["peft"])
     if method not in ("lora", "dora", "qlora", "lora8bit"):
         raise SystemExit(f"method {method!r}: this entry point trains full, lora, dora, qlora "
                          "and lora8bit; add the PEFT config for it in add_adapters()")
@@ -305,6 +307,24 @@ def add_adapters(model: Any, cfg: dict[str, Any]) -> Any:
         modules_to_save=cfg["trainable_modules"] or None, use_dora=method == "dora",
         task_type="CAUSAL_LM")
     return get_peft_model(model, lora)
+
+
+def add_tuner(model: Any, spec: dict[str, Any]) -> Any:
+    """One of PEFT's other tuners, as the plan estimated it: ``peft.<config_class>(**kwargs)``
+    (targets mapped as for LoRA; adaption prompt on every block), then the parameters named
+    in ``freeze`` frozen (LoRA-FA trains lora_B only)."""
+    import peft
+
+    kwargs = dict(spec["kwargs"])
+    if isinstance(kwargs.get("target_modules"), list):
+        kwargs["target_modules"] = peft_targets(model, kwargs["target_modules"])
+    if "adapter_layers" in kwargs and kwargs["adapter_layers"] is None:
+        kwargs["adapter_layers"] = model.config.num_hidden_layers
+    wrapped = peft.get_peft_model(model, getattr(peft, spec["config_class"])(**kwargs))
+    for name, param in wrapped.named_parameters():
+        if any(f".{part}." in name for part in spec.get("freeze", [])):
+            param.requires_grad_(False)
+    return wrapped
 
 
 SPLIT_QKV_NAMES = frozenset({"q_proj", "k_proj", "v_proj", "query", "key", "value"})

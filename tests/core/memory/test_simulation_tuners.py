@@ -1,0 +1,70 @@
+"""Every PEFT tuner of ``core/job/tuners.py`` held to the exact CPU simulation on a small Llama.
+
+The simulated step is the estimated job: ``get_peft_model`` with the config ``tuners.peft_spec``
+builds (the probe's and, through train.py, the launch bundle's), random weights, two real steps,
+live tensor bytes counted by the harness. Tolerance ±3 % on the allocated peak, as for the
+other methods (``test_simulation.py``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("peft")
+
+from tuneplan.core.job.methods import Method
+from tuneplan.core.job.recipes import Recipe
+from tuneplan.core.job.strategy import Checkpointing, Precision, Strategy
+from tuneplan.core.job.tuners import CHECKPOINTING_MISSES, TUNER_METHODS
+from tuneplan.core.memory import MemoryAssumptions, estimate_memory
+from tuneplan.core.models import parse_model_config
+
+pytestmark = pytest.mark.probe
+
+#: A small Llama whose sizes every tuner's peft defaults accept (C3A's block 256 divides
+#: every linear; RoAD's group 64 every output) and a small vocabulary, so that the blocks,
+#: not the loss, set the peak.
+SMALL_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 128,
+               "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "num_key_value_heads": 4,
+               "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+               "tie_word_embeddings": False}
+TUNERS = sorted(TUNER_METHODS, key=str)
+#: Tuners whose estimate misses the simulation by more than 3 % with activation
+#: checkpointing (measured at batch 2, sequence 256: LoKr +3.2 %, RoAD +3.3 %, C3A -5.9 %):
+#: held to it without checkpointing only, and the test below fails if one starts to agree.
+CKPT_MISSES = CHECKPOINTING_MISSES
+
+
+def _measure(method: Method, batch: int, seq: int, ckpt: bool) -> tuple[int, int, int, int]:
+    from tuneplan.adapters.probe.harness import StepSetup, measure_step
+
+    strategy = Strategy(method=method, recipe=Recipe.PLAIN, precision=Precision.FP32,
+                        batch_size=batch, seq_len=seq, lora_rank=16, num_virtual_tokens=8,
+                        checkpointing=Checkpointing.FULL if ckpt else Checkpointing.NONE)
+    measured = measure_step(StepSetup(config=SMALL_LLAMA, strategy=strategy,
+                                      optimizer_impl="fused"))
+    estimate = estimate_memory(parse_model_config(SMALL_LLAMA, name="small-llama"), strategy,
+                               MemoryAssumptions(adamw_impl="fused"))
+    tensors = estimate.allocated_peak_bytes - int(
+        estimate.breakdown.value("overheads/cublas_workspace"))  # GPU-only, not simulated
+    return tensors, measured.peak_bytes, estimate.trainable_params, measured.trainable_params
+
+
+@pytest.mark.parametrize("method", TUNERS, ids=str)
+def test_tuner_peak_matches_simulation(method: Method) -> None:
+    tensors, peak, ours, theirs = _measure(method, 2, 64, False)
+    assert ours == theirs
+    assert abs(tensors - peak) / peak <= 0.03, f"estimated {tensors} vs measured {peak}"
+
+
+@pytest.mark.parametrize("method", TUNERS, ids=str)
+def test_tuner_peak_with_checkpointing(method: Method) -> None:
+    tensors, peak, _, _ = _measure(method, 2, 256, True)
+    error = abs(tensors - peak) / peak
+    if method in CKPT_MISSES:
+        assert 0.03 < error < 0.08, f"{method}: {error:.1%} (update CKPT_MISSES)"
+    else:
+        assert error <= 0.03, f"estimated {tensors} vs measured {peak}"
