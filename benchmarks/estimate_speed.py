@@ -6,12 +6,16 @@ micro-batch sizes not seen before (the planner's bisection: batch-independent wo
 the batch-dependent work done again; each strategy once, so no whole estimate is reused).
 Single estimates are timed in CPU time of this process (the machine is shared); the mean is
 wall time.
-Run: ``.venv/bin/python benchmarks/estimate_speed.py``.
+Run: ``.venv/bin/python benchmarks/estimate_speed.py``; ``--profile`` instead prints the
+cProfile statistics (internal time) of the estimates at micro-batches not seen before.
 """
 
 from __future__ import annotations
 
+import cProfile
+import pstats
 import statistics
+import sys
 import time
 from dataclasses import replace
 
@@ -19,6 +23,7 @@ from tuneplan.adapters.hub import resolve_model
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.strategy import Sharding, Strategy
 from tuneplan.core.memory import estimate_memory
+from tuneplan.core.models import ModelSpec
 
 
 def main() -> None:
@@ -29,6 +34,9 @@ def main() -> None:
     strategies.append(Strategy(method=Method.FULL, gpus=8, sharding=Sharding.ZERO3))
     for strategy in strategies:  # warm up
         estimate_memory(model, strategy)
+    if "--profile" in sys.argv[1:]:
+        _profile(model, strategies)
+        return
     rounds = 300
     single: list[float] = []
     start = time.perf_counter()
@@ -54,6 +62,16 @@ def main() -> None:
           "full/LoRA/QLoRA, ZeRO-3)")
     print(f"{statistics.median(fresh) * 1e6:.1f} µs median at a micro-batch not seen before "
           f"({len(fresh)} estimates)")
+
+
+def _profile(model: ModelSpec, strategies: list[Strategy]) -> None:
+    fresh = [replace(s, batch_size=b) for b in range(5, 305) for s in strategies]
+    profile = cProfile.Profile()
+    profile.enable()
+    for strategy in dict.fromkeys(fresh):   # each strategy once, as in the timed loop
+        estimate_memory(model, strategy)
+    profile.disable()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(25)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ Pure: no imports of the libraries themselves.
 
 from __future__ import annotations
 
+from functools import cache
+
 from tuneplan.core.job.methods import Quant, effective_quant
 from tuneplan.core.job.recipes import PEFT_BASE_DTYPE, Recipe
 from tuneplan.core.job.stack import Stack, version_text
@@ -65,8 +67,13 @@ def bnb_8bit_keeps_cat(s: Strategy) -> bool:
 
 def hf_loss_layout(s: Strategy) -> str:
     """``HF_LOSS_LAYOUTS``' name for the stated transformers, ``"pad-labels"`` from 4.49."""
+    return _hf_loss_layout(s.stack)
+
+
+@cache   # a fact of the (frozen) stack, asked once per memory estimate
+def _hf_loss_layout(stack: Stack) -> str:
     for below, name in HF_LOSS_LAYOUTS:
-        if not s.stack.at_least("transformers", below):
+        if not stack.at_least("transformers", below):
             return name
     return "pad-labels"
 

@@ -13,6 +13,7 @@ here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tuneplan.core.job.methods import (
     IA3_FEEDFORWARD,
@@ -29,14 +30,13 @@ from tuneplan.core.job.versions import bnb_4bit_saves_input, bnb_8bit_keeps_cat
 from tuneplan.core.memory import mla
 from tuneplan.core.memory.experts import experts_adapted, param_wrapped, param_wrapper_saved
 from tuneplan.core.memory.parts import Piece, part
-from tuneplan.core.models import LayerSpec, Linear, LinearRole, ModelSpec, NormKind
+from tuneplan.core.models import LayerSpec, Linear, LinearRole, MlpKind, ModelSpec, NormKind
 
 _O_NAMES = frozenset({"o_proj", "dense", "out_proj", "wo", "c_proj"})
 _DOWN_NAMES = frozenset({"down_proj", "fc2", "dense_4h_to_h", "w2", "c_proj", "down"})
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Shape:
+class Shape(NamedTuple):   # a tuple: made once per estimate, cheaply (immutable alike)
     """Token geometry of one micro-batch: batch, query positions, key positions."""
 
     batch: int
@@ -255,7 +255,8 @@ def forward_live(model: ModelSpec, strategy: Strategy, w: Widths, shape: Shape,
     """Bytes a block's forward holds in variables without saving them, while its MLP runs:
     the post-attention residual sum (unless its norm saved that very tensor), the norm's
     output (the MLP's ``x``, unless a linear saved it) and, at the down projection, the
-    dense MLP's product (unless down_proj saved it). Keyed like ``forward_transient``.
+    dense MLP's product (unless down_proj saved it). Keyed like ``forward_transient``, and
+    like it T times a per-token size (the estimate makes it once at T = 1 and scales it).
     ``inputs``: ``layer_inputs`` of each of ``model.layers``, if already made."""
     t, h = shape.tokens, model.hidden_size
     residual = 0 if input_shared_with_norm(model, w, shape) else t * h * w.residual
@@ -420,7 +421,7 @@ def backward_transients(model: ModelSpec, strategy: Strategy, w: Widths,
     gradients.
     """
     t, c = shape.tokens, w.compute
-    gated = model.mlp_kind.value == "gated"
+    gated = model.mlp_kind is MlpKind.GATED
     pairs, inter = t, model.intermediate_size
     if model.num_experts:
         pairs, inter = t * model.num_experts_per_token, (

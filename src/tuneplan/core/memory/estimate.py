@@ -79,18 +79,21 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
     UnsupportedError for strategies the estimate cannot honour.
     """
     a = assumptions or _DEFAULT_ASSUMPTIONS
-    key = (id(model), id(a), strategy, generation)
-    done = _DONE.get(key)
-    if done is not None and done[0] is model and done[1].assumptions is a:
+    if len(_DONE) >= _DONE_LIMIT:
+        _DONE.clear()
+    # One lookup asks and, if need be, reserves the entry filled below: a key tuple does not
+    # keep its hash, and hashing the strategy twice (a get, then a store) is a cost per estimate.
+    done = _DONE.setdefault((id(model), id(a), strategy, generation), [])
+    if done and done[0][0] is model and done[0][1].assumptions is a:
         # The same question again: the same answer (a fresh object for the strategy passed
         # in, and a phases dict of its own, so no caller shares mutable state).
-        est = done[1]
+        est, phases = done[0][1], done[0][2]
         return MemoryEstimate(
             model=est.model, strategy=strategy, assumptions=a, breakdown=est.breakdown,
             allocated_peak_bytes=est.allocated_peak_bytes,
             reserved_peak_bytes=est.reserved_peak_bytes,
             device_total_bytes=est.device_total_bytes, peak_phase=est.peak_phase,
-            phases=dict(done[2]), host_ram_bytes=est.host_ram_bytes, host=est.host,
+            phases=dict(phases), host_ram_bytes=est.host_ram_bytes, host=est.host,
             trainable_params=est.trainable_params, total_params=est.total_params,
             notes=est.notes, behaviours=est.behaviours)
     fixed = _fixed(model, strategy, a)
@@ -109,7 +112,8 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
     # The peak's groups are expanded, and Terms (with their formulas and sources) made, when
     # a breakdown is first read.
     explained = breakdown([*moments[phase], workspace, *device])
-    host = fixed.host or breakdown(host_terms(model, strategy, static, fixed.shards))
+    host = fixed.host if fixed.host is not None else breakdown(   # (not ``or``: that
+        host_terms(model, strategy, static, fixed.shards))       # would build its terms)
     est = MemoryEstimate(
         model=model.name, strategy=strategy, assumptions=a, breakdown=explained,
         allocated_peak_bytes=allocated, reserved_peak_bytes=allocated + int(reserve.value),
@@ -117,10 +121,8 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
         phases=phases, host_ram_bytes=int(host.total),
         host=host, trainable_params=fixed.trainable.total, total_params=static.total_params,
         notes=fixed.notes, behaviours=fixed.behaviours)
-    if len(_DONE) >= _DONE_LIMIT:
-        _DONE.clear()
     # the entry keeps its own copy of the phases: the caller may do what it likes with its own
-    _DONE[key] = (fixed.source, est, dict(phases))
+    done[:] = [(fixed.source, est, dict(phases))]
     return est
 
 
@@ -149,10 +151,14 @@ class _Fixed:
     layer_inputs: tuple[act.LayerInputs, ...]   # per kind of block in ``model.layers``
     layers: int                                 # blocks in all
     forward_per_token: dict[str, int]           # act.forward_transient at one token
+    live_per_token: dict[str, int]              # act.forward_live at one token
     experts_adapted: bool                       # LoRA wraps some block's routed experts
     #: all blocks' saved bytes by component as (key, per batch, fixed): affine in the batch
     #: for a fixed sequence (checked at three batches), or None (then summed per estimate)
     saved_line: _Line | None
+    #: ``saved_line`` divided by the blocks (one block's saved bytes), where every per-batch
+    #: and fixed size divides exactly (always for one kind of block), else None
+    one_line: _Line | None
     rope: Piece                                 # RoPE cos/sin (the sequence's, not the batch's)
     host: Breakdown | None                      # host RAM, unless it grows with the batch
     #: per GPU generation: the cuBLAS workspace and the device overheads outside the allocator
@@ -164,8 +170,10 @@ class _Fixed:
 
 _FIXED: dict[tuple[object, ...], _Fixed] = {}
 #: Whole estimates per (model, assumptions, strategy, generation): asked again (a planner
-#: re-run, the web app's repeated plans) they are answered from here. Bounded like _FIXED.
-_DONE: dict[tuple[object, ...], tuple[ModelSpec, MemoryEstimate, dict[str, int]]] = {}
+#: re-run, the web app's repeated plans) they are answered from here. Bounded like _FIXED. An
+#: entry is a list of at most one (model, estimate, phases); empty while (or if) the estimate
+#: it was made for is being computed (or raised).
+_DONE: dict[tuple[object, ...], list[tuple[ModelSpec, MemoryEstimate, dict[str, int]]]] = {}
 _DONE_LIMIT = 4096
 
 
@@ -197,6 +205,8 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
     static = static_terms(model, strategy, plan, trainable, sp, a)
     w = act.widths(strategy, plan, a.dropout_mask_bytes)
     layer_inputs = tuple(act.layer_inputs(model, layer, strategy, w) for layer in model.layers)
+    layers = sum(layer.count for layer in model.layers)
+    line = _saved_line(model, strategy, w, layer_inputs)
     found = _Fixed(
         notes=tuple(n for n in (structure_note(model), fused_qkv_note(model, strategy),
                                 seq2seq.forced_tie_note(source, strategy),
@@ -206,16 +216,18 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
         behaviours=tuple(versions.behaviours(model, strategy, a.adamw_impl)),
         source=source, assumptions=a, model=model, trainable=trainable, plan=plan, shards=sp,
         static=static, widths=w,
-        layer_inputs=layer_inputs, saved_line=_saved_line(model, strategy, w, layer_inputs),
+        layer_inputs=layer_inputs, saved_line=line, one_line=_divided(line, layers),
         rope=_rope(model, w, _shape(strategy, 1)), overheads={}, own={},
         # offloaded checkpoints are the only host bytes that grow with the micro-batch
         host=None if strategy.checkpointing is Checkpointing.OFFLOAD else breakdown(
             host_terms(model, strategy, static, sp)),
-        layers=sum(layer.count for layer in model.layers),
+        layers=layers,
         experts_adapted=any(experts.experts_adapted(model, layer, strategy)
                             for layer in model.layers),
         forward_per_token=act.forward_transient(model, strategy, w,
                                                 act.Shape(batch=1, seq_q=1, seq_kv=1)),
+        live_per_token=act.forward_live(model, strategy, w,
+                                        act.Shape(batch=1, seq_q=1, seq_kv=1), layer_inputs),
         head_trains=strategy.method is Method.FULL or any(
             m in ("lm_head", "score", "embed_out") for m in strategy.trainable_modules),
         dequant=_dequant_term(strategy, static),
@@ -288,6 +300,14 @@ def _saved_line(model: ModelSpec, s: Strategy, w: act.Widths,
             at[2][k] != 3 * per + fixed for k, per, fixed in line):
         return None
     return line
+
+
+def _divided(line: _Line | None, layers: int) -> _Line | None:
+    """``line`` over ``layers`` blocks, exact: (b·p + r) // L is b·(p/L) + r/L where L divides
+    both p and r; None where some size does not divide (then divided per estimate)."""
+    if line is None or any(per % layers or rest % layers for _, per, rest in line):
+        return None
+    return tuple((k, per // layers, rest // layers) for k, per, rest in line)
 
 
 def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
@@ -385,16 +405,21 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
                  a: MemoryAssumptions, fixed: _Fixed) -> _Blocks:
     layers = fixed.layers
     line, batch = fixed.saved_line, shape.batch
-    per_block = {k: batch * per + rest for k, per, rest in line} if line is not None else (
-        _saved(model, s, w, shape, fixed.layer_inputs))
-    one = {k: v // layers for k, v in per_block.items()} if not model.is_encoder_decoder else (
-        seq2seq.top_block(model, s, w, shape, per_block))
-    current, transient, when = _current_block(model, s, w, shape, one,
-                                              s.checkpointing is not Checkpointing.NONE,
+    checkpointed = s.checkpointing is not Checkpointing.NONE
+    per_block: dict[str, int] = {}   # all blocks' saved bytes: not needed when checkpointed
+    if not checkpointed or fixed.one_line is None or model.is_encoder_decoder:
+        per_block = {k: batch * per + rest for k, per, rest in line} if line is not None else (
+            _saved(model, s, w, shape, fixed.layer_inputs))
+    if model.is_encoder_decoder:
+        one = seq2seq.top_block(model, s, w, shape, per_block)
+    else:
+        one = {k: batch * per + rest for k, per, rest in fixed.one_line} if (
+            fixed.one_line is not None) else {k: v // layers for k, v in per_block.items()}
+    current, transient, when = _current_block(model, s, w, shape, one, checkpointed,
                                               fixed.experts_adapted)
     cos_sin = fixed.rope
     fwd_parts, fwd = _forward_moment(model, s, w, shape, one, fixed)
-    if s.checkpointing is Checkpointing.NONE:
+    if not checkpointed:
         per_block["norms"] -= act.first_norm_without_grad(model, s, w, shape)
         saved = _group("activations/blocks/", per_block, f"{layers} blocks · saved {{k}}",
                        tokens=shape.tokens)
@@ -424,24 +449,30 @@ def _forward_moment(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Sha
     """The block running forward (or being recomputed) at its MLP: what it has saved so far
     and the temporaries of its gate/up or down projection, whichever moment is larger."""
     # forward_transient is tokens · a per-token size (made once, at one token, per strategy)
-    temps = {k: shape.tokens * v for k, v in fixed.forward_per_token.items()}
-    live = act.forward_live(model, s, w, shape, fixed.layer_inputs)
+    # and so is forward_live (a max over blocks of sums of T·size terms): both made at T = 1
+    t = shape.tokens
+    temps, live = fixed.forward_per_token, fixed.live_per_token
     at_gate = dict(one, mlp=0, mlp_tail=0, linear_inputs_down=0, adapters_mlp=0,
-                   held=live["mlp_in"])
-    at_down = dict(one, held=live["down_in"])
-    if sum(at_gate.values()) + temps["mlp_in"] >= sum(at_down.values()) + temps["down_in"]:
-        parts, temp, when = at_gate, temps["mlp_in"], "gate/up"
+                   held=t * live["mlp_in"])
+    at_down = dict(one, held=t * live["down_in"])
+    if sum(at_gate.values()) + t * temps["mlp_in"] >= sum(at_down.values()) + t * temps["down_in"]:
+        parts, temp, when = at_gate, t * temps["mlp_in"], "gate/up"
     else:
-        parts, temp, when = at_down, temps["down_in"], "down"
+        parts, temp, when = at_down, t * temps["down_in"], "down"
     tuner, _ = act.tuner_transients(model, s, w, shape.tokens)  # its update being made
     temp += tuner
-    return (_group("activations/running_block/", parts,
-                   f"block at its {when} projection · saved {{k}}",
-                   {"held": f"block at its {when} projection · held unsaved: residual sum, "
-                            "norm output, MLP product"}),
-            part("activations/forward_transient", temp,
-                 f"{when} projection temporaries: PEFT input cast + base output + scaled "
-                 "update (T·out each), or its T·out output", "peft lora.Linear.forward"))
+    saved, held, temporaries = _FORWARD_TEXT[when]
+    return (_group("activations/running_block/", parts, saved, held),
+            part("activations/forward_transient", temp, temporaries, "peft lora.Linear.forward"))
+
+
+#: The running block's formulas at each projection (written once, not per estimate).
+_FORWARD_TEXT = {when: (
+    f"block at its {when} projection · saved {{k}}",
+    {"held": f"block at its {when} projection · held unsaved: residual sum, norm output, MLP "
+             "product"},
+    f"{when} projection temporaries: PEFT input cast + base output + scaled update (T·out "
+    "each), or its T·out output") for when in ("gate/up", "down")}
 
 
 def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
@@ -471,8 +502,11 @@ def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shap
                     adapters_mlp=one["adapters_mlp"] - merged)
         candidates.append((rest, transient, "mlp"))
     parts, transient, when = max(candidates, key=lambda c: c[1].value + sum(c[0].values()))
-    return _group("activations/current_block/", parts,
-                  f"block in {when} backward · saved {{k}}"), transient, when
+    return _group("activations/current_block/", parts, _BACKWARD_TEXT[when]), transient, when
+
+
+#: The block running backward's formula at each place (written once, not per estimate).
+_BACKWARD_TEXT = {when: f"block in {when} backward · saved {{k}}" for when in ("mlp", "attention")}
 
 
 def _rope(model: ModelSpec, w: act.Widths, shape: act.Shape) -> Piece:

@@ -8,8 +8,7 @@ cross_entropy saving the fp32 log-softmax), torchtune ``CEWithChunkedOutputLoss`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from tuneplan.core.job.methods import outer_targets
 from tuneplan.core.job.recipes import PrecisionPlan, Recipe
@@ -22,8 +21,7 @@ from tuneplan.core.models import LinearRole, ModelSpec
 _SRC = "transformers loss_utils.ForCausalLMLoss; torch log_softmax saves its fp32 output"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LossMoments:
+class LossMoments(NamedTuple):   # a tuple: made once per estimate, cheaply
     kept: tuple[Piece, ...]          # saved from the end of forward until backward starts
     forward_only: tuple[Piece, ...]  # alive only while the loss is computed
     backward_only: tuple[Piece, ...]  # gradients alive at the start of backward
@@ -111,9 +109,10 @@ def _loss_moments(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan, w: 
         return _chunked(kept, t, v, cl, chunks, ins)
     if model.is_encoder_decoder:
         return _seq2seq(kept, t, v, cl, w.autocast, ins)
-    if loss_follows_transformers(strategy) and hf_loss_layout(strategy) != "pad-labels":
+    layout = hf_loss_layout(strategy) if loss_follows_transformers(strategy) else "pad-labels"
+    if layout != "pad-labels":
         return _shifted(kept, t, shape.batch * (shape.seq_q - 1) * v, v, cl, w.autocast,
-                        hf_loss_layout(strategy), ins)
+                        layout, ins)
     return _standard(kept, t, v, cl, ins)
 
 
