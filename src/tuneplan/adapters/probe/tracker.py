@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -31,6 +31,13 @@ CATEGORIES = (
     "temporaries",
     "other",
 )
+
+
+def _inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors a traceable wrapper subclass holds (``__tensor_flatten__``)."""
+    names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
+    inner = (getattr(t, n) for n in names)
+    return [x for x in inner if isinstance(x, torch.Tensor)]
 
 
 @dataclass(slots=True, eq=False)
@@ -89,7 +96,13 @@ class StorageTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return rec
 
     def register(self, t: torch.Tensor, category: str, *, retag: bool = False) -> None:
-        """Book ``t``'s storage under ``category`` (or re-label it when ``retag``)."""
+        """Book ``t``'s storage under ``category`` (or re-label it when ``retag``). A wrapper
+        subclass (DTensor: FSDP2's sharded parameters, gradients and optimizer state) owns no
+        memory of its own: its inner tensors (the local shard) are booked instead."""
+        if is_traceable_wrapper_subclass(t):
+            for inner in _inner_tensors(t):
+                self.register(inner, category, retag=retag)
+            return
         st = self._storage_of(t)
         if st is None:
             return
@@ -132,6 +145,22 @@ class StorageTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
             yield
         finally:
             self._phase = previous
+
+    def storage_resized(self, st: torch.UntypedStorage) -> None:
+        """``st`` was resized in place outside any op (FSDP frees and re-allocates unsharded
+        parameters with ``storage.resize_``): book the change, or the storage if new."""
+        rec = self._lookup(st)
+        nbytes = int(st.nbytes())
+        if rec is None:
+            if nbytes:
+                rec = _Record(nbytes=nbytes, category=self._category_now())
+                rec.ref = weakref.ref(st, self._freed_callback(rec))
+                self._records[st] = rec
+                self._book(rec, nbytes)
+            return
+        if nbytes != rec.nbytes:
+            self._book(rec, nbytes - rec.nbytes)
+            rec.nbytes = nbytes
 
     def mark_gradient(self, t: torch.Tensor) -> None:
         self.register(t, "gradients", retag=True)
@@ -181,6 +210,10 @@ class StorageTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return out
 
     def _register_output(self, t: torch.Tensor, category: str) -> None:
+        if is_traceable_wrapper_subclass(t):
+            for inner in _inner_tensors(t):
+                self._register_output(inner, category)
+            return
         st = self._storage_of(t)
         if st is None:
             return
