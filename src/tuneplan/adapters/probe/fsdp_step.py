@@ -61,6 +61,7 @@ class RankResult:
     by_phase: dict[str, int]
     by_category: dict[str, int]     # at the peak
     seconds: float                  # this rank's wall time for the case
+    error: str = ""                 # the library's first message line where wrapping failed
 
 
 def _single(s: Strategy) -> Strategy:
@@ -218,6 +219,17 @@ def run_case(case: FsdpCase) -> RankResult:
                       seconds=time.perf_counter() - started)
 
 
+def _run_or_refusal(case: FsdpCase, rank: int) -> RankResult:
+    """``run_case``, or the ValueError torch raises for a wrapping it refuses (FSDP1 with
+    ``use_orig_params=False`` over a unit mixing frozen and trainable parameters)."""
+    try:
+        return run_case(case)
+    except ValueError as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return RankResult(case=case.name, rank=rank, peak_bytes=0, peak_phase="", by_phase={},
+                          by_category={}, seconds=0.0, error=first)
+
+
 def _rank_main(rank: int, world: int, store: str, cases: Sequence[FsdpCase],
                out: str) -> None:
     import pickle
@@ -229,7 +241,7 @@ def _rank_main(rank: int, world: int, store: str, cases: Sequence[FsdpCase],
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
-        results = [run_case(c) for c in cases]
+        results = [_run_or_refusal(c, rank) for c in cases]
     finally:
         dist.destroy_process_group()
     with open(f"{out}.{rank}", "wb") as f:

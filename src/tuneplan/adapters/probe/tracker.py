@@ -204,10 +204,20 @@ class StorageTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 else:
                     self.register(t, "other")
         out = func(*args, **kwargs)
+        # A collective writes into the tensors it is given; a new storage in its result is the
+        # CPU backend's own (gloo's reduce-scatter returns a full-size copy of its input),
+        # which NCCL on a GPU does not allocate: not booked.
+        collective = getattr(func, "namespace", "") == "c10d"
         for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
+            if isinstance(t, torch.Tensor) and not (collective and self._is_new(t)):
                 self._register_output(t, category)
         return out
+
+    def _is_new(self, t: torch.Tensor) -> bool:
+        if is_traceable_wrapper_subclass(t):
+            return all(self._is_new(inner) for inner in _inner_tensors(t))
+        st = self._storage_of(t)
+        return st is not None and self._lookup(st) is None
 
     def _register_output(self, t: torch.Tensor, category: str) -> None:
         if is_traceable_wrapper_subclass(t):
