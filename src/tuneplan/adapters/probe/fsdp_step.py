@@ -145,6 +145,28 @@ def _resize_hook(tracker: StorageTracker) -> Iterator[None]:
         torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def _without_gloo_scratch(tracker: StorageTracker) -> Iterator[None]:
+    """gloo's reduce-scatter copies its whole input to a scratch tensor (NCCL reduces in
+    place): torch.distributed's ``reduce_scatter_single`` runs with the tracker paused, so
+    only the input and output FSDP allocates are booked."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    original = c10d.reduce_scatter_single
+
+    def reduce_scatter_single(*args: Any, **kwargs: Any) -> Any:
+        with tracker.paused():
+            return original(*args, **kwargs)
+
+    # both bindings: torch.distributed re-exports the function under its own name
+    c10d.reduce_scatter_single = dist.reduce_scatter_single = reduce_scatter_single
+    try:
+        yield
+    finally:
+        c10d.reduce_scatter_single = dist.reduce_scatter_single = original
+
+
 def _no_sync(model: nn.Module, version: int) -> contextlib.AbstractContextManager[Any]:
     """``Accelerator.no_sync`` for FSDP (accelerate 1.15 accelerator.py)."""
     if version == 1:
@@ -194,7 +216,8 @@ def run_case(case: FsdpCase) -> RankResult:
     for inputs in micro:
         tracker.register_all(inputs.values(), "inputs")
     model.train()
-    with _resize_hook(tracker), tracker, warnings.catch_warnings():
+    with _resize_hook(tracker), _without_gloo_scratch(tracker), tracker, \
+            warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for _ in range(case.steps):
             for i, inputs in enumerate(micro):

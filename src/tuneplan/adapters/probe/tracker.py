@@ -81,6 +81,7 @@ class StorageTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._peak = 0
         self._peak_index = -1
         self._window_peak = 0
+        self._paused = False
 
     # -- registration ---------------------------------------------------------------
     def _storage_of(self, t: torch.Tensor) -> torch.UntypedStorage | None:
@@ -152,7 +153,7 @@ class StorageTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         rec = self._lookup(st)
         nbytes = int(st.nbytes())
         if rec is None:
-            if nbytes:
+            if nbytes and not self._paused:
                 rec = _Record(nbytes=nbytes, category=self._category_now())
                 rec.ref = weakref.ref(st, self._freed_callback(rec))
                 self._records[st] = rec
@@ -192,6 +193,8 @@ class StorageTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
+        if self._paused:
+            return func(*args, **kwargs)
         category = self._category_now()
         # torch.tensor(...) allocates outside the dispatcher and shows up first as the input
         # of lift_fresh: it belongs to the current phase. Any other tensor first seen as an
@@ -204,20 +207,20 @@ class StorageTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 else:
                     self.register(t, "other")
         out = func(*args, **kwargs)
-        # A collective writes into the tensors it is given; a new storage in its result is the
-        # CPU backend's own (gloo's reduce-scatter returns a full-size copy of its input),
-        # which NCCL on a GPU does not allocate: not booked.
-        collective = getattr(func, "namespace", "") == "c10d"
         for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and not (collective and self._is_new(t)):
+            if isinstance(t, torch.Tensor):
                 self._register_output(t, category)
         return out
 
-    def _is_new(self, t: torch.Tensor) -> bool:
-        if is_traceable_wrapper_subclass(t):
-            return all(self._is_new(inner) for inner in _inner_tensors(t))
-        st = self._storage_of(t)
-        return st is not None and self._lookup(st) is None
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Book nothing new inside (a CPU collective backend's own scratch tensors, which the
+        GPU backend does not allocate); frees of tensors already booked still count."""
+        previous, self._paused = self._paused, True
+        try:
+            yield
+        finally:
+            self._paused = previous
 
     def _register_output(self, t: torch.Tensor, category: str) -> None:
         if is_traceable_wrapper_subclass(t):

@@ -75,6 +75,9 @@ class MemoryAssumptions:
     zero3_sub_group_elements: int = 1_000_000_000
     # ZeRO-3 / FSDP keep this many gathered blocks alive (current + prefetched).
     gathered_blocks: int = 2
+    # FSDP generation the HF recipes run: tuneplan's accelerate config writes fsdp_version 1
+    # (core/launch/engines.py); 2 is accelerate's fully_shard path (core/memory/fsdp.py).
+    fsdp_version: int = 1
     # Unsloth/torchtune offloaded checkpoints: blocks whose input stays on device in flight.
     offload_blocks_on_device: int = 2
     # LoRA dropout mask element: CUDA native_dropout keeps a bool mask (1 B); the CPU kernel
