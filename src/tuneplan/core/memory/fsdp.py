@@ -36,8 +36,10 @@ _SYNC = "accelerate 1.15 Accelerator.no_sync; torch 2.13 FSDP no_sync / set_requ
 
 
 def applies(s: Strategy) -> bool:
-    """FSDP full-shard on several GPUs in an HF-Trainer recipe (the wrap modelled here)."""
-    return (s.sharding in (Sharding.FSDP, Sharding.FSDP_GRAD_OP) and s.world_size > 1
+    """FSDP on several GPUs in an HF-Trainer recipe (the wrap modelled here); HYBRID_SHARD
+    has the same units, sharded inside a node."""
+    return (s.sharding in (Sharding.FSDP, Sharding.FSDP_GRAD_OP, Sharding.HYBRID)
+            and s.world_size > 1
             and s.recipe in (Recipe.HF, Recipe.PLAIN))
 
 
@@ -102,17 +104,18 @@ def adjust(moments: dict[str, list[Item]], model: ModelSpec, s: Strategy,
             rest = [i for i in items if id(i) not in held]
             if len(rest) != len(items) or name.startswith(("forward", "backward")):
                 items[:] = [*rest, kept]
-    if s.sharding is not Sharding.FSDP:
+    if s.sharding is Sharding.FSDP_GRAD_OP:
         return  # SHARD_GRAD_OP keeps every parameter unsharded: nothing more is gathered
+    shards = s.gpus if s.sharding is Sharding.HYBRID else s.world_size
     block = u.block
     if version == 1:
         # use_orig_params=True: the head's gradient is the original parameter's, unsharded,
         # until the root unit's post-backward hook reduces the root flat gradient (the last
         # thing backward does); the estimate's sharded head gradient is topped up to it
-        counted = u.head_grad // s.world_size if s.grad_accum == 1 else 0
+        counted = u.head_grad // shards if s.grad_accum == 1 else 0
         pending = part("sharding/fsdp_head_gradient", u.head_grad - counted,
                        "head gradient unsharded until the root's post-backward"
-                       + (f" (less the 1/{s.world_size} already counted)" if counted else ""),
+                       + (f" (less the 1/{shards} already counted)" if counted else ""),
                        src)
         root = part("sharding/fsdp_root_unit", u.root, "FSDP1 root flat parameter unsharded "
                     "from forward to the end of backward: embedding + final norm + head", src)
@@ -127,7 +130,7 @@ def adjust(moments: dict[str, list[Item]], model: ModelSpec, s: Strategy,
             # head and embedding gradients still exist; every block's gradient is sharded
             base = moments["optimizer"][0] if "optimizer" in moments else None
             if base is not None:
-                blocks = (sum(int(g.value) for g in grads) - -(-u.root_grad // s.world_size)
+                blocks = (sum(int(g.value) for g in grads) - -(-u.root_grad // shards)
                           if s.grad_accum == 1 else u.no_sync - u.root_grad)
                 moments["backward-root"] = [
                     base, part("gradients/trainable", blocks, "every block's gradient"
