@@ -78,6 +78,10 @@ class MemoryAssumptions:
     # FSDP generation the HF recipes run: tuneplan's accelerate config writes fsdp_version 1
     # (core/launch/engines.py); 2 is accelerate's fully_shard path (core/memory/fsdp.py).
     fsdp_version: int = 1
+    # HF Trainer under FSDP accumulates with accelerate's no_sync unless the accelerator config
+    # sets gradient_accumulation_kwargs sync_each_batch (transformers 5.24 trainer.py; tuneplan's
+    # train.py does not): False keeps every gradient unsharded between micro-batches.
+    fsdp_sync_each_batch: bool = False
     # Unsloth/torchtune offloaded checkpoints: blocks whose input stays on device in flight.
     offload_blocks_on_device: int = 2
     # LoRA dropout mask element: CUDA native_dropout keeps a bool mask (1 B); the CPU kernel

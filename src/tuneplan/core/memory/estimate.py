@@ -313,7 +313,8 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
     if not s.optimizer_in_backward:
         moments["optimizer"] = [base, *st.grads, *st.step]
     if fsdp.applies(s):
-        fsdp.adjust(moments, model, s, plan, fixed.trainable, st.grads, a.fsdp_version)
+        fsdp.adjust(moments, model, s, plan, fixed.trainable, st.grads, a.fsdp_version,
+                    a.fsdp_sync_each_batch)
     return moments
 
 

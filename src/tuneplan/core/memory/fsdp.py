@@ -86,13 +86,13 @@ def units(model: ModelSpec, s: Strategy, plan: PrecisionPlan, trainable: Trainab
 
 def adjust(moments: dict[str, list[Item]], model: ModelSpec, s: Strategy,
            plan: PrecisionPlan, trainable: Trainable, grads: list[Piece],
-           version: int) -> None:
+           version: int, sync_each_batch: bool = False) -> None:
     """Add FSDP's gathered units (FULL_SHARD) and, under gradient accumulation, swap the
     sharded gradients for the unsharded ones ``no_sync`` keeps, in every moment but the
-    optimizer step."""
+    optimizer step (unless ``sync_each_batch``: then every micro-batch reduce-scatters)."""
     u = units(model, s, plan, trainable, version)
     src = _SRC1 if version == 1 else _SRC2
-    if s.grad_accum > 1:
+    if s.grad_accum > 1 and not sync_each_batch:
         held = {id(g) for g in grads}
         kept = part("sharding/fsdp_no_sync_gradients", u.no_sync,
                     "gradients kept unsharded by no_sync between micro-batches"
@@ -112,7 +112,8 @@ def adjust(moments: dict[str, list[Item]], model: ModelSpec, s: Strategy,
         # use_orig_params=True: the head's gradient is the original parameter's, unsharded,
         # until the root unit's post-backward hook reduces the root flat gradient (the last
         # thing backward does); the estimate's sharded head gradient is topped up to it
-        counted = u.head_grad // shards if s.grad_accum == 1 else 0
+        no_sync = s.grad_accum > 1 and not sync_each_batch
+        counted = 0 if no_sync else u.head_grad // shards
         pending = part("sharding/fsdp_head_gradient", u.head_grad - counted,
                        "head gradient unsharded until the root's post-backward"
                        + (f" (less the 1/{shards} already counted)" if counted else ""),
@@ -130,11 +131,11 @@ def adjust(moments: dict[str, list[Item]], model: ModelSpec, s: Strategy,
             # head and embedding gradients still exist; every block's gradient is sharded
             base = moments["optimizer"][0] if "optimizer" in moments else None
             if base is not None:
-                blocks = (sum(int(g.value) for g in grads) - -(-u.root_grad // shards)
-                          if s.grad_accum == 1 else u.no_sync - u.root_grad)
+                blocks = (u.no_sync - u.root_grad if no_sync else
+                          sum(int(g.value) for g in grads) - -(-u.root_grad // shards))
                 moments["backward-root"] = [
                     base, part("gradients/trainable", blocks, "every block's gradient"
-                               + (" (sharded)" if s.grad_accum == 1 else " (no_sync)")),
+                               + (" (no_sync)" if no_sync else " (sharded)")),
                     root, part("sharding/fsdp_root_gradient", 2 * u.root_grad,
                                "root flat gradient + the original head/embedding gradients "
                                "it is copied from, unsharded", src)]
