@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tests.core.memory.fsdp_cases import CONFIG, strategy
+
 from tuneplan.core.memory import MemoryAssumptions, estimate_memory
 from tuneplan.core.models import parse_model_config
 
