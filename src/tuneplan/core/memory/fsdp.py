@@ -58,7 +58,14 @@ def units(model: ModelSpec, s: Strategy, plan: PrecisionPlan, trainable: Trainab
     layers = sum(layer.count for layer in model.layers)
     block_params = sum(layer.params * layer.count for layer in model.layers) // layers
     width = plan.trainable_weight_bytes if s.method.trains_base else plan.frozen_weight_bytes
-    adapters = trainable.adapter_params // layers * plan.adapter_bytes
+    adapter_width = plan.adapter_bytes
+    grad_width = plan.trainable_weight_bytes
+    if plan.autocast:
+        # accelerate 1.15 set_mixed_precision under bf16: MixedPrecision(param_dtype=bf16,
+        # reduce_dtype=bf16): units are gathered, and their gradients made, in bf16 (the
+        # shards, and the optimizer's gradients, stay fp32). Not simulated (fp32 runs only).
+        width = adapter_width = grad_width = plan.compute_bytes
+    adapters = trainable.adapter_params // layers * adapter_width
     block = block_params * width + adapters
     head = 0 if model.tie_word_embeddings else model.vocab_size * (
         model.head_in_features or model.hidden_size)
@@ -68,18 +75,15 @@ def units(model: ModelSpec, s: Strategy, plan: PrecisionPlan, trainable: Trainab
     tail = (head + norm) * width
     if version == 1:
         # one flat gradient per unit holding any trainable parameter, all its elements
-        grad_width = plan.trainable_weight_bytes
         if s.method is Method.FULL:
             no_sync = (embed + head + norm + block_params * layers) * grad_width
         else:
-            no_sync = block_params * layers * grad_width + trainable.adapter_params * (
-                plan.adapter_bytes)
+            no_sync = (block_params * layers + trainable.adapter_params) * grad_width
     else:
-        no_sync = (trainable.base_params * plan.trainable_weight_bytes
-                   + trainable.adapter_params * plan.adapter_bytes)
+        no_sync = (trainable.base_params + trainable.adapter_params) * grad_width
     full = s.method is Method.FULL
-    head_grad = (head or embed) * plan.trainable_weight_bytes if full else 0
-    root_grad = (embed + head + norm) * plan.trainable_weight_bytes if full else 0
+    head_grad = (head or embed) * grad_width if full else 0
+    root_grad = (embed + head + norm) * grad_width if full else 0
     return Units(block=block, root=root, tail=tail, no_sync=no_sync, head_grad=head_grad,
                  root_grad=root_grad)
 
