@@ -27,6 +27,7 @@ CASES = {  # name: (plan, strategy changes)
                                   "lora_alpha": 8, "lora_dropout": 0.05,
                                   "lora_targets": ["q_proj", "v_proj"]}),
     "full-zero3": (ZERO3, {}),
+    "full-fsdp-accumulating": (ZERO3, {"sharding": "fsdp", "grad_accum": 4}),
 }
 
 
@@ -77,6 +78,13 @@ def test_the_plan_maps_onto_sftconfig(name: str, tmp_path: Path) -> None:
     assert args.logging_steps == 1  # TRL's default is 10
     assert args.save_steps == cfg["save_steps"] and args.seed == cfg["seed"]
     assert args.learning_rate == cfg["learning_rate"]
+    # FSDP with accumulation syncs each micro-batch (no unsharded gradients under no_sync),
+    # as the plan's memory assumes; the Trainer reads it from the accelerator config.
+    sync = args.accelerator_config.gradient_accumulation_kwargs
+    if s["sharding"] in ("fsdp", "fsdp-grad-op", "hybrid") and s["grad_accum"] > 1:
+        assert sync == {"sync_each_batch": True}
+    else:
+        assert not (sync or {}).get("sync_each_batch")
 
 
 @pytest.mark.parametrize("name", ["dora-no-recompute", "qlora"])

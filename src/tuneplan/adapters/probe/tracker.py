@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -31,6 +31,13 @@ CATEGORIES = (
     "temporaries",
     "other",
 )
+
+
+def _inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors a traceable wrapper subclass holds (``__tensor_flatten__``)."""
+    names, _ = t.__tensor_flatten__()  # type: ignore[attr-defined]
+    inner = (getattr(t, n) for n in names)
+    return [x for x in inner if isinstance(x, torch.Tensor)]
 
 
 @dataclass(slots=True, eq=False)
@@ -74,6 +81,7 @@ class StorageTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._peak = 0
         self._peak_index = -1
         self._window_peak = 0
+        self._paused = False
 
     # -- registration ---------------------------------------------------------------
     def _storage_of(self, t: torch.Tensor) -> torch.UntypedStorage | None:
@@ -89,7 +97,13 @@ class StorageTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return rec
 
     def register(self, t: torch.Tensor, category: str, *, retag: bool = False) -> None:
-        """Book ``t``'s storage under ``category`` (or re-label it when ``retag``)."""
+        """Book ``t``'s storage under ``category`` (or re-label it when ``retag``). A wrapper
+        subclass (DTensor: FSDP2's sharded parameters, gradients and optimizer state) owns no
+        memory of its own: its inner tensors (the local shard) are booked instead."""
+        if is_traceable_wrapper_subclass(t):
+            for inner in _inner_tensors(t):
+                self.register(inner, category, retag=retag)
+            return
         st = self._storage_of(t)
         if st is None:
             return
@@ -133,6 +147,22 @@ class StorageTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
         finally:
             self._phase = previous
 
+    def storage_resized(self, st: torch.UntypedStorage) -> None:
+        """``st`` was resized in place outside any op (FSDP frees and re-allocates unsharded
+        parameters with ``storage.resize_``): book the change, or the storage if new."""
+        rec = self._lookup(st)
+        nbytes = int(st.nbytes())
+        if rec is None:
+            if nbytes and not self._paused:
+                rec = _Record(nbytes=nbytes, category=self._category_now())
+                rec.ref = weakref.ref(st, self._freed_callback(rec))
+                self._records[st] = rec
+                self._book(rec, nbytes)
+            return
+        if nbytes != rec.nbytes:
+            self._book(rec, nbytes - rec.nbytes)
+            rec.nbytes = nbytes
+
     def mark_gradient(self, t: torch.Tensor) -> None:
         self.register(t, "gradients", retag=True)
 
@@ -163,6 +193,8 @@ class StorageTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
+        if self._paused:
+            return func(*args, **kwargs)
         category = self._category_now()
         # torch.tensor(...) allocates outside the dispatcher and shows up first as the input
         # of lift_fresh: it belongs to the current phase. Any other tensor first seen as an
@@ -180,7 +212,21 @@ class StorageTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
                 self._register_output(t, category)
         return out
 
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Book nothing new inside (a CPU collective backend's own scratch tensors, which the
+        GPU backend does not allocate); frees of tensors already booked still count."""
+        previous, self._paused = self._paused, True
+        try:
+            yield
+        finally:
+            self._paused = previous
+
     def _register_output(self, t: torch.Tensor, category: str) -> None:
+        if is_traceable_wrapper_subclass(t):
+            for inner in _inner_tensors(t):
+                self._register_output(inner, category)
+            return
         st = self._storage_of(t)
         if st is None:
             return

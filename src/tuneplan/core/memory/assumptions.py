@@ -75,6 +75,15 @@ class MemoryAssumptions:
     zero3_sub_group_elements: int = 1_000_000_000
     # ZeRO-3 / FSDP keep this many gathered blocks alive (current + prefetched).
     gathered_blocks: int = 2
+    # FSDP generation the HF recipes run: tuneplan's accelerate config writes fsdp_version 1
+    # (core/launch/engines.py); 2 is accelerate's fully_shard path (core/memory/fsdp.py).
+    fsdp_version: int = 1
+    # HF Trainer under FSDP accumulates with accelerate's no_sync unless the accelerator config
+    # sets gradient_accumulation_kwargs sync_each_batch (transformers 5.24 trainer.py);
+    # tuneplan's train.py sets it for FSDP plans (a reduce-scatter per micro-batch), so True;
+    # False (a Trainer left at its default) keeps every gradient unsharded between
+    # micro-batches.
+    fsdp_sync_each_batch: bool = True
     # Unsloth/torchtune offloaded checkpoints: blocks whose input stays on device in flight.
     offload_blocks_on_device: int = 2
     # LoRA dropout mask element: CUDA native_dropout keeps a bool mask (1 B); the CPU kernel

@@ -28,7 +28,7 @@ from tuneplan.core.job.recipes import PrecisionPlan, Recipe, precision_plan
 from tuneplan.core.job.strategy import Checkpointing, Strategy, Task
 from tuneplan.core.job.tuners import tuner_note
 from tuneplan.core.memory import activations as act
-from tuneplan.core.memory import experts, litgpt, mla, seq2seq, torchtune
+from tuneplan.core.memory import experts, fsdp, litgpt, mla, seq2seq, torchtune
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.core.memory.logits import loss_moments
 from tuneplan.core.memory.overheads import device_terms, reserve_term, workspace_term
@@ -352,6 +352,9 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
                                          *cast["bottom"], *dq]
     if not s.optimizer_in_backward:
         moments["optimizer"] = [base, *st.grads, *st.step]
+    if fsdp.applies(s):
+        fsdp.adjust(moments, model, s, plan, fixed.trainable, st.grads, a.fsdp_version,
+                    a.fsdp_sync_each_batch)
     return moments
 
 

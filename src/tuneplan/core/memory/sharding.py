@@ -40,9 +40,17 @@ def shard_plan(strategy: Strategy) -> ShardPlan:
         shards=n, params_div=params, grads_div=grads, states_div=states,
         states_on_host=strategy.offload is not Offload.NONE,
         params_on_host=strategy.offload is Offload.OPTIMIZER_PARAMS,
-        gathers_blocks=params > 1 or (strategy.offload is Offload.OPTIMIZER_PARAMS),
+        # FSDP's gathered units are core/memory/fsdp.py's (HF recipes on several GPUs)
+        gathers_blocks=(params > 1 and not _fsdp_units(strategy))
+        or (strategy.offload is Offload.OPTIMIZER_PARAMS),
         ddp_buckets=s is Sharding.DDP and world > 1,
         zero_buckets=s in (Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3) and world > 1)
+
+
+def _fsdp_units(strategy: Strategy) -> bool:
+    from tuneplan.core.memory.fsdp import applies
+
+    return applies(strategy) and strategy.offload is Offload.NONE
 
 
 def shard(value: int, div: int) -> int:

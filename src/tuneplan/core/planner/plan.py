@@ -483,6 +483,14 @@ def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[s
             return Refused(f"--nodes {nodes} is fixed and {offer.provider} states no "
                            "multi-node interconnect", kind="hardware")
         node = replace(node, nodes=nodes, inter_node_bytes_per_s=inter)
+    def _unit(candidate: Candidate) -> UnitCost:
+        # Money scales with the price: one cost-model run per candidate and provider (keyed
+        # by identity: the search's node cache keeps every candidate alive while it plans).
+        key = (id(candidate), offer.provider)
+        if key not in prices:
+            prices[key] = unit_cost(candidate, provider, job, a.cost)
+        return prices[key]
+
     outcome = search.search(node)
     short = _host_ram_short(outcome.best.values(), offer)
     candidates = list(outcome.best.values())
@@ -492,7 +500,8 @@ def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[s
             if bigger is not None:
                 outcome, short = bigger, {}
                 candidates = list(bigger.best.values())
-        elif (pays := _nodes_may_pay(job, [c for c in candidates if id(c) not in short])):
+        elif (pays := _nodes_may_pay(job, [c for c in candidates if id(c) not in short],
+                                     lambda c: _unit(c).wall_hours)):
             # One node fits, but starved of memory or missing the deadline: more nodes may
             # be cheaper or in time, so they are plans beside it (ranked alike).
             want, most = pays
@@ -514,11 +523,7 @@ def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[s
     for candidate in candidates:
         if id(candidate) in short:
             continue
-        # Money scales with the price: one cost-model run per candidate and provider.
-        key = (id(candidate), offer.provider)
-        if key not in prices:
-            prices[key] = unit_cost(candidate, provider, job, a.cost)
-        unit = prices[key]
+        unit = _unit(candidate)
         options.append(_Option(
             candidate=candidate, unit=unit, nodes=candidate.strategy.nodes,
             method=candidate.strategy.method, hours=unit.wall_hours,
@@ -636,7 +641,8 @@ def _more_nodes(search: StrategySearch, job: Job, node: Node, inter: float | Non
     return None
 
 
-def _nodes_may_pay(job: Job, fitted: Sequence[Candidate]
+def _nodes_may_pay(job: Job, fitted: Sequence[Candidate],
+                   wall_hours: Callable[[Candidate], float]
                    ) -> tuple[Callable[[Candidate], bool], int] | None:
     """What more nodes must do to be worth a plan when one node already fits ``fitted``, and
     the most nodes to try for it: meet the deadline none of them meets (up to
@@ -644,10 +650,12 @@ def _nodes_may_pay(job: Job, fitted: Sequence[Candidate]
     2 or 4 nodes (the same price per node: cheaper); None when one node is enough."""
     if not fitted:
         return None
+    # the deadline binds the wall time a plan is billed for (set-up, loading and checkpoint
+    # writes included), not its training time alone
     if job.deadline_s is not None and all(
-            (c.throughput.hours or 0.0) * HOUR_S > job.deadline_s for c in fitted):
+            wall_hours(c) * HOUR_S > job.deadline_s for c in fitted):
         deadline = job.deadline_s
-        return (lambda c: (c.throughput.hours or 0.0) * HOUR_S <= deadline), _NO_LIMIT
+        return (lambda c: wall_hours(c) * HOUR_S <= deadline), _NO_LIMIT
     if all(memory_starved(c) for c in fitted):
         # the same node price per node, so cheaper exactly when each GPU does more
         # (2 then 4 nodes only: a guess at a cheaper plan, not a requirement; bounded)

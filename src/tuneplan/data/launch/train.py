@@ -51,6 +51,7 @@ OPTIMIZERS = {"adamw": "adamw_torch", "adamw8bit": "adamw_bnb_8bit",
               "adafactor": "adafactor", "sgd": "sgd", "lion": "lion_32bit"}
 ATTENTION = {"sdpa": "sdpa", "flash": "flash_attention_2", "eager": "eager"}
 ZERO_OR_FSDP = {"zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hybrid"}
+FSDP_SHARDINGS = {"fsdp", "fsdp-grad-op", "hybrid"}
 
 
 def log(message: str) -> None:
@@ -226,6 +227,12 @@ def training_arguments(cfg: dict[str, Any], deepspeed: str | None = None) -> Any
     if fused_loss and not torch.cuda.is_available():
         raise SystemExit("train.py: the plan uses a chunked (fused) loss, which runs on a GPU "
                          "only (Liger kernels); on the CPU re-plan with --loss standard")
+    # FSDP: reduce-scatter after every micro-batch instead of accelerate's no_sync, which
+    # keeps every gradient unsharded on every rank until the last one (transformers 5
+    # Trainer; what the plan's memory assumes: MemoryAssumptions.fsdp_sync_each_batch).
+    if cfg.get("sharding") in FSDP_SHARDINGS and cfg["grad_accum"] > 1:
+        names["accelerator_config"] = {"gradient_accumulation_kwargs": {
+            "sync_each_batch": True}}
     config: Any = SFTConfig  # called through Any: its many fields do not type **names
     return config(use_liger_kernel=fused_loss,
         use_cpu=not torch.cuda.is_available(), **names,
