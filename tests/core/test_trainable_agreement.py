@@ -275,7 +275,7 @@ def test_coverage_and_the_counted_skips() -> None:
                                     if len(s.layers) > 1 and n not in EXPECTED_SKIPS)
     assert dora == ["Qwen/Qwen3-30B-A3B", "deepseek-ai/DeepSeek-V3",
                     "mistralai/Mixtral-8x22B-v0.1", "mistralai/Mixtral-8x7B-v0.1"]
-    assert len(cases) - len(skipped) == 931   # T0 and mT0 estimated (freeze refused)
+    assert len(cases) - len(skipped) == 953   # T0 and mT0 estimated (freeze refused)
     assert launched_methods() == {Method.FULL, Method.LORA, Method.DORA, Method.QLORA,
                                   Method.LORA8BIT}
 
