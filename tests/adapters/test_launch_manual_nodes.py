@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.adapters.launch_drill import cpu_env, plan_entry, write_bundle
+from tests.waiting import HANG_GUARD_S
 
 PLAN = ("plan_llama70b_multinode_aws.json", "da81eb4f39ff")
 TWO_NODES = {"gpus": 1, "nodes": 2, "sharding": "ddp", "offload": "none", "batch_size": 1,
@@ -20,7 +21,7 @@ ENGINES = ("accelerate", "torchrun")
 
 def _run(folder: Path, engine: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", f"launch_{engine}.sh"], cwd=folder, capture_output=True,
-                          text=True, timeout=120, env=cpu_env(**env))
+                          text=True, timeout=HANG_GUARD_S, env=cpu_env(**env))
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -48,7 +49,7 @@ def test_a_folder_per_node_stops_both_nodes_before_training(tmp_path: Path) -> N
                         TUNEPLAN_CHECKPOINT_DIR=str(folder / "own"),
                         TUNEPLAN_SHARED_WAIT_S="1")))
     for rank, proc in enumerate(procs):
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=HANG_GUARD_S)
         assert proc.returncode == 2, err
         assert f"is not shared by all 2 nodes (rank {rank} sees 1)" in err
         own = tmp_path / f"node{rank}" / "own"
@@ -57,7 +58,8 @@ def test_a_folder_per_node_stops_both_nodes_before_training(tmp_path: Path) -> N
 
 def test_a_shared_folder_passes_the_check_for_every_node(tmp_path: Path) -> None:
     """The check alone (``checkpoint_store.sh shared``), as the script runs it: both nodes
-    on one folder see both ranks and pass."""
+    on one folder see both ranks and pass. Each waits up to the hang guard for the other, so a
+    slow machine starting the second late still passes (no clock in the outcome)."""
     shared = tmp_path / "shared"
     procs = []
     for rank in (0, 1):
@@ -68,9 +70,10 @@ def test_a_shared_folder_passes_the_check_for_every_node(tmp_path: Path) -> None
         procs.append(subprocess.Popen(
             ["bash", "checkpoint_store.sh", "shared", str(rank), "2"], cwd=folder, text=True,
             stderr=subprocess.PIPE,
-            env=cpu_env(TUNEPLAN_CHECKPOINT_DIR=str(shared), TUNEPLAN_SHARED_WAIT_S="60")))
+            env=cpu_env(TUNEPLAN_CHECKPOINT_DIR=str(shared),
+                        TUNEPLAN_SHARED_WAIT_S=str(int(HANG_GUARD_S)))))
     for proc in procs:
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=HANG_GUARD_S)
         assert proc.returncode == 0, err
     assert sorted(p.name for p in (shared / ".tuneplan_nodes").iterdir()) == ["0", "1"]
 

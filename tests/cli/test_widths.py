@@ -248,8 +248,9 @@ def test_python_dash_m_runs_the_same_command_line() -> None:
     import sys
 
     import tuneplan
+    from tests.waiting import HANG_GUARD_S
 
     done = subprocess.run([sys.executable, "-m", "tuneplan", "--version"], capture_output=True,
-                          text=True, timeout=120, check=False)
+                          text=True, timeout=HANG_GUARD_S, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"tuneplan {tuneplan.__version__}"
