@@ -23,6 +23,7 @@ from tuneplan.errors import ProbeError, UnsupportedError
 
 if TYPE_CHECKING:
     from tuneplan.adapters.probe.harness import StepSetup
+    from tuneplan.adapters.probe.tracker import StorageTracker
 
 # Methods that wrap the model with ``peft.get_peft_model`` (QLoRA does so after 4-bit loading).
 PEFT_METHODS = frozenset({Method.LORA, Method.DORA, Method.PREFIX, Method.PROMPT,
@@ -270,6 +271,16 @@ def make_inputs(setup: StepSetup, vocab_size: int) -> dict[str, torch.Tensor]:
     labels = ids.clone() if s.task is Task.CAUSAL_LM else torch.randint(
         0, 2, shape[:1], generator=gen)
     return {"input_ids": ids, "labels": labels}
+
+
+def tracked_optimizer(params: list[nn.Parameter], setup: StepSetup, tracker: StorageTracker
+                      ) -> tuple[torch.optim.Optimizer, list[Any]]:
+    """``setup``'s optimizer over ``params`` and, per parameter, a hook that tells ``tracker``
+    when its gradient is complete (what every probe step sets up before its loop); remove
+    the hooks when done."""
+    hooks = [p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
+        lambda p: tracker.mark_gradient(p.grad)) for p in params]
+    return make_optimizer(params, setup), hooks
 
 
 def make_optimizer(params: list[nn.Parameter], setup: StepSetup) -> torch.optim.Optimizer:

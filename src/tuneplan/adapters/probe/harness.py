@@ -197,13 +197,7 @@ def run_steps(
     A failing step raises ProbeError with the first line of the library's message.
     """
     params = [p for p in _unique_params(model) if p.requires_grad]
-    opt = build.make_optimizer(params, setup)
-    hooks = [
-        p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
-            lambda p: tracker.mark_gradient(p.grad)
-        )
-        for p in params
-    ]
+    opt, hooks = build.tracked_optimizer(params, setup, tracker)
     model.train()
     tracker.take_window_peak()
     peaks = []

@@ -203,9 +203,7 @@ def measure_litgpt_step(setup: StepSetup, *, on_step: Callable[[int], None] | No
         tracker.register_all(model.parameters(), "parameters")
         tracker.register_all([ids, targets], "inputs")
         params = [p for p in model.parameters() if p.requires_grad]
-        opt = build.make_optimizer(params, setup)
-        hooks = [p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
-            lambda p: tracker.mark_gradient(p.grad)) for p in params]
+        opt, hooks = build.tracked_optimizer(params, setup, tracker)
         model.train()
         tracker.take_window_peak()
         peaks: list[int] = []
