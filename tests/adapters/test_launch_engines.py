@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -258,7 +259,10 @@ def test_sigterm_to_the_launch_exits_143_and_the_resume_matches(
     proc.send_signal(signal.SIGTERM)  # to preemptible.sh, as a scheduler stops a task
     code, err = _finish(proc, folder)
     assert code == 143, err[-3000:]
-    assert "launcher exited 1 after train.py saved on SIGTERM" in err  # torch's 1, turned
+    # torch's launcher exits 1 when the signal reaches it while its workers save, 143 when
+    # they have already stopped (a busy machine): either way preemptible.sh turns it into 143
+    # because train.py saved
+    assert re.search(r"launcher exited (1|143) after train\.py saved on SIGTERM", err), err
     marker = json.loads((run / "checkpoint-3" / "TUNEPLAN_COMPLETE.json").read_text())
     assert marker["reason"] == "sigterm" and marker["world_size"] == 2
     assert all(len(entry["sha256"]) == 64 for entry in marker["files"].values())

@@ -465,7 +465,8 @@ def test_top_plans_name_what_the_tools_accept(job: str, index: int,
         assert int(count) == spec.strategy.gpus
         for mount in (task.get("file_mounts") or {}).values():
             jsonschema.validate(mount, schemas["storage"])
-            assert SKYPILOT_CLOUDS[spec.offer.provider].mount  # MOUNT only where it mounts
+            cloud = targets.skypilot_cloud(spec.offer.provider)  # a resold offer: its reseller
+            assert cloud is not None and cloud.mount  # MOUNT only where it mounts
         assert task["num_nodes"] == spec.strategy.nodes
     dst = dstack_choice(spec)
     if isinstance(dst, Refusal):
