@@ -340,6 +340,9 @@ def test_objective_risk_ranks_by_the_risk_priced_cost_and_says_each_risk(run_cli
                                              abs=1e-3)
         low, high = r["hours_range"]
         assert low < p["cost"]["hours"] <= high or p["cost"]["uses_spot"]
+        # one range per plan: the risk's is the time figure's own (calibrated or assumed)
+        assert r["time_range_pct"] == p["throughput"]["time_basis"]["error_range_pct"]
+        assert r["time_error"] == pytest.approx(r["time_range_pct"][1] / 100)
         assert any(line.startswith("risks: ") for line in p["why"])
         assert any(line.startswith("range: ") for line in p["why"])
     assert doc["plans"][0]["why"][0].startswith("#1 lowest cost with its risks priced in")

@@ -302,7 +302,7 @@ def test_memory_headroom_is_a_risk_that_grows_with_the_fill() -> None:
     def at(fill: float) -> float:
         filled = replace(c, device_total_bytes=int(plan.capacity_bytes * fill))
         return assess(filled, link="single", capacity_bytes=plan.capacity_bytes,
-                      gpu="L40S", on_spot=False, spot_extra=0.0, spot_notice=False).memory
+                      on_spot=False, spot_extra=0.0, spot_notice=False).memory
 
     assert at(0.70) == 0.0 < at(0.90) < at(0.94)
 

@@ -101,8 +101,13 @@ def buffers(engine: Any) -> dict[str, int]:
 
 def _rank(rank: int, world: int, port: int, cases: Sequence[Mapping[str, Any]],
           model_config: Mapping[str, Any], result_dir: str) -> None:
+    # The interpreter's own bin first on PATH: DeepSpeed JIT-builds its CPU ops with the
+    # ninja found there, and a build made by another ninja (the system's) is rebuilt from
+    # scratch (1-3 minutes) instead of loaded from ~/.cache/torch_extensions.
+    bin_dir = os.path.dirname(sys.executable)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DS_ACCELERATOR="cpu")
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DS_ACCELERATOR="cpu",
+                      PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
     import logging
 
     import deepspeed  # type: ignore[import-untyped]

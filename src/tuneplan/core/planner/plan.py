@@ -550,7 +550,7 @@ def plan_risk(p: Plan, provider: Provider | None, a: CostAssumptions) -> Risk:
                                        optimizer=s.optimizer, total_params=mem.total_params,
                                        trainable_params=mem.trainable_params)
         saves = notice >= with_opt / a.checkpoint_write_bytes_per_s
-    return assess(c, link=p.link, capacity_bytes=p.capacity_bytes, gpu=p.gpu.name,
+    return assess(c, link=p.link, capacity_bytes=p.capacity_bytes,
                   on_spot=p.uses_spot, spot_extra=extra, spot_notice=saves)
 
 
@@ -774,9 +774,10 @@ def _risk_lines(p: Plan) -> list[str]:
         f"risks: none beyond the estimate (memory at {r.memory_fill:.0%} of usable)"]
     text = f"range: {low:.1f}-{high:.1f} h"
     if p.best_cost.is_finite():
-        err = Decimal(str(r.time_error))
-        text += f", {_money(p.best_cost * (1 - err))}-{_money(p.best_cost * (1 + err))}"
-    text += f" (+-{r.time_error:.0%}: {r.time_error_source})"
+        lo, hi = (Decimal(str(round(e, 4))) for e in r.time_range)
+        text += f", {_money(p.best_cost * (1 + lo))}-{_money(p.best_cost * (1 + hi))}"
+    text += (f" (model error {100 * r.time_range[0]:+.0f}..{100 * r.time_range[1]:+.0f} %, "
+             f"{r.time_error_source})")
     if p.uses_spot and p.spot is not None and p.spot.spot is not None:
         sp = p.spot.spot
         text += (f"; spot P50-P90 {sp.p50_hours:.1f}-{sp.p90_hours:.1f} h, "

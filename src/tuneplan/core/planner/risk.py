@@ -41,16 +41,6 @@ NO_NOTICE_PENALTY = 0.10
 #: for the chance of restarts and a diverged run.
 FP16_PENALTY = 0.10
 
-#: The throughput model's held-out median |error| of tokens/s per GPU it was calibrated on
-#: (leave-one-GPU-out, benchmarks/README.md, throughput_accuracy.py, 2026-12-02, with the
-#: attention, eager-score and loss terms); a GPU with no calibration row takes
-#: ``UNCALIBRATED_TIME_ERROR``: its matmul ceiling is a published measurement or a sibling's,
-#: which no row tests (the 90th percentile of the held-out signed errors is +20.0 %).
-CALIBRATED_TIME_ERROR = {"A100 80GB SXM4": 0.087, "L40S": 0.068, "V100 SXM2 16GB": 0.037}
-UNCALIBRATED_TIME_ERROR = 0.20
-TIME_ERROR_SOURCE = "throughput model's held-out median error on {where}, benchmarks/README.md"
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Risk:
     """A plan's risks: each part a fraction of its cost (``penalty`` sums them)."""
@@ -65,9 +55,17 @@ class Risk:
     host_gb_per_step: float        # bytes moved host<->GPU per GPU per step (GB, 10^9)
     spot: float
     precision: float               # fp16 with loss scaling instead of bf16
-    time_error: float              # +- fraction of hours (and of compute cost)
+    # The time figure's own range (``compute.confidence.TimeBasis``: calibrated or assumed),
+    # as fractions of hours (and of compute cost): one range per plan, the same the time
+    # line prints. Its upper end is what is at stake.
+    time_range: tuple[float, float]
     time_error_source: str
     reasons: tuple[str, ...]
+
+    @property
+    def time_error(self) -> float:
+        """The part of the cost at stake from the time estimate: its range's upper end."""
+        return max(0.0, self.time_range[1])
 
     @property
     def penalty(self) -> float:
@@ -83,7 +81,8 @@ class Risk:
         return cost * (1 + Decimal(str(round(self.penalty, 4))))
 
     def hours_range(self, hours: float) -> tuple[float, float]:
-        return hours * (1 - self.time_error), hours * (1 + self.time_error)
+        low, high = self.time_range
+        return hours * (1 + low), hours * (1 + high)
 
     def as_dict(self) -> dict[str, object]:
         return {"penalty": round(self.penalty, 4), "memory_fill": round(self.memory_fill, 4),
@@ -94,20 +93,14 @@ class Risk:
                 "host_gb_per_step": round(self.host_gb_per_step, 3),
                 "spot": round(self.spot, 4), "precision": round(self.precision, 4),
                 "time_error": self.time_error,
+                "time_range_pct": [round(100 * self.time_range[0], 1),
+                                   round(100 * self.time_range[1], 1)],
                 "time_error_source": self.time_error_source, "reasons": list(self.reasons)}
 
 
 def memory_penalty(fill: float) -> float:
     """The memory part of a plan's risk at ``fill`` = whole-device peak / usable memory."""
     return max(0.0, fill - MEMORY_COMFORT) * MEMORY_PENALTY_SLOPE
-
-
-def time_error(gpu: str) -> tuple[float, str]:
-    """(+- fraction, where it comes from) of a time estimate on ``gpu``."""
-    if gpu in CALIBRATED_TIME_ERROR:
-        return CALIBRATED_TIME_ERROR[gpu], TIME_ERROR_SOURCE.format(where=gpu)
-    return UNCALIBRATED_TIME_ERROR, TIME_ERROR_SOURCE.format(
-        where=f"GPUs without a calibration row, as {gpu}")
 
 
 #: The step model's term for weights streamed from host RAM (``compute.step.offload_term``):
@@ -135,7 +128,7 @@ def host_bytes_per_step(c: Candidate) -> float:
     return 2.0 * c.paged_out_bytes
 
 
-def assess(c: Candidate, *, link: str, capacity_bytes: int, gpu: str, on_spot: bool,
+def assess(c: Candidate, *, link: str, capacity_bytes: int, on_spot: bool,
            spot_extra: float, spot_notice: bool) -> Risk:
     """The risks of candidate ``c`` on a node whose GPUs talk over ``link`` (``costing.
     node_link``'s words), with ``capacity_bytes`` usable per card; ``spot_extra`` is spot's
@@ -200,8 +193,9 @@ def assess(c: Candidate, *, link: str, capacity_bytes: int, gpu: str, on_spot: b
         precision = FP16_PENALTY
         reasons.append("fp16 with dynamic loss scaling, not bf16: steps skipped on overflow, "
                        "and a bf16-pretrained model may overflow fp16 activations")
-    err, source = time_error(gpu)
+    basis = t.time_basis
     return Risk(memory_fill=fill, memory=memory, fabric=fabric, fabric_gb_per_step=gb,
                 fabric_share=share, streaming=streaming, host_gb_per_step=host / GB, spot=spot,
-                precision=precision, time_error=err, time_error_source=source,
+                precision=precision, time_range=basis.error_range,
+                time_error_source=f"{basis.basis}: {basis.source}",
                 reasons=tuple(reasons))
