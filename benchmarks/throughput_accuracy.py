@@ -333,10 +333,10 @@ SPEED_NOT_REFITTED = {
         "not refitted: not documented as fitted (no rows named)"),
     "padding_factor": "not refitted: documented as not fitted",
     "elementwise_exposed_share": (
-        "not refitted: 1 (eager kernels run one after another on one stream); fitted on the "
-        "A100 and L40S rows together with matmul_step_share it went to 0.76 and raised "
-        "leave-one-GPU-out from 9.1 to 16.6 % (without the L40S rows nothing separates the "
-        "two: a degenerate fit)"),
+        "not refitted: 0 (the fitted shares carry the elementwise ops); counted in full "
+        "and every constant above refitted, leave-one-GPU-out was 10.8 % (7.9 % now); "
+        "fitted with matmul_step_share it went to 0.76 and leave-one-GPU-out to 16.6 % "
+        "(without the L40S rows nothing separates the two: a degenerate fit)"),
 }
 
 

@@ -15,7 +15,8 @@ from tuneplan.core.job.strategy import Checkpointing, Precision, Strategy
 
 from .test_compute_per_gpu import MODEL
 
-A = ThroughputAssumptions()
+# counted in full (the default counts 0: the fitted matmul share carries them)
+A = dataclasses.replace(ThroughputAssumptions(), elementwise_exposed_share=1.0)
 TERMS = ("norms", "rotary", "activation", "residual-adds", "dropout",
          "mixed-precision-casts", "weight-casts")
 
@@ -42,7 +43,7 @@ def test_bandwidth_poor_card_spends_a_larger_share_in_elementwise() -> None:
     shares, norm_s = {}, {}
     for name in ("H100 SXM5", "L40S", "A100 80GB SXM4", "L4"):
         gpu = load_gpu_spec(name)
-        r = estimate_throughput(MODEL, s, gpu)
+        r = estimate_throughput(MODEL, s, gpu, assumptions=A)
         terms = _terms(r)
         ew = sum(v for k, v in terms.items() if k in TERMS)
         shares[name] = ew / float(r.step.total)
@@ -62,7 +63,7 @@ def test_bandwidth_poor_card_spends_a_larger_share_in_elementwise() -> None:
 
 def test_terms_scale_with_tokens_and_recompute() -> None:
     gpu = load_gpu_spec("A100 80GB SXM4")
-    no_l2 = dataclasses.replace(A, l2_cache_bytes=())
+    no_l2 = dataclasses.replace(A, l2_cache_bytes=())  # counted, no L2 credit
 
     def run(seq: int, a: ThroughputAssumptions = no_l2,
             ckpt: Checkpointing = Checkpointing.FULL) -> dict[str, float]:
@@ -97,3 +98,18 @@ def test_mixed_precision_casts_only_where_they_happen() -> None:
         MODEL, Strategy(method=Method.FULL, precision=Precision.BF16_MIXED))}
     assert "mixed-precision-casts" in mixed and "mixed-precision-casts" not in pure
     assert "weight-casts" in full and "weight-casts" not in pure
+
+
+def test_default_reports_the_bandwidth_time_but_counts_none_of_it() -> None:
+    gpu = load_gpu_spec("L40S")
+    s = Strategy(method=Method.LORA, batch_size=4, seq_len=1024)
+    counted = {t.path: t for t in estimate_throughput(MODEL, s, gpu, assumptions=A).step.terms}
+    default = estimate_throughput(MODEL, s, gpu)
+    shown = {t.path: t for t in default.step.terms}
+    for name in ("norms", "rotary", "activation", "residual-adds", "mixed-precision-casts"):
+        term = shown[f"micro-batch/{name}"]
+        assert term.value == 0
+        full = float(counted[f"micro-batch/{name}"].value)
+        assert full > 0
+        assert term.inputs["bandwidth_seconds"] == pytest.approx(full, rel=1e-9)
+        assert term.inputs["confidence"] == "low" and "counted 0" in term.source

@@ -86,9 +86,7 @@ def test_compute_bound_job_faster_on_the_4090_only_where_physics_says_so() -> No
     on_l40s = estimate_throughput(MODEL, big, l40s)
     on_4090 = estimate_throughput(MODEL, big, rtx4090)
     assert on_l40s.bound == on_4090.bound == "compute"
-    # (1.63x on the matmuls; the elementwise ops run from the 4090's faster GDDR6X, 1008 vs
-    # 864 GB/s, so the step is ~1.27x)
-    assert on_l40s.tokens_per_second > 1.2 * on_4090.tokens_per_second
+    assert on_l40s.tokens_per_second > 1.4 * on_4090.tokens_per_second
     # ... and the 4090 reaches the larger share of its own peak (its MFU is higher)
     assert on_4090.mfu > on_l40s.mfu
     # a memory-bound phase (NF4 dequantization each pass, tiny micro-batch) runs on

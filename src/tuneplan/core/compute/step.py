@@ -184,8 +184,9 @@ def elementwise_terms(model: ModelShape, s: Strategy, gpu: GpuSpec, a: Throughpu
     """The elementwise ops between the GEMMs (``core.compute.elementwise``: norms, rotary,
     activation, residual adds, dropout, mixed-precision casts), each timed as bytes moved in
     the forward (twice under checkpointing), and the backward, / (HBM bandwidth x
-    ``elementwise_bandwidth_efficiency``), times ``elementwise_exposed_share`` (the part not
-    already carried by the fitted matmul share)."""
+    ``elementwise_bandwidth_efficiency``), intermediates of a kernel chain at the L2's rate
+    where they fit in the GPU's L2; counted at ``elementwise_exposed_share`` of that (0 by
+    default: the fitted matmul share carries them), the full figure in ``bandwidth_seconds``."""
     from tuneplan.core.compute.elementwise import elementwise_ops, forward_passes
 
     bandwidth = float(gpu.memory_bandwidth_bytes_per_s or 1e12) * a.elementwise_bandwidth_efficiency
@@ -207,13 +208,16 @@ def elementwise_terms(model: ModelShape, s: Strategy, gpu: GpuSpec, a: Throughpu
             formula=f"{'tokens x ' if op.per == 'token' else ''}(forward passes x forward "
                     "bytes + backward bytes): DRAM bytes / (HBM bandwidth x efficiency) + "
                     "L2-resident bytes / (that x L2 ratio), x exposed share",
-            inputs={"bytes": round(moved), "dram_bytes": round(dram),
+            inputs={"bandwidth_seconds": seconds, "bytes": round(moved),
+                    "dram_bytes": round(dram),
                     "forward_bytes_per_" + op.per: op.forward,
                     "backward_bytes_per_" + op.per: op.backward, "forward_passes": passes,
                     "intermediate_bytes": round(live), "l2_bytes": l2, "in_l2": cached,
                     "bandwidth": bandwidth, "exposed_share": a.elementwise_exposed_share,
                     "bytes_formula": op.formula, "confidence": "low"},
-            source=op.source))
+            source=op.source + ("" if a.elementwise_exposed_share else
+                                "; counted 0: the fitted matmul share carries this time "
+                                "(elementwise_exposed_share)")))
     return terms
 
 
