@@ -175,7 +175,50 @@ def _micro_batch_terms(model: ModelShape, s: Strategy, gpu: GpuSpec,
     ]
     offload = offload_term(model, s, a, gpu_s + exposed)
     return (terms + ([compiled] if compiled else []) + ([offload] if offload else [])
-            + _kernel_memory_terms(model, s, gpu, a, mb) + _memory_bound_terms(model, s, gpu, a))
+            + _kernel_memory_terms(model, s, gpu, a, mb) + _memory_bound_terms(model, s, gpu, a)
+            + elementwise_terms(model, s, gpu, a, mb))
+
+
+def elementwise_terms(model: ModelShape, s: Strategy, gpu: GpuSpec, a: ThroughputAssumptions,
+                      mb: MicroBatch) -> list[Term]:
+    """The elementwise ops between the GEMMs (``core.compute.elementwise``: norms, rotary,
+    activation, residual adds, dropout, mixed-precision casts), each timed as bytes moved in
+    the forward (twice under checkpointing), and the backward, / (HBM bandwidth x
+    ``elementwise_bandwidth_efficiency``), intermediates of a kernel chain at the L2's rate
+    where they fit in the GPU's L2; counted at ``elementwise_exposed_share`` of that (0 by
+    default: the fitted matmul share carries them), the full figure in ``bandwidth_seconds``."""
+    from tuneplan.core.compute.elementwise import elementwise_ops, forward_passes
+
+    bandwidth = float(gpu.memory_bandwidth_bytes_per_s or 1e12) * a.elementwise_bandwidth_efficiency
+    passes = forward_passes(s)
+    l2 = a.l2_bytes(gpu.name)
+    terms = []
+    for op in elementwise_ops(model, s):
+        units = mb.tokens if op.per == "token" else 1
+        moved = units * (passes * op.forward + op.backward)
+        live = op.working_set * mb.tokens
+        cached = (op.per == "token" and l2 is not None
+                  and live <= a.l2_resident_share * l2)
+        dram = units * (passes * op.boundary_forward + op.boundary_backward) if cached \
+            else moved
+        seconds = (dram + (moved - dram) / a.l2_bandwidth_ratio) / bandwidth
+        terms.append(Term(
+            path=f"micro-batch/{op.name}",
+            value=seconds * a.elementwise_exposed_share, unit="s",
+            formula=f"{'tokens x ' if op.per == 'token' else ''}(forward passes x forward "
+                    "bytes + backward bytes): DRAM bytes / (HBM bandwidth x efficiency) + "
+                    "L2-resident bytes / (that x L2 ratio), x exposed share",
+            inputs={"bandwidth_seconds": seconds, "bytes": round(moved),
+                    "dram_bytes": round(dram),
+                    "forward_bytes_per_" + op.per: op.forward,
+                    "backward_bytes_per_" + op.per: op.backward, "forward_passes": passes,
+                    "intermediate_bytes": round(live), "l2_bytes": l2, "in_l2": cached,
+                    "bandwidth": bandwidth, "exposed_share": a.elementwise_exposed_share,
+                    "bytes_formula": op.formula, "confidence": "low"},
+            source=op.source + ("" if a.elementwise_exposed_share else
+                                "; counted 0: the fitted matmul share carries this time "
+                                "(elementwise_exposed_share)")))
+    return terms
 
 
 def _compile_term(s: Strategy, a: ThroughputAssumptions, matmul_s: float) -> Term | None:
