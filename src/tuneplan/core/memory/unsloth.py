@@ -13,8 +13,10 @@ unsloth-zoo 2026.8.13 (commit ce232d6c) ``gradient_checkpointing.py`` and
 - ``Fast_RMS_Layernorm`` saves its input ``X`` (compute dtype) and ``r`` (fp32, one per row):
   no fp32 copy of the activations.
 - ``Fast_RoPE_Embedding_QK`` rotates q and k in place: no rotated copies saved.
-- attention (flash-attn, or SDPA with GQA) saves q, the kv-head k and v, the output and the fp32
-  logsumexp; the output is ``LoRA_W``'s (o_proj) input too, counted once.
+- attention (``utils/attention_dispatch.py``: flash-attn, else xformers, else SDPA) saves q,
+  the kv-head k and v, the output and the fp32 logsumexp; the output is ``LoRA_W``'s (o_proj)
+  input too, counted once. Version- and install-dependent: the xformers path, and SDPA on a
+  torch without ``enable_gqa``, expand k/v to every head first (more than modelled here).
 - ``UnslothFusedLoss`` computes the loss and its gradient in the forward, chunk by chunk (never
   the full logits): it keeps the hidden-state gradient T·H·bytes until backward.
 - ``--offload-activations``: ``Unsloth_Offloaded_Gradient_Checkpointer`` (unsloth-zoo) moves
@@ -167,7 +169,8 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
     if s.checkpointing is Checkpointing.NONE:
         blocks = part("activations/blocks", d.layers * layer,
                       f"{d.layers} layers · (Fast_RMS_Layernorm X + r ×2, LoRA_QKV X, q/k/v/"
-                      "out + lse, LoRA_MLP X, e, g)", _LORA, confidence="medium")
+                      "out + lse, LoRA_MLP X, e, g); k/v at kv heads as flash-attn or SDPA "
+                      "enable_gqa keep them (xformers expands them: more)", _LORA, confidence="medium")
     elif s.checkpointing is Checkpointing.OFFLOAD:
         blocks = part("activations/checkpoints", 0,
                       "layer inputs on the host (Unsloth_Offloaded_Gradient_Checkpointer: "
