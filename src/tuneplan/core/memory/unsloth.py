@@ -170,7 +170,8 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
         blocks = part("activations/blocks", d.layers * layer,
                       f"{d.layers} layers · (Fast_RMS_Layernorm X + r ×2, LoRA_QKV X, q/k/v/"
                       "out + lse, LoRA_MLP X, e, g); k/v at kv heads as flash-attn or SDPA "
-                      "enable_gqa keep them (xformers expands them: more)", _LORA, confidence="medium")
+                      "enable_gqa keep them (xformers expands them: more)", _LORA,
+                      confidence="medium")
     elif s.checkpointing is Checkpointing.OFFLOAD:
         blocks = part("activations/checkpoints", 0,
                       "layer inputs on the host (Unsloth_Offloaded_Gradient_Checkpointer: "
