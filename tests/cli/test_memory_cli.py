@@ -146,3 +146,18 @@ def test_memory_json_and_explain_carry_the_mapping_note(run_cli: Run) -> None:
     assert run_cli("memory", "llama-3.1-8b", "--json").ok_json()["notes"] == []
     words = run_cli("explain", "tiiuae/falcon-7b", "--lora-targets", "q_proj").stdout
     assert "note:" in words and "query_key_value" in words
+
+
+def test_unsloth_recipe_names_its_source_modelled_terms(run_cli: Run) -> None:
+    table = run_cli("memory", "llama-3.1-8b", "--recipe", "unsloth", "--seq-len", "4096")
+    assert table.code == 0
+    assert "logits/fused_chunk" in table.stdout and "logits/fused_grad_inputs" in table.stdout
+    assert "modelled from source, not simulated" in " ".join(table.stdout.split())
+    doc = run_cli("memory", "llama-3.1-8b", "--recipe", "unsloth", "--seq-len", "4096",
+                  "--json").ok_json()
+    terms = {t["name"]: t for t in doc["per_gpu"]["terms"]}
+    assert terms["logits/fused_chunk"]["bytes"] == 4096 * 128256 * 10
+    assert "not simulated" in terms["logits/fused_chunk"]["source"]
+    assert terms["logits/fused_chunk"]["inputs"]["confidence"] == "low"
+    host = {t["name"]: t["bytes"] for t in doc["host_terms"]}
+    assert host["host/offloaded_checkpoints"] == 32 * 4096 * 4096 * 2

@@ -51,7 +51,10 @@ def memory_command(model: ModelArg, request: JobRequest, as_json: JsonFlag = Fal
         table.add_row(f"limit (usable x {DEFAULT_MEMORY_MARGIN:.0%})", format_bytes(limit))
         table.add_row(f"fits {gpu.name}?", f"{'yes' if room >= 0 else 'no'} "
                       f"({format_bytes(room)} headroom): whole device vs limit")
-    make_console().print(table)
+    console = make_console()
+    console.print(table)
+    for note in est.notes:
+        console.print("note: " + note, markup=False)
 
 
 @job_flags("explain")

@@ -28,7 +28,7 @@ from tuneplan.core.job.recipes import PrecisionPlan, Recipe, precision_plan
 from tuneplan.core.job.strategy import Checkpointing, Strategy, Task
 from tuneplan.core.job.tuners import tuner_note
 from tuneplan.core.memory import activations as act
-from tuneplan.core.memory import experts, fsdp, litgpt, mla, seq2seq, torchtune
+from tuneplan.core.memory import experts, fsdp, litgpt, mla, seq2seq, torchtune, unsloth
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.core.memory.logits import loss_moments
 from tuneplan.core.memory.overheads import device_terms, reserve_term, workspace_term
@@ -259,6 +259,15 @@ def _recipe_note(strategy: Strategy, plan: PrecisionPlan,
                     "head, 8 logits chunks with fp32 log-softmax)")
         return (f"--recipe torchtune: torchtune's layout is modelled for llama-3-style full "
                 f"and LoRA jobs, not {why}: the hf layout with torchtune's dtypes stands in")
+    if strategy.recipe is Recipe.UNSLOTH and strategy_model is not None:
+        why = unsloth.uncovered(strategy_model, strategy)
+        if why is None:
+            return (f"--recipe unsloth: Unsloth's own layout ({unsloth.VERSION} fast LoRA "
+                    "kernels, Fast_RMS_Layernorm, in-place RoPE, fused chunked loss, "
+                    "offloaded checkpoints), modelled from source, not simulated")
+        return (f"--recipe unsloth: Unsloth's layout is modelled for llama-style LoRA/QLoRA "
+                f"jobs on every projection, not {why}: the hf layout with unsloth's dtypes "
+                "and fused loss stands in")
     hf = precision_plan(replace(strategy, recipe=Recipe.HF))
     if replace(plan, why="") != replace(hf, why=""):
         return None
@@ -318,6 +327,9 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
     if s.recipe is Recipe.TORCHTUNE and torchtune.uncovered(model, s) is None:
         return torchtune.moments(model, s, [fixed.resident], [*st.grads], [*st.step],
                                  [*st.grads_top])
+    if s.recipe is Recipe.UNSLOTH and unsloth.uncovered(model, s) is None:
+        return unsloth.moments(model, s, [fixed.resident], [*st.grads], [*st.step],
+                               [*fixed.dequant])
     w = fixed.widths
     shape = _shape(s, s.batch_size)
     blocks = _block_terms(model, s, w, shape, a, fixed)

@@ -1,0 +1,209 @@
+"""Unsloth's memory layout (``--recipe unsloth``): the moments of its LoRA/QLoRA fast path.
+
+Modelled from source, not simulated: Unsloth's kernels need CUDA and Triton, so no probe holds
+these figures to a run. Read from unsloth 2026.8.19 (commit 015bdef0) ``kernels/fast_lora.py``,
+``kernels/rms_layernorm.py``, ``kernels/rope_embedding.py``, ``models/llama.py`` and
+unsloth-zoo 2026.8.13 (commit ce232d6c) ``gradient_checkpointing.py`` and
+``fused_losses/cross_entropy_loss.py``. What differs from the HF/PEFT layout:
+
+- ``LoRA_QKV`` / ``LoRA_W`` / ``LoRA_MLP`` autograd functions save only their input ``X``
+  (and, for the MLP, the gate and up outputs ``e``, ``g``) besides the A/B weights: the frozen
+  (4-bit) weights are dequantised again in backward, the T·r intermediates recomputed, and
+  ``swiglu_DWf_DW_dfg_kernel`` writes its gradients over ``e``/``g`` in place.
+- ``Fast_RMS_Layernorm`` saves its input ``X`` (compute dtype) and ``r`` (fp32, one per row):
+  no fp32 copy of the activations.
+- ``Fast_RoPE_Embedding_QK`` rotates q and k in place: no rotated copies saved.
+- attention (``utils/attention_dispatch.py``: flash-attn, else xformers, else SDPA) saves q,
+  the kv-head k and v, the output and the fp32 logsumexp; the output is ``LoRA_W``'s (o_proj)
+  input too, counted once. Version- and install-dependent: the xformers path, and SDPA on a
+  torch without ``enable_gqa``, expand k/v to every head first (more than modelled here).
+- ``UnslothFusedLoss`` computes the loss and its gradient in the forward, chunk by chunk (never
+  the full logits): it keeps the hidden-state gradient T·H·bytes until backward.
+- ``--offload-activations``: ``Unsloth_Offloaded_Gradient_Checkpointer`` (unsloth-zoo) moves
+  each layer's input to host RAM (``host/offloaded_checkpoints``); the device keeps one layer's
+  recompute. ``--gradient-checkpointing``: the launch bundle passes
+  ``use_gradient_checkpointing=True`` (not ``"unsloth"``), modelled as layer inputs kept on the
+  device.
+QLoRA weights are bitsandbytes 4-bit, as in the hf layout (``core.memory.weights``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tuneplan.core.job.methods import Method
+from tuneplan.core.job.strategy import (
+    Attention,
+    Checkpointing,
+    Loss,
+    Precision,
+    Sharding,
+    Strategy,
+    Task,
+)
+from tuneplan.core.memory.parts import Item, part
+from tuneplan.core.models import MlpKind, ModelSpec, NormKind
+
+#: the default unsloth / unsloth-zoo versions (the fetched snapshots' ``__version__``).
+VERSION = "unsloth 2026.8.19 (015bdef0), unsloth-zoo 2026.8.13 (ce232d6c)"
+SOURCE = f"{VERSION}: modelled from kernel source, not simulated"
+_LORA = f"unsloth 2026.8.19 kernels/fast_lora.py ({SOURCE})"
+_NORM = f"unsloth 2026.8.19 kernels/rms_layernorm.py Fast_RMS_Layernorm ({SOURCE})"
+_LOSS = f"unsloth-zoo 2026.8.13 fused_losses/cross_entropy_loss.py UnslothFusedLoss ({SOURCE})"
+_CKPT = f"unsloth-zoo 2026.8.13 gradient_checkpointing.py ({SOURCE})"
+#: unsloth-zoo ``_get_chunk_multiplier``: target_gb = min(free VRAM / 2, 4.0) GiB per chunk.
+CHUNK_TARGET_GIB = 4.0
+#: ``models/llama.py`` fast forward: LoRA_QKV, LoRA_W and LoRA_MLP need every projection.
+TARGETS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                     "down_proj"})
+LLAMA_LIKE = frozenset({"llama", "mistral", "qwen2"})
+
+
+def uncovered(model: ModelSpec, s: Strategy) -> str | None:
+    """Why this job falls outside the modelled Unsloth fast path, or None when inside."""
+    checks = [
+        (model.model_type not in LLAMA_LIKE or model.norm_kind is not NormKind.RMSNORM
+         or model.mlp_kind is not MlpKind.GATED or model.num_experts > 0,
+         f"{model.model_type} is not a llama-style dense decoder"),
+        (s.method not in (Method.LORA, Method.QLORA), f"--method {s.method}"),
+        (s.task is not Task.CAUSAL_LM, f"--task {s.task}"),
+        (s.precision is Precision.FP32, "--precision fp32 (the kernels run in bf16/fp16)"),
+        (s.attention is Attention.EAGER, "--attention eager"),
+        (s.world_size > 1 or s.sharding is not Sharding.DDP, "more than one GPU or sharding"),
+        (s.grad_accum > 1, "--grad-accum > 1"),
+        (s.loss is Loss.STANDARD, "--loss standard"),
+        (s.packing or s.compile or s.optimizer_in_backward,
+         "--packing, --compile or --optimizer-in-backward"),
+        (bool(s.trainable_modules), "--trainable-modules"),
+        (s.lora_dropout > 0, "LoRA dropout (the fast LoRA kernels need dropout 0)"),
+        (not s.all_linear and not set(s.lora_targets) >= TARGETS,
+         "LoRA on fewer than all seven projections (the fast kernels need all of them)"),
+        (not s.all_linear and "lm_head" in s.lora_targets, "LoRA on the output"),
+    ]
+    return next((why for bad, why in checks if bad), None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dims:
+    t: int
+    b: int
+    s: int
+    h: int
+    qd: int
+    kvd: int
+    inter: int
+    vocab: int
+    heads: int
+    layers: int
+    c: int
+
+
+def dims(model: ModelSpec, s: Strategy) -> Dims:
+    return Dims(t=s.batch_size * s.seq_len, b=s.batch_size, s=s.seq_len, h=model.hidden_size,
+                qd=model.num_heads * model.head_dim,
+                kvd=model.num_kv_heads * model.head_dim, inter=model.intermediate_size,
+                vocab=model.vocab_size, heads=model.num_heads, layers=model.num_layers,
+                c=s.precision.compute_bytes)
+
+
+def norm_saved(d: Dims) -> int:
+    """``Fast_RMS_Layernorm.forward``: ``ctx.save_for_backward(X, W, r)``: X in the compute
+    dtype, r fp32 per row (W is the weight)."""
+    return d.t * d.h * d.c + d.t * 4
+
+
+def block_saved(d: Dims) -> dict[str, int]:
+    """One decoder layer's tensors kept for backward (no checkpointing), by component."""
+    t, c = d.t, d.c
+    return {
+        "norms": 2 * norm_saved(d),
+        # LoRA_QKV saves X (the input norm's output); LoRA_W (o_proj) saves the attention
+        # output, the same tensor attention saves
+        "qkv_input": t * d.h * c,
+        # q, k, v (kv heads, RoPE'd in place), output, fp32 logsumexp B·heads·S
+        "attention": 2 * t * d.qd * c + 2 * t * d.kvd * c + d.b * d.heads * d.s * 4,
+        # LoRA_MLP saves X, e (gate out), g (up out); h = swiglu(e, g) is not saved
+        "mlp": t * d.h * c + 2 * t * d.inter * c,
+    }
+
+
+def chunks(d: Dims, target_gib: float = CHUNK_TARGET_GIB) -> int:
+    """unsloth-zoo ``get_chunk_size(bsz, qlen, vocab, target_gb)``, exactly."""
+    multiplier = (d.vocab * 4 / 1024 / 1024 / 1024) / target_gib / 4
+    exact = d.t * multiplier * 4
+    if exact <= 1.0 + 1e-9:
+        return 1
+    return math.ceil(exact / 4 - 1e-9) * 4
+
+
+def loss_transient(d: Dims) -> int:
+    """The running chunk inside ``torch.func.grad_and_value``: its logits in the compute dtype,
+    their fp32 upcast and the fp32 gradient of the logits (rows·V·(bytes + 8)); the exact set
+    of temporaries is torch.func's, not unsloth's, so this is an estimate."""
+    rows = -(-d.t // chunks(d))
+    return rows * d.vocab * (d.c + 8)
+
+
+def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Item],
+            step: list[Item], dequant: list[Item] | None = None) -> dict[str, list[Item]]:
+    """The moments of one Unsloth LoRA/QLoRA step (the second: optimizer state exists).
+    ``dequant``: one dequantised weight (QLoRA), given by the caller in the hf layout's size."""
+    d = dims(model, s)
+    # QLoRA: matmul_lora's forward dequantises into a global WEIGHT_BUFFER that stays allocated
+    # (kernels/utils.py fast_dequantize(use_global_buffer=True)); backward dequantises again
+    # into a fresh tensor (fast_lora.py: fast_dequantize(W.t(), W_quant), no global buffer)
+    kept = [part("activations/dequant_global_buffer", int(p.value),
+                 "unsloth's global WEIGHT_BUFFER: the largest dequantised weight, kept",
+                 f"unsloth 2026.8.19 kernels/utils.py fast_dequantize ({SOURCE})",
+                 confidence="medium") for p in dequant or []]
+    again = [part("activations/dequant_backward", int(p.value),
+                  "backward's own dequantised weight (no global buffer)", _LORA,
+                  confidence="medium") for p in dequant or []]
+    one = block_saved(d)
+    th = d.t * d.h * d.c
+    inputs = part("activations/inputs", 2 * d.t * 8, "tokens + labels 2·T·8 (int64)", SOURCE,
+                  confidence="medium")
+    base: list[Item] = [*resident, inputs, *kept]
+    layer = sum(one.values())
+    if s.checkpointing is Checkpointing.NONE:
+        blocks = part("activations/blocks", d.layers * layer,
+                      f"{d.layers} layers · (Fast_RMS_Layernorm X + r ×2, LoRA_QKV X, q/k/v/"
+                      "out + lse, LoRA_MLP X, e, g); k/v at kv heads as flash-attn or SDPA "
+                      "enable_gqa keep them (xformers expands them: more)", _LORA,
+                      confidence="medium")
+    elif s.checkpointing is Checkpointing.OFFLOAD:
+        blocks = part("activations/checkpoints", 0,
+                      "layer inputs on the host (Unsloth_Offloaded_Gradient_Checkpointer: "
+                      "hidden_states.to('cpu', non_blocking=True)); see host RAM", _CKPT,
+                      confidence="medium")
+    else:
+        blocks = part("activations/checkpoints", d.layers * th,
+                      "layer inputs kept on the device: L·T·H·bytes (the bundle passes "
+                      "use_gradient_checkpointing=True, not 'unsloth')", _CKPT,
+                      confidence="low")
+    head = part("activations/head", norm_saved(d), "final Fast_RMS_Layernorm X + r", _NORM,
+                confidence="medium")
+    grad_in = part("logits/fused_grad_inputs", th,
+                   "UnslothFusedLoss saves grad_inputs T·H·bytes (the loss gradient is made in "
+                   "the forward; no T·V logits kept)", _LOSS, confidence="medium")
+    n = chunks(d)
+    fwd = part("logits/fused_chunk", loss_transient(d),
+               f"one of {n} vocabulary-row chunks (get_chunk_size, {CHUNK_TARGET_GIB:g} GiB "
+               "target: min(free/2, 4); a GPU with < 8 GiB free uses more chunks): logits·bytes "
+               "+ fp32 upcast + fp32 gradient", _LOSS, confidence="low")
+    out: dict[str, list[Item]] = {
+        "forward-logits": [*base, blocks, head, grad_in, fwd],
+        "backward-start": [*base, blocks, head, grad_in, *again, part(
+            "activations/arriving_gradient", th, "grad_inputs · grad_output: T·H·bytes",
+            _LOSS, confidence="low")],
+        "optimizer": [*base, *grads, *step],
+    }
+    if s.checkpointing is not Checkpointing.NONE:
+        back = th if s.checkpointing is Checkpointing.OFFLOAD else 0
+        out["backward-recompute"] = [*base, blocks, *again, part(
+            "activations/recomputed_layer", layer + back + th,
+            "one layer recomputed: its saved tensors + the arriving T·H gradient"
+            + (" + its input copied back from the host" if back else ""), _CKPT,
+            confidence="low")]
+    return out
