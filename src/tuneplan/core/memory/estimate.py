@@ -25,7 +25,7 @@ from tuneplan.core.job.methods import (
     outer_targets,
 )
 from tuneplan.core.job.recipes import PrecisionPlan, Recipe, precision_plan
-from tuneplan.core.job.strategy import Checkpointing, Strategy, Task
+from tuneplan.core.job.strategy import Checkpointing, Sharding, Strategy, Task
 from tuneplan.core.job.tuners import tuner_note
 from tuneplan.core.memory import activations as act
 from tuneplan.core.memory import experts, fsdp, litgpt, mla, seq2seq, torchtune
@@ -104,7 +104,8 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
     overheads = fixed.overheads.get(generation)
     if overheads is None:   # batch-independent: once per GPU generation
         overheads = fixed.overheads[generation] = (
-            workspace_term(generation, a), device_terms(generation, strategy.world_size, a))
+            workspace_term(generation, a),
+            device_terms(generation, strategy, a, _gathered_unit(model, strategy, fixed, a)))
     workspace = overheads[0]
     allocated = phases[phase] + workspace.value
     reserve = reserve_term(allocated, a)
@@ -124,6 +125,14 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
     # the entry keeps its own copy of the phases: the caller may do what it likes with its own
     done[:] = [(fixed.source, est, dict(phases))]
     return est
+
+
+def _gathered_unit(model: ModelSpec, s: Strategy, fixed: _Fixed, a: MemoryAssumptions) -> int:
+    """One FSDP block unit's unsharded bytes where FSDP all-gathers units on a side stream
+    (FULL_SHARD / HYBRID_SHARD; SHARD_GRAD_OP keeps parameters gathered), else 0."""
+    if not fsdp.applies(s) or s.sharding is Sharding.FSDP_GRAD_OP:
+        return 0
+    return fsdp.units(model, s, fixed.plan, fixed.trainable, a.fsdp_version).block
 
 
 _DEFAULT_ASSUMPTIONS = MemoryAssumptions()
