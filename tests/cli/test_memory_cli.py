@@ -161,3 +161,27 @@ def test_unsloth_recipe_names_its_source_modelled_terms(run_cli: Run) -> None:
     assert terms["logits/fused_chunk"]["inputs"]["confidence"] == "low"
     host = {t["name"]: t["bytes"] for t in doc["host_terms"]}
     assert host["host/offloaded_checkpoints"] == 32 * 4096 * 4096 * 2
+
+
+def test_fit_reports_a_qlora_job_bound_by_loading(run_cli: Run) -> None:
+    # Qwen2.5-72B QLoRA sequence classification, q/v rank 4, one 128-token sequence: the step
+    # (no head, tiny adapters) peaks at about 41.5 GiB on an L40S (limit 44.42 x 0.95 = 42.2
+    # GiB) but casting the 152064 x 8192 embedding to fp32 adds its 2.3 GiB bf16 source
+    doc = run_cli("fit", "Qwen/Qwen2.5-72B", "--gpu", "L40S", "--method", "qlora",
+                  "--task", "seq-cls", "--num-labels", "2", "--lora-rank", "4",
+                  "--lora-targets", "q_proj,v_proj", "--batch-size", "1", "--seq-len", "128",
+                  "--json").ok_json()
+    qlora = next(m for m in doc["methods"] if m["method"] == "qlora")
+    assert qlora["fits"] is False
+    assert qlora["step_peak_bytes"] is not None
+    assert qlora["step_peak_bytes"] <= doc["limit_bytes"] < qlora["peak_bytes"]
+    assert qlora["peak_bytes"] - qlora["step_peak_bytes"] > 152064 * 8192 * 2 // 2
+    memory = run_cli("memory", "Qwen/Qwen2.5-72B", "--gpu", "L40S", "--method", "qlora",
+                     "--task", "seq-cls", "--num-labels", "2", "--lora-rank", "4",
+                     "--lora-targets", "q_proj,v_proj", "--batch-size", "1", "--seq-len", "128",
+                     "--json").ok_json()
+    loading = memory["per_gpu"]["loading"]
+    assert loading["binds"] is True and memory["fits"] == {"L40S": False}
+    assert {t["name"]: t["bytes"] for t in loading["terms"]}[
+        "loading/kbit_cast_source"] == 152064 * 8192 * 2
+    assert loading["peak_bytes"] == sum(t["bytes"] for t in loading["terms"])

@@ -40,6 +40,12 @@ def memory_command(model: ModelArg, request: JobRequest, as_json: JsonFlag = Fal
     table.add_row("allocated peak", format_bytes(est.allocated_peak_bytes))
     table.add_row("reserved peak", format_bytes(est.reserved_peak_bytes))
     table.add_row("whole device", format_bytes(est.device_total_bytes))
+    if est.loading is not None:
+        for term in est.loading:
+            if term.path.startswith("loading/"):
+                table.add_row(term.path, format_bytes(int(term.value)))
+        table.add_row("whole device while loading" + (" (binds)" if est.loading_binds else ""),
+                      format_bytes(est.loading_peak_bytes))
     table.add_row("host RAM per node", format_bytes(est.host_ram_bytes))
     if spec.extra.get("structure"):
         table.add_row("model structure", f"{spec.extra['structure']} "
@@ -50,7 +56,8 @@ def memory_command(model: ModelArg, request: JobRequest, as_json: JsonFlag = Fal
         table.add_row(f"{gpu.name} usable", usable_phrase(gpu))
         table.add_row(f"limit (usable x {DEFAULT_MEMORY_MARGIN:.0%})", format_bytes(limit))
         table.add_row(f"fits {gpu.name}?", f"{'yes' if room >= 0 else 'no'} "
-                      f"({format_bytes(room)} headroom): whole device vs limit")
+                      f"({format_bytes(room)} headroom): "
+                      + ("loading peak" if est.loading_binds else "whole device") + " vs limit")
     console = make_console()
     console.print(table)
     for note in est.notes:

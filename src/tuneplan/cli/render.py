@@ -182,7 +182,9 @@ def _print_catalog(catalog: CatalogInfo, now: datetime, console: Console) -> Non
 FIT_COLUMNS: tuple[Column[MethodFit], ...] = (
     Column("method", lambda m: m.method.value),
     Column("peak at job settings", lambda m: m.refusal or (
-        "-" if m.peak_bytes is None else f"{m.peak_bytes / GiB:.1f} GiB"), wrap=True),
+        "-" if m.peak_bytes is None else f"{m.peak_bytes / GiB:.1f} GiB" + (
+            "" if m.step_peak_bytes is None else
+            f" loading-bound (step {m.step_peak_bytes / GiB:.1f} GiB)")), wrap=True),
     Column("fits", lambda m: "yes" if m.fits else "no"),
     Column("largest micro-batch", lambda m: str(m.largest_batch), priority=1, right=True),
     Column("largest seq len (mb 1)", lambda m: str(m.largest_seq_len), priority=2, right=True),

@@ -55,7 +55,8 @@ def gpu_memory_part(gpu: GpuSpec) -> dict[str, Any]:
 def memory_document(est: MemoryEstimate, model: ModelSpec, gpu: GpuSpec | None
                     ) -> dict[str, Any]:
     """The JSON document of docs/CLI.md for ``tuneplan memory --json``: ``fits`` and
-    ``headroom_bytes`` compare the whole-device peak with ``gpu.limit_bytes``."""
+    ``headroom_bytes`` compare the whole-device peak (the loading peak where it is larger)
+    with ``gpu.limit_bytes``."""
     fits = None
     if gpu is not None:
         fits = {gpu.name: est.fits(memory_limit_bytes(gpu))}
@@ -74,6 +75,11 @@ def memory_document(est: MemoryEstimate, model: ModelSpec, gpu: GpuSpec | None
             "phases_allocated_bytes": dict(est.phases),
             "terms": [{"name": t.path, "bytes": int(t.value), "formula": t.formula,
                        "inputs": dict(t.inputs), "source": t.source} for t in est.breakdown],
+            "loading": None if est.loading is None else {
+                "peak_bytes": est.loading_peak_bytes, "binds": est.loading_binds,
+                "terms": [{"name": t.path, "bytes": int(t.value), "formula": t.formula,
+                           "inputs": dict(t.inputs), "source": t.source}
+                          for t in est.loading]},
         },
         "host_ram_bytes": est.host_ram_bytes,
         "host_terms": [{"name": t.path, "bytes": int(t.value), "formula": t.formula}

@@ -66,8 +66,13 @@ class MemoryAssumptions:
     # floor is not fitted.
     allocator_reserve_fraction: float = 0.04
     allocator_reserve_min_bytes: int = 512 * MiB
-    # NCCL communicator buffers per GPU when world size > 1 (outside the allocator).
-    nccl_bytes: int = 400 * MiB
+    # NCCL channels per communicator (NCCL picks them by topology, ncclTopoCompute; 16 is
+    # what NVSwitch H100/A100 nodes report under NCCL_DEBUG=INFO; bounded by
+    # NCCL_MIN/MAX_NCHANNELS) and receive connections per channel (ring: one from the
+    # previous rank; intra-node tree chain: one from each side). Each connection holds one
+    # buffer per protocol (``overheads.NCCL_PROTOCOL_BUFFER_BYTES``). Outside the allocator.
+    nccl_channels: int = 16
+    nccl_connections_per_channel: int = 3
     # DeepSpeed defaults (HF "auto"): reduce/allgather buckets hold this many elements.
     zero_bucket_elements: int = 500_000_000
     # DeepSpeed ZeRO-3 ``sub_group_size`` (its default, and HF's example configs): the optimizer

@@ -25,7 +25,7 @@ from tuneplan.core.job.methods import (
     outer_targets,
 )
 from tuneplan.core.job.recipes import PrecisionPlan, Recipe, precision_plan
-from tuneplan.core.job.strategy import Checkpointing, Strategy, Task
+from tuneplan.core.job.strategy import Checkpointing, Sharding, Strategy, Task
 from tuneplan.core.job.tuners import tuner_note
 from tuneplan.core.memory import activations as act
 from tuneplan.core.memory import experts, fsdp, litgpt, mla, seq2seq, torchtune, unsloth
@@ -62,12 +62,27 @@ class MemoryEstimate:
     #: the version-dependent behaviours assumed, each with its library version
     #: (``core/job/versions.py``); the versions themselves are ``strategy.stack``
     behaviours: tuple[str, ...] = field(default=())
+    #: whole-device peak while the model is loaded and prepared (QLoRA: quantised on the
+    #: fly, then ``prepare_model_for_kbit_training``), before the first step; 0 where loading
+    #: peaks below the step (weights only: full, LoRA) or is not modelled (sharded params)
+    loading_peak_bytes: int = 0
+    loading: Breakdown | None = None
+
+    @property
+    def peak_bytes(self) -> int:
+        """What must fit on the card: the larger of the step's and loading's whole-device
+        peaks."""
+        return max(self.device_total_bytes, self.loading_peak_bytes)
+
+    @property
+    def loading_binds(self) -> bool:
+        return self.loading_peak_bytes > self.device_total_bytes
 
     def fits(self, capacity_bytes: int) -> bool:
-        return self.device_total_bytes <= capacity_bytes
+        return self.peak_bytes <= capacity_bytes
 
     def headroom(self, capacity_bytes: int) -> int:
-        return capacity_bytes - self.device_total_bytes
+        return capacity_bytes - self.peak_bytes
 
 
 def estimate_memory(model: ModelSpec, strategy: Strategy,
@@ -95,7 +110,8 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
             device_total_bytes=est.device_total_bytes, peak_phase=est.peak_phase,
             phases=dict(phases), host_ram_bytes=est.host_ram_bytes, host=est.host,
             trainable_params=est.trainable_params, total_params=est.total_params,
-            notes=est.notes, behaviours=est.behaviours)
+            notes=est.notes, behaviours=est.behaviours,
+            loading_peak_bytes=est.loading_peak_bytes, loading=est.loading)
     fixed = _fixed(model, strategy, a)
     model, plan, static = fixed.model, fixed.plan, fixed.static
     moments = _moments(model, strategy, plan, static, a, fixed)
@@ -104,8 +120,10 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
     overheads = fixed.overheads.get(generation)
     if overheads is None:   # batch-independent: once per GPU generation
         overheads = fixed.overheads[generation] = (
-            workspace_term(generation, a), device_terms(generation, strategy.world_size, a))
-    workspace = overheads[0]
+            workspace_term(generation, a),
+            device_terms(generation, strategy, a, _gathered_unit(model, strategy, fixed, a)),
+            _loading(model, strategy, fixed, a, generation))
+    workspace, loading = overheads[0], overheads[2]
     allocated = phases[phase] + workspace.value
     reserve = reserve_term(allocated, a)
     device = [reserve, *overheads[1], *static.outside]
@@ -120,10 +138,77 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
         device_total_bytes=int(explained.total), peak_phase=phase,
         phases=phases, host_ram_bytes=int(host.total),
         host=host, trainable_params=fixed.trainable.total, total_params=static.total_params,
-        notes=fixed.notes, behaviours=fixed.behaviours)
+        notes=fixed.notes, behaviours=fixed.behaviours,
+        loading_peak_bytes=0 if loading is None else int(loading.total), loading=loading)
     # the entry keeps its own copy of the phases: the caller may do what it likes with its own
     done[:] = [(fixed.source, est, dict(phases))]
     return est
+
+
+def _loading(model: ModelSpec, s: Strategy, fixed: _Fixed, a: MemoryAssumptions,
+             generation: str | None) -> Breakdown | None:
+    """The whole-device peak of loading a bitsandbytes-quantised model (QLoRA), or None.
+
+    transformers 5.x ``core_model_loading.convert_and_load_state_dict_in_model``: with
+    on-the-fly quantisation no thread pool runs ahead, so one checkpoint tensor at a time is
+    materialised on the GPU in its stored dtype and ``Bnb4bitQuantize`` / ``Params4bit``
+    packs it there (the largest linear in bf16 beside the packed weights so far). Then peft
+    ``prepare_model_for_kbit_training`` (utils/other.py) casts every non-quantised parameter
+    to fp32 with ``param.data = param.data.to(float32)``: the bf16 source lives while its
+    fp32 copy is made, so with the others already fp32 the largest (embedding or head,
+    vocab · hidden) adds its bf16 bytes. The larger moment is the loading peak: the weights
+    as trained (adapters included) plus that transient, the allocator reserve and the CUDA
+    context (NCCL starts later, at the first collective). Not modelled (None): sharded
+    parameters (FSDP/ZeRO-3 load through their own paths), and jobs without on-the-fly
+    quantisation, whose loading holds the weights alone (below the step's peak)."""
+    quant = effective_quant(s)
+    if quant is None or fixed.shards.params_div > 1 or not fixed.plan.kbit_upcast:
+        return None
+    st = fixed.static
+    stored = fixed.plan.frozen_weight_bytes
+    width = model.head_in_features or model.hidden_size
+    largest_plain = model.vocab_size * width
+    weights = st.weights_bytes
+    unquantized = _unquantized_params(st)
+    quantize = part("loading/quantize_source", st.largest_linear * stored,
+                    "one checkpoint weight in its stored dtype on the GPU while it is packed: "
+                    "largest linear · stored bytes",
+                    "transformers 5.x core_model_loading (no thread pool when quantising on "
+                    "the fly), integrations/bitsandbytes.py Bnb4bitQuantize",
+                    params=st.largest_linear, bytes_per_param=stored, confidence="medium")
+    cast = part("loading/kbit_cast_source", largest_plain * stored,
+                "the bf16 source of the largest unquantised tensor (vocab · hidden) alive "
+                "while prepare_model_for_kbit_training makes its fp32 copy",
+                "peft utils/other.py prepare_model_for_kbit_training", params=largest_plain,
+                bytes_per_param=stored, confidence="medium")
+    # while packing, the unquantised tensors are still in their stored dtype (not yet fp32)
+    early = part("loading/weights", weights - max(0, unquantized) * (4 - stored),
+                 "weights while loading: packed linears + unquantised tensors in their "
+                 "stored dtype + adapters", "see weights/*")
+    late = part("loading/weights", weights, "weights as trained (see weights/*)")
+    moment = [early, quantize] if early.value + quantize.value > late.value + cast.value \
+        else [late, cast]
+    allocated = total(moment)
+    terms = [*moment, reserve_term(allocated, a),
+             part("overheads/cuda_context", a.context_bytes(generation),
+                  "CUDA context (as in the step)")]
+    return breakdown(terms)
+
+
+def _unquantized_params(st: Static) -> int:
+    """Parameters bitsandbytes leaves unpacked (the ``weights/unquantized`` term's)."""
+    for piece in st.resident:
+        if piece.path == "weights/unquantized":
+            return int(piece.inputs.get("params", 0))
+    return 0
+
+
+def _gathered_unit(model: ModelSpec, s: Strategy, fixed: _Fixed, a: MemoryAssumptions) -> int:
+    """One FSDP block unit's unsharded bytes where FSDP all-gathers units on a side stream
+    (FULL_SHARD / HYBRID_SHARD; SHARD_GRAD_OP keeps parameters gathered), else 0."""
+    if not fsdp.applies(s) or s.sharding is Sharding.FSDP_GRAD_OP:
+        return 0
+    return fsdp.units(model, s, fixed.plan, fixed.trainable, a.fsdp_version).block
 
 
 _DEFAULT_ASSUMPTIONS = MemoryAssumptions()
@@ -162,7 +247,7 @@ class _Fixed:
     rope: Piece                                 # RoPE cos/sin (the sequence's, not the batch's)
     host: Breakdown | None                      # host RAM, unless it grows with the batch
     #: per GPU generation: the cuBLAS workspace and the device overheads outside the allocator
-    overheads: dict[str | None, tuple[Piece, list[Piece]]]
+    overheads: dict[str | None, tuple[Piece, list[Piece], Breakdown | None]]
     notes: tuple[str, ...]                      # what the estimate assumed, in words
     behaviours: tuple[str, ...]                 # version-dependent behaviours assumed
     own: dict[str, Piece]       # the running block's gradients, by where its backward peaks

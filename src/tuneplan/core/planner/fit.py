@@ -61,6 +61,9 @@ class MethodFit:
     largest_seq_len: int             # at micro-batch 1; 0 when not even SEQ_STEP fits
     refusal: str | None = None
     layout: str = ""                 # the tensor dtypes the estimate assumes (caveats)
+    #: the step's own whole-device peak where loading (a QLoRA model quantised and prepared
+    #: before the first step) peaks higher and ``peak_bytes`` is that loading peak; else None
+    step_peak_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,7 +132,8 @@ class FitReport:
             "methods": [{"method": m.method.value, "peak_bytes": m.peak_bytes, "fits": m.fits,
                          "largest_batch_size": m.largest_batch,
                          "largest_seq_len": m.largest_seq_len, "refusal": m.refusal,
-                         "layout": m.layout}
+                         "layout": m.layout, "step_peak_bytes": m.step_peak_bytes,
+                         "binding": "step" if m.step_peak_bytes is None else "loading"}
                         for m in self.methods],
             "suggestions": suggestions,
             "time_basis": None if basis is None else basis.as_dict(),
@@ -192,9 +196,11 @@ def _method_fit(search: StrategySearch, s: Strategy, limit: int, gen: str) -> Me
     top = (search.model.max_position_embeddings or NO_LIMIT_SEQ) // SEQ_STEP
     steps = largest_fitting(lambda k: ok(replace(s, batch_size=1, seq_len=k * SEQ_STEP)),
                             1, max(1, top))
-    return MethodFit(method=s.method, peak_bytes=on_card_bytes(est, limit),
-                     fits=on_card_bytes(est, limit) <= limit, largest_batch=max(0, batch),
-                     largest_seq_len=max(0, steps) * SEQ_STEP)
+    peak = on_card_bytes(est, limit)
+    step = on_card_bytes(replace(est, loading_peak_bytes=0), limit)
+    return MethodFit(method=s.method, peak_bytes=peak, fits=peak <= limit,
+                     largest_batch=max(0, batch), largest_seq_len=max(0, steps) * SEQ_STEP,
+                     step_peak_bytes=step if step < peak else None)
 
 
 #: The change that lets a soft-capping model (Gemma-2) run at all under transformers.

@@ -176,9 +176,16 @@ def on_card_bytes(est: MemoryEstimate, limit: int, total: int | None = None) -> 
     """What of ``est``'s whole-device peak (``total``, default its own) stays on the card
     under ``limit``: all of it, less a paged optimizer's state that waits in host RAM
     (``paged_spill``). The job fits exactly when this is within the limit; the planner and
-    ``tuneplan fit`` both compare it."""
+    ``tuneplan fit`` both compare it. Where loading peaks higher (``est.loading_peak_bytes``),
+    that peak instead."""
     total = est.device_total_bytes if total is None else total
-    return total - paged_spill(total, pageable_bytes(est), limit)
+    step = total - paged_spill(total, pageable_bytes(est), limit)
+    if not est.loading_peak_bytes:
+        return step
+    # loading (a QLoRA model quantised and prepared before the first step) must fit too; on
+    # another GPU generation it moves by what the step's total moved (the CUDA context; the
+    # cuBLAS workspace it does not hold is within a few MiB of reserve)
+    return max(step, est.loading_peak_bytes + total - est.device_total_bytes)
 
 
 def paging_seconds(spill: int, a: ThroughputAssumptions) -> float:
@@ -423,7 +430,7 @@ class StrategySearch:
             per_node = spill * candidate.strategy.gpus
             return replace(candidate, memory=found, paged_out_bytes=spill, exact=True,
                            host_ram_bytes=host_ram(found, candidate.strategy) + per_node)
-        return replace(candidate, memory=found, device_total_bytes=found.device_total_bytes,
+        return replace(candidate, memory=found, device_total_bytes=found.peak_bytes,
                        host_ram_bytes=found.host_ram_bytes, exact=True)
 
     def _fit_method(self, method: Method, node: Node, limit: int, generation: str,
@@ -550,9 +557,10 @@ def evaluate_strategy(search: StrategySearch, node: Node, strategy: Strategy, *,
     if isinstance(speed, Refused):
         return speed
     total = search.device_total(est, node.gpu.generation)
-    spill = paged_spill(total, pageable_bytes(est), memory_limit(node.capacity_bytes,
-                                                                  search.margin))
+    limit = memory_limit(node.capacity_bytes, search.margin)
+    spill = paged_spill(total, pageable_bytes(est), limit)
+    # the binding peak on the card: the step's less its paged spill, or loading's if higher
     return Candidate(strategy=strategy, memory=est, paged_out_bytes=spill,
                      throughput=with_paging(speed, spill, search.throughput_assumptions),
-                     device_total_bytes=total - spill,
+                     device_total_bytes=on_card_bytes(est, limit, total),
                      host_ram_bytes=host_ram(est, strategy) + spill * strategy.gpus)
