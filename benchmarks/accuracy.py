@@ -34,6 +34,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tuneplan.core.memory import MemoryAssumptions
 from tuneplan.core.memory.overheads import reserve_term
+from tuneplan.core.planner.search import DEFAULT_MEMORY_MARGIN, memory_limit
 from tuneplan.errors import TuneplanError
 from tuneplan.service.memory_report import run_memory
 
@@ -135,7 +136,10 @@ class MemRow:
     request: Any = None
     model: Any = None
     generation: str | None = None
+    #: what the card offers: the named GPU's usable (CUDA-visible) total, as ``tuneplan fit``
+    #: compares; the case's stated capacity only where it names no GPU
     capacity: int | None = None
+    capacity_basis: str = ""
     allocated: int = 0
     reserved: int = 0
     device: int = 0
@@ -164,7 +168,11 @@ def prepare(case: dict[str, Any], base: MemoryAssumptions) -> MemRow:
         row.status = f"refused: {str(exc)[:70]}"
         return row
     row.generation = gpu.generation if gpu else None
-    row.capacity = case.get("gpu_memory_bytes") or (gpu.usable_memory_bytes if gpu else None)
+    if gpu is not None:
+        row.capacity, row.capacity_basis = gpu.usable_memory_bytes, f"{gpu.name} usable"
+    else:
+        row.capacity = case.get("gpu_memory_bytes")
+        row.capacity_basis = f"stated: {case.get('gpu_memory_basis')}"
     row.allocated, row.reserved = est.allocated_peak_bytes, est.reserved_peak_bytes
     row.device = est.device_total_bytes
     row.outside = row.device - row.reserved - base.context_bytes(row.generation)
@@ -248,10 +256,23 @@ def scored(row: MemRow) -> bool:
     return row.status == "ok" and row.expected is not None
 
 
-def fit_ok(row: MemRow, predicted: int | None) -> bool | None:
+def fit_ok(row: MemRow, predicted: int | None, margin: float = DEFAULT_MEMORY_MARGIN
+           ) -> bool | None:
+    """Whether a fit/OOM row's published verdict is what ``tuneplan fit`` would say: the
+    device total against the card's usable memory x ``margin`` (``memory_limit``, the one
+    number ``fit``, ``plan`` and ``memory --gpu`` compare with)."""
     if predicted is None or row.fits is None or row.expected is not None or not row.capacity:
         return None
-    return (predicted <= row.capacity) == bool(row.fits)
+    return (predicted <= memory_limit(row.capacity, margin)) == bool(row.fits)
+
+
+def ran_ok(row: MemRow, predicted: int | None, margin: float = DEFAULT_MEMORY_MARGIN
+           ) -> bool | None:
+    """A measured row on a named GPU ran there, so it fitted: is it predicted to fit?"""
+    if predicted is None or row.expected is None or row.type != "measurement" or (
+            not row.capacity_basis.endswith(" usable")):
+        return None
+    return predicted <= memory_limit(row.capacity, margin)
 
 
 def loso_report(rows: list[MemRow], base: MemoryAssumptions) -> dict[str, Any]:
@@ -269,9 +290,17 @@ def loso_report(rows: list[MemRow], base: MemoryAssumptions) -> dict[str, Any]:
     loso = {i: e for h in helds for i, e in zip(h.ids, h.errors, strict=True)}
     verdict_rows = [r for r in rows if r.status == "ok" and r.fits is not None
                     and r.expected is None]
-    verdicts_in = [fit_ok(r, estimate(base, r)) for r in verdict_rows]
-    verdicts_loso = [fit_ok(r, estimate(by_group[r.group].refit.constants, r))
-                     for r in verdict_rows]
+    in_est = {r.id: estimate(base, r) for r in verdict_rows}
+    loso_est = {r.id: estimate(by_group[r.group].refit.constants, r) for r in verdict_rows}
+    verdicts_in = [fit_ok(r, in_est[r.id]) for r in verdict_rows]
+    verdicts_loso = [fit_ok(r, loso_est[r.id]) for r in verdict_rows]
+    # the same rows without the planner's margin: the device total against the usable total
+    bare_in = [fit_ok(r, in_est[r.id], 1.0) for r in verdict_rows]
+    bare_loso = [fit_ok(r, loso_est[r.id], 1.0) for r in verdict_rows]
+    # broader: every measured row on a named GPU counts as "fits" (it ran on that card)
+    ran_rows = [r for r in rows if scored(r) and ran_ok(r, 0) is not None]
+    ran_in = [ran_ok(r, estimate(base, r)) for r in ran_rows]
+    ran_loso = [ran_ok(r, estimate(by_group[r.group].refit.constants, r)) for r in ran_rows]
 
     refitted = {r.id: error_pct(fast_estimate(everything.constants, r) or 0, expected_of(r))
                 for r in measured}
@@ -303,8 +332,18 @@ def loso_report(rows: list[MemRow], base: MemoryAssumptions) -> dict[str, Any]:
         "overall": figures([r.id for r in measured]),
         "comparable": figures(comparable_ids),
         "fit_verdicts": {"rows": len(verdict_rows),
+                         "compared_with": f"usable x {DEFAULT_MEMORY_MARGIN} (as tuneplan fit)",
                          "in_sample_correct": sum(bool(v) for v in verdicts_in),
-                         "loso_correct": sum(bool(v) for v in verdicts_loso)},
+                         "loso_correct": sum(bool(v) for v in verdicts_loso),
+                         "wrong_in_sample": [r.id for r, v in zip(verdict_rows, verdicts_in,
+                                                                  strict=True) if not v],
+                         "no_margin_in_sample_correct": sum(bool(v) for v in bare_in),
+                         "no_margin_loso_correct": sum(bool(v) for v in bare_loso)},
+        "measured_rows_as_verdicts": {
+            "rows": len(ran_rows),
+            "in_sample_correct": sum(bool(v) for v in ran_in),
+            "loso_correct": sum(bool(v) for v in ran_loso),
+            "wrong_in_sample": [r.id for r, v in zip(ran_rows, ran_in, strict=True) if not v]},
         "fast_path_disagreements": disagree,
     }
 
@@ -346,8 +385,19 @@ def print_loso(doc: dict[str, Any]) -> None:
     for label in ("overall", "comparable"):
         print(f"{label:28} {doc[label]['rows']:4d} {cells(doc[label])}")
     v = doc["fit_verdicts"]
-    print(f"fit/OOM verdicts correct: in-sample {v['in_sample_correct']}/{v['rows']}, "
+    print(f"fit/OOM verdicts correct (device total vs usable x {DEFAULT_MEMORY_MARGIN}, as "
+          f"tuneplan fit): in-sample {v['in_sample_correct']}/{v['rows']}, "
           f"LOSO {v['loso_correct']}/{v['rows']}")
+    print(f"  without the margin (vs usable): in-sample {v['no_margin_in_sample_correct']}/"
+          f"{v['rows']}, LOSO {v['no_margin_loso_correct']}/{v['rows']}")
+    if v["wrong_in_sample"]:
+        print("  wrong (in-sample): " + ", ".join(v["wrong_in_sample"]))
+    m = doc["measured_rows_as_verdicts"]
+    print(f"broader: measured rows on a named GPU scored as 'fits' (they ran on it), same "
+          f"comparison: in-sample {m['in_sample_correct']}/{m['rows']}, LOSO "
+          f"{m['loso_correct']}/{m['rows']}")
+    if m["wrong_in_sample"]:
+        print("  predicted not to fit (in-sample): " + ", ".join(m["wrong_in_sample"]))
     if doc["fast_path_disagreements"]:
         print("WARNING: the refit's fast path disagrees with estimate_memory on "
               + ", ".join(doc["fast_path_disagreements"]))

@@ -201,3 +201,24 @@ def test_an_assumed_adamw_impl_overrides_the_stack_and_says_so() -> None:
     assert est.behaviours[-1] == "AdamW 'fused' step temporaries (MemoryAssumptions.adamw_impl)"
     assert est.phases["optimizer"] == estimate_memory(L8B, replace(
         s, stack=DEFAULT_STACK)).phases["optimizer"]
+
+
+def test_llama_eager_clamp_saves_masked_scores_before_4_31() -> None:
+    """transformers 4.30 LlamaAttention: torch.max(scores + mask, finfo.min) saves the sum;
+    with peft's k-bit upcast the mask (inputs_embeds dtype) is fp32, so B·heads·S·S·4 per
+    block; 4.31 dropped the clamp."""
+    from tuneplan.core.job.methods import Quant
+    from tuneplan.core.job.recipes import precision_plan
+    from tuneplan.core.job.strategy import Attention, Precision
+    from tuneplan.core.memory import activations as act
+
+    model = resolve_model("meta-llama/Llama-2-7b-hf")
+    base = Strategy(method=Method.QLORA, quant=Quant.NF4, precision=Precision.FP16_MIXED,
+                    attention=Attention.EAGER, batch_size=2, seq_len=512)
+    shape = act.Shape(2, 512, 512)
+    old = replace(base, stack=Stack.parse("transformers=4.30"))
+    new = replace(base, stack=Stack.parse("transformers=4.31"))
+    w = act.widths(old, precision_plan(old), 1)
+    delta = act.attention_saved(model, old, w, shape) - act.attention_saved(model, new, w, shape)
+    assert delta == 2 * 32 * 512 * 512 * 4
+    assert act.clamped_scores_bytes(model, replace(base, stack=DEFAULT_STACK), w, shape) == 0

@@ -13,7 +13,7 @@ from functools import cache
 from tuneplan.core.job.methods import Quant, effective_quant
 from tuneplan.core.job.recipes import PEFT_BASE_DTYPE, Recipe
 from tuneplan.core.job.stack import Stack, version_text
-from tuneplan.core.job.strategy import Loss, Optimizer, Strategy, Task
+from tuneplan.core.job.strategy import Attention, Loss, Optimizer, Strategy, Task
 from tuneplan.core.models import ModelSpec
 
 #: bitsandbytes ``autograd/_functions.py`` MatMul4Bit.forward: up to 0.43.1 it keeps
@@ -49,6 +49,14 @@ HF_FUSED_EXPERTS = (5, 0)
 #: ``ForCausalLMLoss`` upcasts (the model output keeps the compute-dtype logits) and shifts the
 #: fp32 ones; from 4.49 it pads the labels instead (``nn.functional.pad(labels, (0, 1))``), so
 #: no logits are copied but the upcast.
+#: transformers ``models/llama/modeling_llama.py`` ``LlamaAttention.forward`` (eager, the only
+#: LLaMA attention then): up to 4.30 the masked scores are clamped,
+#: ``attn_weights = torch.max(attn_weights + attention_mask, torch.tensor(finfo.min))``, and
+#: ``maximum`` saves both operands for backward, so every block keeps the masked scores
+#: B·heads·S·S_kv as well as the fp32 softmax output. 4.31 dropped the clamp. The sum has the
+#: dtype of the scores promoted with the mask's, which ``_prepare_decoder_attention_mask`` builds
+#: in ``inputs_embeds.dtype`` (fp32 after peft's ``prepare_model_for_kbit_training``).
+HF_LLAMA_NO_SCORE_CLAMP = (4, 31)
 HF_LOSS_LAYOUTS = (((4, 31), "shift-then-cast"), ((4, 46), "model-float-shift"),
                    ((4, 49), "loss-float-shift"))
 
@@ -76,6 +84,13 @@ def _hf_loss_layout(stack: Stack) -> str:
         if not stack.at_least("transformers", below):
             return name
     return "pad-labels"
+
+
+def hf_eager_clamps_scores(model: ModelSpec, s: Strategy) -> bool:
+    """LLaMA eager attention saves its clamped, masked scores (transformers before 4.31)."""
+    return (s.attention is Attention.EAGER and model.model_type == "llama"
+            and s.recipe in (Recipe.HF, Recipe.PLAIN)
+            and not s.stack.at_least("transformers", HF_LLAMA_NO_SCORE_CLAMP))
 
 
 def experts_are_linear(s: Strategy) -> bool:
@@ -168,6 +183,10 @@ def behaviours(model: ModelSpec, s: Strategy, assumed_impl: str | None) -> list[
                        "a quantized base weight has no float dtype)")
         else:
             out.append(f"{peft} the base dtype (cast to the base weight's dtype, 0.6 to 0.11)")
+    if hf_eager_clamps_scores(model, s):
+        out.append(f"transformers {version_text(st.transformers)}: LLaMA eager attention "
+                   "clamps the masked scores with torch.max, which saves them "
+                   "(B·heads·S·S_kv per block; before 4.31)")
     if loss_follows_transformers(s):
         tf = f"transformers {version_text(st.transformers)}"
         out.append({

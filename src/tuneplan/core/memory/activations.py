@@ -26,7 +26,11 @@ from tuneplan.core.job.methods import (
 from tuneplan.core.job.recipes import PrecisionPlan
 from tuneplan.core.job.strategy import Attention, Checkpointing, Strategy
 from tuneplan.core.job.tuners import WEIGHT_TUNERS, held
-from tuneplan.core.job.versions import bnb_4bit_saves_input, bnb_8bit_keeps_cat
+from tuneplan.core.job.versions import (
+    bnb_4bit_saves_input,
+    bnb_8bit_keeps_cat,
+    hf_eager_clamps_scores,
+)
 from tuneplan.core.memory import mla
 from tuneplan.core.memory.experts import experts_adapted, param_wrapped, param_wrapper_saved
 from tuneplan.core.memory.parts import Piece, part
@@ -320,6 +324,17 @@ def eager_cast_bytes(model: ModelSpec, strategy: Strategy, w: Widths, shape: Sha
     return shape.batch * model.num_heads * shape.seq_q * shape.seq_kv * w.compute
 
 
+def clamped_scores_bytes(model: ModelSpec, strategy: Strategy, w: Widths, shape: Shape) -> int:
+    """transformers before 4.31, LLaMA eager (``versions.hf_eager_clamps_scores``): the masked
+    scores ``torch.max`` saves, B·heads·S·S_kv in the scores' dtype (the compute dtype)
+    promoted with the mask's (``inputs_embeds.dtype``, the embedding's): equal widths keep it,
+    else fp32 (fp16 + fp32, and bf16 + fp16, promote to fp32)."""
+    if not hf_eager_clamps_scores(model, strategy):
+        return 0
+    width = w.compute if w.compute == w.norm_weight else 4
+    return shape.batch * model.num_heads * shape.seq_q * shape.seq_kv * width
+
+
 def attention_saved(model: ModelSpec, strategy: Strategy, w: Widths, shape: Shape) -> int:
     """SDPA/flash: q, k, v, out + fp32 logsumexp; eager: q, repeated k/v, fp32 softmax + cast.
     Multi-head latent attention: ``mla.attention_saved``."""
@@ -334,7 +349,8 @@ def attention_saved(model: ModelSpec, strategy: Strategy, w: Widths, shape: Shap
         scores = b * model.num_heads * shape.seq_q * shape.seq_kv
         cast = scores * c if c != 4 else 0
         # The output's contiguous copy is o_proj's input: counted with the linear inputs.
-        return t_q * qd * c + 2 * t_kv * qd * c + scores * 4 + cast
+        return t_q * qd * c + 2 * t_kv * qd * c + scores * 4 + cast + clamped_scores_bytes(
+            model, strategy, w, shape)
     if shape.seq_kv != shape.seq_q:
         # Prefix tuning: an explicit additive mask disables SDPA's native GQA, so k/v are
         # repeated to every head, and the fp32 mask B·S·S_kv is saved per block.
