@@ -494,8 +494,12 @@ def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[s
     outcome = search.search(node)
     short = _host_ram_short(outcome.best.values(), offer)
     candidates = list(outcome.best.values())
-    if job.multi_node and _multi_node_ok(provider) and not job.is_fixed("nodes"):
-        if len(short) == len(outcome.best):
+    # No one-node plan on this offer (nothing fits, or every fit lacks host RAM): without
+    # --no-multi-node, more nodes are tried; --multi-node also tries them beside a starved one.
+    no_one_node = len(short) == len(outcome.best)
+    if (job.multi_node or (job.multi_node is None and no_one_node)) and (
+            _multi_node_ok(provider) and not job.is_fixed("nodes")):
+        if no_one_node:
             bigger = _more_nodes(search, job, node, inter, a, offer)
             if bigger is not None:
                 outcome, short = bigger, {}
@@ -899,7 +903,8 @@ def _alternatives(job: Job) -> Iterable[tuple[str, str, str, Job, bool]]:
             "--spot (spot's expected cost, interruptions included, may win)",
             replace(job, spot=True), True)
     if not job.multi_node and not job.is_fixed("nodes"):
-        yield ("flag:multi-node", "one node per plan (no --multi-node)",
+        yield ("flag:multi-node", "one node per plan (--no-multi-node)" if job.multi_node is
+               False else "several nodes only where one node cannot hold it (no --multi-node)",
                "--multi-node (plans across several nodes)", replace(job, multi_node=True), True)
     filters: list[tuple[str, object, Job]] = [
         ("gpu", job.gpu, replace(job, gpu=None)),
@@ -997,8 +1002,8 @@ def _rejections_binding(job: Job, result: PlanResult) -> Binding:
 
 
 def _one_node_short(job: Job, r: Rejection) -> str:
-    """On a one-node job (no --multi-node, no --nodes), what one node lacks, plainly."""
-    if job.multi_node or job.is_fixed("nodes") or r.need_bytes is None or (
+    """On a one-node job (--no-multi-node, no --nodes), what one node lacks, plainly."""
+    if job.multi_node is not False or job.is_fixed("nodes") or r.need_bytes is None or (
             r.limit_bytes is None or r.need_bytes <= r.limit_bytes):
         return ""
     per_gpu = r.need_bytes - r.limit_bytes
