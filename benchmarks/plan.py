@@ -6,7 +6,8 @@ shared; wall time is printed beside) as the median of N cold runs (each run buil
 strategy search and memory cache), and for one job over catalog subsets and synthetic copies
 (the same offers in made-up regions with shifted prices, so no cache is shared): the README's
 auto job up to 4x, and the QLoRA job at 1x, 10x and 100x the catalog (``--factors``).
-Two of the jobs run again with ``--multi-node`` (more nodes searched beside a starved node).
+Jobs run with the CLI's default (more nodes only for an offer one node cannot hold); two run
+again with ``--no-multi-node`` and ``--multi-node`` (more nodes beside a starved node too).
 Run: python benchmarks/plan.py [--runs 5] [--factors 1,10,100]
 """
 
@@ -32,13 +33,14 @@ JOBS = {
     "Llama-3.1-8B auto 50M (README)": ("meta-llama/Llama-3.1-8B", Method.AUTO),
     "Llama-3.1-70B full 50M": ("meta-llama/Llama-3.1-70B", Method.FULL),
     "Qwen2.5-0.5B auto 50M": ("Qwen/Qwen2.5-0.5B", Method.AUTO),
+    "DeepSeek-V3 lora 50M": ("deepseek-ai/DeepSeek-V3", Method.LORA),
 }
 #: the same jobs with --multi-node (more nodes searched where one node is starved)
 MULTI_NODE = ("Llama-3.1-8B auto 50M (README)", "Llama-3.1-70B full 50M")
 
 
 def _timed(model: str, method: Method, offers: list[Offer],
-           runs: int, *, multi_node: bool = False) -> tuple[float, float, PlanResult]:
+           runs: int, *, multi_node: bool | None = None) -> tuple[float, float, PlanResult]:
     from tuneplan.adapters.bundled import load_gpu_specs, load_providers
     from tuneplan.adapters.hub import resolve_model
     from tuneplan.adapters.plans import _fabric_rates
@@ -83,7 +85,11 @@ def main() -> None:
         offers = load_catalog()
         print(f"catalog load (seed + read, {len(offers)} offers): "
               f"{(time.perf_counter() - start) * 1000:.0f} ms")
-        runs = [(label, model, method, False) for label, (model, method) in JOBS.items()]
+        # the CLI's default (None: several nodes only for an offer one node cannot hold), then
+        # --no-multi-node (one node only) and --multi-node for two of the jobs
+        runs: list[tuple[str, str, Method, bool | None]] = [
+            (label, model, method, None) for label, (model, method) in JOBS.items()]
+        runs += [(f"{label} --no-multi-node", *JOBS[label], False) for label in MULTI_NODE]
         runs += [(f"{label} --multi-node", *JOBS[label], True) for label in MULTI_NODE]
         for label, model, method, multi in runs:
             seconds, wall, result = _timed(model, method, offers, args.runs, multi_node=multi)

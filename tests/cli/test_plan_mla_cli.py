@@ -4,8 +4,7 @@ on the bundled catalog: several nodes with --multi-node, and a plain shortfall w
 from __future__ import annotations
 
 from collections.abc import Callable
-
-import pytest
+from typing import Any
 
 from tests.cli.conftest import CliResult
 
@@ -24,17 +23,46 @@ def test_deepseek_v3_lora_gets_multi_node_plans_beside_one_node_ones(run_cli: Ru
     assert any(p["strategy"]["nodes"] == 1 for p in plans)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "since the FSDP and ZeRO host-RAM terms landed, every RunPod 8x H100 NVL node count is "
-    "refused for host RAM (1.23 TiB per node for model loading under ZeRO-3 at 16 nodes, "
-    "752 GiB on the node), so no H100 multi-node plan comes out; to be re-examined "
-    "(zero.Init loads shards, not the whole model, per rank)"))
-def test_deepseek_v3_lora_on_h100_nodes_gives_multi_node_plans_with_the_per_gpu_breakdown(
+def _check_breakdown(plan: dict[str, Any]) -> None:
+    memory = plan["memory"]
+    assert memory["device_total_bytes"] <= memory["limit_bytes"]
+    terms = memory["terms"]
+    assert terms is not None and memory["exact_for_gpu"]
+    assert sum(t["bytes"] for t in terms) == memory["device_total_bytes"]
+    assert {"weights", "activations"} <= {t["name"].split("/")[0] for t in terms}
+    if plan["strategy"]["offload"] != "optimizer+params":   # else streamed from host RAM
+        gpus = plan["strategy"]["gpus"] * plan["strategy"]["nodes"]
+        assert memory["device_total_bytes"] * gpus > 1_342_052_838_400   # 671B in bf16
+
+
+def test_deepseek_v3_lora_default_plan_ranks_multi_node_plans_for_offers_one_node_cannot_hold(
         run_cli: Run) -> None:
-    result = run_cli(*ARGS, "--gpu", "H100", "--multi-node", "--top", "3", "--json")
+    """Without --multi-node (and without --no-multi-node), a whole 8-GPU node that cannot
+    hold the job (RunPod's: 752 GiB of host RAM to stream the weights from) is tried on 2, 4,
+    8, 16 nodes: its multi-node plan is ranked beside the one-node ones (the nodes with the
+    host RAM to stream the weights), with the per-GPU breakdown."""
+    result = run_cli(*ARGS, "--gpu", "H100", "--top", "20", "--json")
     assert result.code == 0, result.stderr
     plans = result.json()["plans"]
-    assert plans   # the bundled catalog: RunPod's 8x H100 NVL, the one H100 offer it links
+    multi = [p for p in plans if p["strategy"]["nodes"] > 1]
+    assert multi and any(p["strategy"]["nodes"] == 1 for p in plans)
+    assert {p["offer"]["provider"] for p in multi} == {"RunPod"}
+    assert all(p["strategy"]["nodes"] in (2, 4, 8, 16) for p in multi)
+    for plan in multi:   # among the first plans: each has its exact estimate and breakdown
+        _check_breakdown(plan)
+    # the whole catalog: multi-node plans are ranked too (below the one-node B200/H200 ones)
+    every = run_cli(*ARGS, "--top", "500", "--json")
+    assert every.code == 0, every.stderr
+    assert any(p["strategy"]["nodes"] > 1 for p in every.json()["plans"])
+
+
+def test_deepseek_v3_lora_on_h100_nodes_gives_multi_node_plans_with_the_per_gpu_breakdown(
+        run_cli: Run) -> None:
+    result = run_cli(*ARGS, "--gpu", "H100", "--provider", "runpod", "--multi-node", "--top",
+                     "3", "--json")
+    assert result.code == 0, result.stderr
+    plans = result.json()["plans"]
+    assert plans   # RunPod's H100 offers, one node of which cannot hold it (752 GiB host RAM)
     for plan in plans:
         assert plan["strategy"]["nodes"] > 1
         memory = plan["memory"]
@@ -52,13 +80,10 @@ def test_deepseek_v3_lora_on_h100_nodes_gives_multi_node_plans_with_the_per_gpu_
         assert plan["memory"]["device_total_bytes"] * gpus > 1_342_052_838_400
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "since the FSDP and ZeRO host-RAM terms landed, every RunPod 8x H100 NVL node count is "
-    "refused for host RAM (1.23 TiB per node for model loading under ZeRO-3 at 16 nodes, "
-    "752 GiB on the node), so no H100 multi-node plan comes out; to be re-examined "
-    "(zero.Init loads shards, not the whole model, per rank)"))
 def test_deepseek_v3_lora_on_one_h100_node_says_what_is_missing(run_cli: Run) -> None:
-    result = run_cli(*ARGS, "--gpu", "H100", "--no-multi-node", "--json")
+    # RunPod: one node would stream the weights from host RAM it has not got (752 GiB)
+    result = run_cli(*ARGS, "--gpu", "H100", "--provider", "runpod", "--no-multi-node",
+                     "--json")
     assert result.code == 2
     body = result.json()
     memory = next(b for b in body["binding"] if b["constraint"] == "memory")
@@ -67,5 +92,5 @@ def test_deepseek_v3_lora_on_one_h100_node_says_what_is_missing(run_cli: Run) ->
     assert any(b["constraint"] == "flag:multi-node" for b in body["binding"])
     assert any(r["change"].startswith("--multi-node") and r["plan"] is not None
                for r in body["relaxations"])
-    text = run_cli(*ARGS, "--gpu", "H100", "--no-multi-node")
+    text = run_cli(*ARGS, "--gpu", "H100", "--provider", "runpod", "--no-multi-node")
     assert text.code == 2 and "one node cannot hold it" in text.stdout

@@ -212,9 +212,13 @@ def test_multi_node_when_one_node_cannot_hold_the_job() -> None:
     # offload is impossible, so one node is rejected and, when allowed, nodes are added.
     node = offer("A100 80GB SXM4", 8, "32.77", provider="AWS", interconnect="NVLink 3.0",
                  ram_gib=64)
-    alone = run("meta-llama/Llama-3.1-70B", "full", [node])
+    alone = run("meta-llama/Llama-3.1-70B", "full", [node], multi_node=False)
     assert not alone.plans and "host RAM" in alone.rejected[0].reason
     spread = run("meta-llama/Llama-3.1-70B", "full", [node], multi_node=True)
+    # the default (no --multi-node, no --no-multi-node) spreads a whole node that cannot hold
+    # the job too, onto the same nodes
+    default = run("meta-llama/Llama-3.1-70B", "full", [node])
+    assert [p.strategy.nodes for p in default.plans] == [p.strategy.nodes for p in spread.plans]
     best = spread.plans[0]
     assert best.strategy.nodes >= 2 and best.strategy.offload.value == "none"
     floor = Decimal("32.77") * best.strategy.nodes * Decimal(str(best.hours)) * Decimal("0.99")

@@ -196,13 +196,17 @@ P5 = offer("H100 SXM5", 8, "31.46", provider="AWS", interconnect="NVLink 4.0", n
 def test_a_job_that_needs_two_nodes_gets_exactly_two() -> None:
     # 70B full fine-tuning without host offload does not fit one 8x H100 node.
     strategy = Strategy(method=Method.FULL, offload=Offload.NONE)
-    one = run_linked(LLAMA70B, [P5], strategy=strategy, fixed=("offload",))
+    one = run_linked(LLAMA70B, [P5], strategy=strategy, fixed=("offload",), multi_node=False)
     assert not one.plans and one.infeasible is not None
     assert any(r.constraint == "flag:multi-node" and r.plan is not None and r.plan.nodes == 2
                for r in one.infeasible.relaxations)
-    two = run_linked(LLAMA70B, [P5], strategy=strategy, fixed=("offload",), multi_node=True)
-    assert two.plans and {p.strategy.nodes for p in two.plans} == {2}
-    assert all(p.strategy.offload is Offload.NONE for p in two.plans)
+    # by default (no --multi-node, no --no-multi-node) an offer one node of which cannot hold
+    # the job is tried on more nodes; --multi-node gives the same here
+    for multi in (None, True):
+        two = run_linked(LLAMA70B, [P5], strategy=strategy, fixed=("offload",),
+                         multi_node=multi)
+        assert two.plans and {p.strategy.nodes for p in two.plans} == {2}
+        assert all(p.strategy.offload is Offload.NONE for p in two.plans)
 
 
 def test_more_nodes_are_planned_when_one_node_misses_the_deadline() -> None:

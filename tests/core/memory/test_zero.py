@@ -71,3 +71,24 @@ def test_the_estimate_counts_offloads_pinned_gradient_buffers_in_host_ram() -> N
     plain = Strategy(method=Method.FULL, sharding=Sharding.ZERO2, gpus=2, seq_len=512)
     assert est.host.value("host/fp32_master_grad") > 0
     assert all(not t.path.startswith("host/fp32") for t in estimate_memory(model, plain).host.terms)
+
+
+def test_zero3_loading_books_one_block_of_host_ram_not_the_whole_model() -> None:
+    """transformers 5.24 under ZeRO-3: zero.Init partitions on the GPUs, rank 0 maps the
+    safetensors shards (page cache) and converts a block at a time; FSDP and DDP keep the
+    whole-model term (rank 0's CPU copy; every rank's copy)."""
+    from tuneplan.core.memory import estimate_memory
+
+    model = parse_model_config(LLAMA, name="llama-7b")
+    block = model.layers[0].params * 2   # bf16
+    zero3 = estimate_memory(model, Strategy(method=Method.LORA, sharding=Sharding.ZERO3,
+                                            gpus=8, seq_len=512))
+    assert zero3.host.value("host/model_loading") == pytest.approx(block, rel=0.01)
+    whole = sum(la.params * la.count for la in model.layers) * 2
+    fsdp = estimate_memory(model, Strategy(method=Method.LORA, sharding=Sharding.FSDP,
+                                           gpus=8, seq_len=512))
+    assert fsdp.host.value("host/model_loading") > whole
+    ddp = estimate_memory(model, Strategy(method=Method.LORA, sharding=Sharding.DDP, gpus=2,
+                                          seq_len=512))
+    assert ddp.host.value("host/model_loading") == pytest.approx(
+        2 * fsdp.host.value("host/model_loading"), rel=0.01)

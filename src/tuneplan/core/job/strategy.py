@@ -229,7 +229,9 @@ class Job:
     spot: bool | None = None         # None: spot shown, ranked on-demand; True: spot may win;
                                      # False: no spot prices at all
     max_gpus: int | None = None      # GPUs in total, all nodes together
-    multi_node: bool = False
+    multi_node: bool | None = None   # None: several nodes only for an offer one node of
+                                     # which cannot hold the job; True: also when one
+                                     # node is starved or late; False: one node only
     min_interconnect: Interconnect = Interconnect.ANY
     objective: Objective = Objective.COST
     # Strategy fields the person set (flag or job file): the planner keeps them as given and

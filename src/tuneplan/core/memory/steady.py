@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from tuneplan.core.job.methods import (
     Method,
     Trainable,
+    effective_quant,
     expert_adapter_params,
     lora_rank_of,
     outer_adapter_params,
@@ -269,8 +270,38 @@ def host_terms(model: ModelSpec, s: Strategy, st: Static, sp: ShardPlan) -> list
             la.count for la in model.layers)
         out.append(part("host/offloaded_checkpoints", size * ranks,
                         "ranks · layers · T·H·bytes (pinned)"))
+    if s.sharding is Sharding.ZERO3 and effective_quant(s) is None:
+        out.append(_zero3_loading(model, st))
+        return out
     loaders = 1 if sp.params_div > 1 else ranks
     out.append(part("host/model_loading", st.weights_bytes * loaders,
                     "weights loaded on the CPU by each process (once with sharded init)",
-                    "transformers from_pretrained / DeepSpeed zero3 init"))
+                    "transformers from_pretrained / FSDP cpu_ram_efficient_loading"))
     return out
+
+
+def _zero3_loading(model: ModelSpec, st: Static) -> Piece:
+    """ZeRO-3 loading (not quantized) books one block's weights of anonymous host RAM.
+
+    transformers 5.24 modeling_utils.py ``_load_pretrained_model``: under
+    ``is_deepspeed_zero3_enabled()`` the model is built inside ``deepspeed.zero.Init``
+    (each rank holds only its partition, on the GPU: deepspeed partition_parameters.py
+    ``Init`` with ``remote_device`` None), and rank 0 alone reads the checkpoint
+    (``map_location="cpu"``, the others ``"meta"``). ``load_state_dict`` opens safetensors
+    with ``safe_open`` whose default backend is ``"mmap"`` (safetensors 0.8.0), so the merged
+    state dict is file-backed page cache the kernel can drop, not allocated RAM.
+    integrations/deepspeed.py ``_load_state_dict_into_zero3_model`` then copies module by
+    module under ``GatheredParameters`` (on the GPU); weight conversions (fused MoE experts)
+    are yielded one at a time, "instead of holding the whole converted checkpoint in
+    memory". What rank 0's node allocates is thus about one conversion's output, bounded
+    here by the largest block's weights. Not counted: ``disable_mmap`` (hf-mount FUSE) or
+    ``.bin`` checkpoints, which read whole files into RAM. Confidence: medium (read, not
+    measured)."""
+    params = max(st.total_params, 1)
+    block = max((layer.params for layer in model.layers), default=0)
+    size = st.weights_bytes * block // params
+    return part("host/model_loading", size,
+                "ZeRO-3: rank 0 maps the safetensors shards (page cache) and converts one "
+                "block at a time: the largest block's weights",
+                "transformers 5.24 modeling_utils _load_pretrained_model + integrations/"
+                "deepspeed.py _load_state_dict_into_zero3_model; safetensors 0.8 mmap")

@@ -96,6 +96,10 @@ class PlanAssumptions:
     detail_spot_runs: int = 1_000        # Monte Carlo runs for the P50/P90 of shown plans
     detailed_plans: int = 10             # plans that get the Monte Carlo
     max_nodes: int = 16                  # multi-node search stops here
+    # without --multi-node, more nodes are tried only for an offer of at least this many GPUs
+    # that cannot hold the job (a whole 8-GPU board: smaller instances have a bigger one-node
+    # shape to go to, not a cluster of small VMs)
+    auto_multi_node_gpus: int = 8
     # A dearer plan is worth recommending for speed only if it saves this much wall time:
     # shorter gains are within start-up noise (provisioning + image pull is ~5 min).
     min_pareto_saving_s: float = 900.0
@@ -108,6 +112,7 @@ class PlanAssumptions:
                 "max_micro_batch_tokens": self.max_micro_batch_tokens,
                 "stale_after_s": self.stale_after_s, "detail_spot_runs": self.detail_spot_runs,
                 "detailed_plans": self.detailed_plans, "max_nodes": self.max_nodes,
+                "auto_multi_node_gpus": self.auto_multi_node_gpus,
                 "min_pareto_saving_s": self.min_pareto_saving_s}
 
 
@@ -494,8 +499,14 @@ def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[s
     outcome = search.search(node)
     short = _host_ram_short(outcome.best.values(), offer)
     candidates = list(outcome.best.values())
-    if job.multi_node and _multi_node_ok(provider) and not job.is_fixed("nodes"):
-        if len(short) == len(outcome.best):
+    # No one-node plan on this offer (nothing fits, or every fit lacks host RAM): by default
+    # more nodes are tried for a whole node (``auto_multi_node_gpus``, --gpus not fixed);
+    # --multi-node tries them on any linked offer, and beside a starved one-node fit too.
+    no_one_node = len(short) == len(outcome.best)
+    auto = (job.multi_node is None and no_one_node and offer.gpu_count >= a.auto_multi_node_gpus
+            and not job.is_fixed("gpus"))
+    if (job.multi_node or auto) and _multi_node_ok(provider) and not job.is_fixed("nodes"):
+        if no_one_node:
             bigger = _more_nodes(search, job, node, inter, a, offer)
             if bigger is not None:
                 outcome, short = bigger, {}
@@ -900,7 +911,8 @@ def _alternatives(job: Job) -> Iterable[tuple[str, str, str, Job, bool]]:
             "--spot (spot's expected cost, interruptions included, may win)",
             replace(job, spot=True), True)
     if not job.multi_node and not job.is_fixed("nodes"):
-        yield ("flag:multi-node", "one node per plan (no --multi-node)",
+        yield ("flag:multi-node", "one node per plan (--no-multi-node)" if job.multi_node is
+               False else "several nodes only where one node cannot hold it (no --multi-node)",
                "--multi-node (plans across several nodes)", replace(job, multi_node=True), True)
     filters: list[tuple[str, object, Job]] = [
         ("gpu", job.gpu, replace(job, gpu=None)),
@@ -998,8 +1010,8 @@ def _rejections_binding(job: Job, result: PlanResult) -> Binding:
 
 
 def _one_node_short(job: Job, r: Rejection) -> str:
-    """On a one-node job (no --multi-node, no --nodes), what one node lacks, plainly."""
-    if job.multi_node or job.is_fixed("nodes") or r.need_bytes is None or (
+    """On a one-node job (--no-multi-node, no --nodes), what one node lacks, plainly."""
+    if job.multi_node is not False or job.is_fixed("nodes") or r.need_bytes is None or (
             r.limit_bytes is None or r.need_bytes <= r.limit_bytes):
         return ""
     per_gpu = r.need_bytes - r.limit_bytes
