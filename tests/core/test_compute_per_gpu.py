@@ -146,7 +146,7 @@ def test_zero3_step_grows_with_fabric_latency_and_shrinks_with_bandwidth() -> No
     assert step(nccl_net_hop, 400e9) < step(nccl_net_hop, 50e9)
     # no flat multi-GPU factor on top of the collectives model
     assert estimate_throughput(MODEL, job, gpu, links=links).step.get(
-        "step/multi-gpu-sync") is None
+        "step/multi-node-fitted-slowdown") is None
     # DeepSpeed ZeRO-3 gathers again for the recompute; FSDP does not
     assert gathering_passes(job) == 3
     assert gathering_passes(dataclasses.replace(job, sharding=Sharding.FSDP)) == 2

@@ -16,7 +16,6 @@ import pytest
 from tests.core.test_planner import MIXED, NOW, PROVIDERS, SPECS, offer, run
 from tuneplan.adapters.hub import resolve_model
 from tuneplan.adapters.importers.snapshot import load_bundled_snapshot
-from tuneplan.adapters.plans import _fabric_rates
 from tuneplan.core.catalog.offers import Offer
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.strategy import (
@@ -44,12 +43,12 @@ def market() -> list[Offer]:
 
 
 def run_linked(model: str, offers: list[Offer], **job: object) -> PlanResult:
-    """``run`` with the providers' multi-node fabric rates (as ``adapters.plans.plan``)."""
+    """``run`` with a job of its own (the providers' fabric per instance type, as
+    ``adapters.plans.plan`` plans)."""
     spec = resolve_model(model)
     settings: dict[str, object] = {"tokens": 50_000_000} | job
     return plan_offers(spec, Job(model=model, **settings),  # type: ignore[arg-type]
-                       offers, SPECS, PROVIDERS, now=NOW,
-                       inter_node_bytes_per_s=_fabric_rates(list(PROVIDERS.values())))
+                       offers, SPECS, PROVIDERS, now=NOW)
 
 
 @pytest.mark.parametrize("objective", [Objective.COST, Objective.RISK, Objective.PARETO])
@@ -190,7 +189,8 @@ def test_405b_qlora_on_risk_avoids_tight_memory_and_pcie_all_gathers(
                    for line in cheap.why)
 
 
-P5 = offer("H100 SXM5", 8, "31.46", provider="AWS", interconnect="NVLink 4.0", name="p5")
+P5 = offer("H100 SXM5", 8, "31.46", provider="AWS", interconnect="NVLink 4.0",
+           name="p5.48xlarge")
 
 
 def test_a_job_that_needs_two_nodes_gets_exactly_two() -> None:

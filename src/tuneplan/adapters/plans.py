@@ -37,15 +37,6 @@ class CatalogInfo:
     sources: tuple[dict[str, Any], ...]
 
 
-def _fabric_rates(providers: Sequence[Any]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for p in providers:
-        rate = p.multinode_fabric_bytes_per_s
-        if rate:
-            out[p.name] = rate
-    return out
-
-
 def plan(job: Job, *, offers: Sequence[Offer] | None = None,
          assumptions: PlanAssumptions | None = None, now: datetime | None = None,
          model: ModelSpec | None = None) -> PlanResult:
@@ -60,8 +51,7 @@ def plan(job: Job, *, offers: Sequence[Offer] | None = None,
     providers = load_providers()
     found = list(offers) if offers is not None else load_catalog()
     return plan_offers(model, job, found, specs, {p.name: p for p in providers},
-                       now=now or datetime.now(UTC),
-                       inter_node_bytes_per_s=_fabric_rates(providers), assumptions=assumptions)
+                       now=now or datetime.now(UTC), assumptions=assumptions)
 
 
 def timed_plan(job: Job, **kwargs: Any) -> tuple[PlanResult, float]:

@@ -20,7 +20,12 @@ from tuneplan.core.cost.estimate import CostEstimate, estimate_cost
 from tuneplan.core.job.strategy import Job, Strategy
 from tuneplan.core.models import ModelSpec
 from tuneplan.core.planner.costing import CostOptions, cost_inputs, price_plan
-from tuneplan.core.planner.plan import PlanAssumptions, offer_node, strategy_search
+from tuneplan.core.planner.plan import (
+    PlanAssumptions,
+    offer_fabric,
+    offer_node,
+    strategy_search,
+)
 from tuneplan.core.planner.search import Candidate, Refused, evaluate_strategy
 from tuneplan.errors import InvalidValueError
 from tuneplan.units import GiB
@@ -105,8 +110,7 @@ def candidate_on_offer(model: ModelSpec, job: Job, strategy: Strategy, offer: Of
     if strategy.gpus > offer.gpu_count:
         raise InvalidValueError(f"--gpus {strategy.gpus}: the offer has only "
                                 f"{offer.gpu_count} GPUs per node")
-    inter = provider.multinode_fabric_bytes_per_s if provider else None
-    node = offer_node(offer, gpu, nodes=strategy.nodes, inter_node_bytes_per_s=inter)
+    node = offer_node(offer, gpu, nodes=strategy.nodes, fabric=offer_fabric(offer, provider))
     if fabric != "auto":
         node = replace(node, intra_link=fabric)
     found = evaluate_strategy(strategy_search(model, job, a), node, strategy)

@@ -109,16 +109,72 @@ class Provider:
     docker: bool | None
     jupyter: bool | None
     multinode_interconnect: str | None
+    #: the same facts as ``multinode_interconnect``, one clause per instance family with a
+    #: stated rate: ``SCOPE[, SCOPE] = RATE KIND; ...`` (``parse_stated_fabrics``)
+    multinode_fabric: tuple[StatedFabric, ...] = ()
     in_skypilot_catalog: str | None
     in_gpuhunt: str | None
     evidence: str | None
     as_of: str | None
     sources: str | None
 
-    @property
-    def multinode_fabric_bytes_per_s(self) -> float | None:
-        """Largest inter-node rate named in ``multinode_interconnect`` (bytes/s), if any."""
-        return parse_fabric_rate(self.multinode_interconnect)
+    def fabric_for(self, instance_type: str) -> StatedFabric | None:
+        """The network between nodes this provider states for ``instance_type`` (the first
+        clause of ``multinode_fabric`` whose scope matches it), or None: not stated."""
+        for fabric in self.multinode_fabric:
+            if fabric.matches(instance_type):
+                return fabric
+        return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatedFabric:
+    """A provider's statement of the network between its nodes for some instance types:
+    ``bytes_per_s`` per node (decimal, from the stated bits/s), the fabric's ``kind`` as
+    written (EFA, InfiniBand, RoCE, GPUDirect-TCPXO, RDMA), and the ``scope`` it was stated
+    for (instance-type words, or ``*``: every multi-node offer of the provider)."""
+
+    provider: str
+    scope: str
+    bytes_per_s: float
+    kind: str
+
+    def matches(self, instance_type: str) -> bool:
+        """Every word of the scope begins a word of the instance type (``p5.48xlarge``
+        matches ``p5.48xlarge`` but not ``p5.4xlarge``; ``ND H100 v5`` matches
+        ``Standard_ND96isr_H100_v5``)."""
+        if self.scope == "*":
+            return True
+        have = _words(instance_type)
+        return all(any(h.startswith(w) for h in have) for w in _words(self.scope))
+
+    def describe(self) -> str:
+        where = "its multi-node offers" if self.scope == "*" else self.scope
+        return (f"{self.bytes_per_s * 8 / 1e9:,.0f} Gb/s {self.kind} per node, stated by "
+                f"{self.provider} for {where}")
+
+
+def _words(text: str) -> list[str]:
+    return [w for w in re.split(r"[^a-z0-9]+", text.lower()) if w]
+
+
+def parse_stated_fabrics(provider: str, text: str | None) -> tuple[StatedFabric, ...]:
+    """``SCOPE[, SCOPE...] = RATE KIND`` clauses separated by ``;`` (``p5.48xlarge,
+    p5e.48xlarge = 3200 Gbps EFA``). Raises CatalogError for a clause without a scope, a
+    rate in Gbps/Tbps, or a kind."""
+    out: list[StatedFabric] = []
+    for clause in (text or "").split(";"):
+        if not clause.strip():
+            continue
+        scopes, sep, claim = clause.partition("=")
+        rate = parse_fabric_rate(claim)
+        kind = _RATE.sub("", claim).strip()
+        if not sep or rate is None or not kind or not scopes.strip():
+            raise CatalogError(f"providers.csv multinode_fabric of {provider}: {clause.strip()!r}"
+                               " is not 'SCOPE[, SCOPE] = RATE KIND'")
+        out += [StatedFabric(provider=provider, scope=scope.strip(), bytes_per_s=rate,
+                             kind=kind) for scope in scopes.split(",") if scope.strip()]
+    return tuple(out)
 
 
 _RATE = re.compile(r"(\d+(?:\.\d+)?)\s*(Gbps|Gb/s|Tbps|Tb/s)", re.IGNORECASE)
@@ -206,6 +262,8 @@ def _provider_from_row(row: dict[str, str]) -> Provider:
         egress_usd_per_gb=parse_price_text(get("egress_usd_per_gb")),
         ssh=_yes_no(get("ssh")), docker=_yes_no(get("docker")), jupyter=_yes_no(get("jupyter")),
         multinode_interconnect=_text(row, "multinode_interconnect"),
+        multinode_fabric=parse_stated_fabrics((get("provider") or "").strip(),
+                                              _text(row, "multinode_fabric")),
         in_skypilot_catalog=_text(row, "skypilot_v8_catalog"), in_gpuhunt=_text(row, "gpuhunt"),
         evidence=_text(row, "evidence"), as_of=_text(row, "as_of"), sources=_text(row, "sources"),
     )

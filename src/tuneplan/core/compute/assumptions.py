@@ -221,7 +221,8 @@ class ThroughputAssumptions:
     offload_prefetch_overlap: float = 1.0
     # 1: the collectives model (bytes, latency, overlap per framework) carries multi-GPU cost
     multi_gpu_efficiency: float = 1.0
-    # fitted: Qwen rows on 2 nodes
+    # fitted: Qwen rows on 2 nodes; the one fitted flat factor (THROUGHPUT_WHY says why no
+    # physical term reproduces those rows)
     multi_node_efficiency: float = 0.503
     notes: tuple[str, ...] = field(default=())
 
@@ -399,12 +400,28 @@ THROUGHPUT_WHY: dict[str, str] = {
         "GPU and host time combine as (gpu^p + host^p)^(1/p): the slower one dominates, with a "
         "soft corner where they are equal"),
     "multi_node_efficiency": (
-        "per-GPU speed across nodes relative to one node, beyond bytes moved and collective "
-        "latency; fitted to Qwen's only multi-node rows (2 x 2 A100, ZeRO-2 LoRA): the one "
-        "flat factor left (multi_gpu_efficiency is 1), with no physical model behind it: "
-        "those rows take 1.74-2.11 x the one-GPU step at every length from 256 to 8192 "
-        "tokens, a slowdown in proportion to compute, while LoRA's ZeRO-2 bytes per step do "
-        "not grow with the sequence, so no fabric's bandwidth or latency reproduces it"),
+        "THE ONE FITTED FLAT FACTOR of the speed model (multi_gpu_efficiency is 1): per-GPU "
+        "speed of a job on more than one node relative to the same job on one node, beyond "
+        "the collectives model (bytes over the node fabric, NCCL's latency per collective, "
+        "each framework's overlap); its term is step/multi-node-fitted-slowdown = step x "
+        "(1/this - 1). Fitted to Qwen's only multi-node rows (QwenLM/Qwen README, 'Profiling "
+        "of Memory and Speed': 'LoRA (multinode)', two servers with two A100-SXM4-80G each, "
+        "finetune_lora_ds.sh with ds_config_zero2.json), whose fabric the source does not "
+        "state. No physical model is behind it: those rows take 1.74, 2.11, 1.85, 1.78, 1.79, "
+        "1.76 x the one-GPU LoRA step at 256..8192 tokens (2.09/1.2 .. 37.4/21.3 s/it), a "
+        "slowdown in proportion to compute (16 s extra per step at 8192 tokens, 0.9 s at 256), "
+        "while the bytes their ZeRO-2 sends per micro-batch are fixed: 143 M LoRA parameters "
+        "= 286 MB of bf16 gradients, under reduce_bucket_size 2e8 one bucket per micro-batch, "
+        "whatever the sequence. So no fabric's bandwidth or latency, with or without overlap "
+        "(the script's CUDA_DEVICE_MAX_CONNECTIONS=1 serialises the reduction stream with "
+        "compute), reproduces it. Readings that would make the work per GPU larger do not fit "
+        "either: the script's default per-device batch 2 (the README says 1) is ruled out by "
+        "the memory column (155.5 G over 4 GPUs = 38.9 G each at 8192, against 36.6 G for one "
+        "GPU at batch 1, where batch 2 would add ~16 G of logits and checkpoints), and twice "
+        "the work would make the two-node GPUs 14 % faster per token than the one-GPU run at "
+        "8192 tokens; falling back from flash-attention to eager would grow with the square of "
+        "the sequence, not stay flat. Applied to every multi-node job, on every fabric, with "
+        "low confidence; counted in the bound of the step terms it scales"),
     "host_overhead_s_per_layer_pass": (
         "kernel launches and Python per transformer block per pass (forward, recompute, "
         "backward counted as two) in eager mode; fitted to the Qwen seq-256 cases, where a "

@@ -34,6 +34,17 @@ class NodeLinks:
     #: one ring step's latency across the nodes' network, where the offer states it (None:
     #: NCCL's own model, ``ThroughputAssumptions.nccl_hop_latency_s``)
     inter_node_latency_s: float | None = None
+    #: what ``inter_node_bytes_per_s`` is, in words, where an offer states it (its kind, rate
+    #: and who stated it for which instances: ``StatedFabric.describe``)
+    inter_node_fabric: str | None = None
+
+    def inter_node_basis(self, a: ThroughputAssumptions) -> str:
+        """The network between nodes and where its figure comes from: stated or assumed."""
+        if self.inter_node_bytes_per_s is None:
+            return (f"{a.inter_node_bytes_per_s * 8 / 1e9:,.0f} Gb/s Ethernet per node, "
+                    "assumed (no fabric stated for this offer)")
+        return self.inter_node_fabric or (
+            f"{self.inter_node_bytes_per_s * 8 / 1e9:,.0f} Gb/s per node, as given")
 
     def __post_init__(self) -> None:
         if self.intra not in ("auto", "nvlink", "pcie"):

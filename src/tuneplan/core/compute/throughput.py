@@ -20,7 +20,13 @@ from tuneplan.core.compute import seq2seq
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
 from tuneplan.core.compute.communication import NodeLinks
 from tuneplan.core.compute.confidence import TimeBasis, time_basis
-from tuneplan.core.compute.step import COMPUTE_TERMS, MicroBatch, recomputes, step_time
+from tuneplan.core.compute.step import (
+    COMPUTE_TERMS,
+    FITTED_SLOWDOWN,
+    MicroBatch,
+    recomputes,
+    step_time,
+)
 from tuneplan.core.job.methods import (
     ESTIMATED_METHODS,
     ESTIMATED_QUANTS,
@@ -325,7 +331,6 @@ def peak_flops_per_s(gpu: GpuSpec, precision: Precision) -> tuple[float, list[st
 
 #: Which limit each step term belongs to (terms not listed are bandwidth-bound: memory).
 _BOUND_OF = {**dict.fromkeys(COMPUTE_TERMS, "compute"),
-             "step/multi-gpu-sync": "communication",
              "step/communication-exposed": "communication",
              "micro-batch/host-overhead-exposed": "host",
              "micro-batch/param-offload-exposed": "host", "step/optimizer-offloaded": "host"}
@@ -360,10 +365,18 @@ class Throughput:
         return max(self.bound_seconds().items(), key=lambda kv: kv[1])[0]
 
     def bound_seconds(self) -> dict[str, float]:
-        """Seconds of the step per kind of limit (see ``bound``)."""
+        """Seconds of the step per kind of limit (see ``bound``); the fitted multi-node
+        slowdown (``FITTED_SLOWDOWN``) is spread over the others in proportion."""
         out = {"compute": 0.0, "memory": 0.0, "communication": 0.0, "host": 0.0}
+        fitted = 0.0
         for term in self.step:
+            if term.path == FITTED_SLOWDOWN:  # a share of the whole step, not one limit
+                fitted += float(term.value)
+                continue
             out[_BOUND_OF.get(term.path, "memory")] += float(term.value)
+        rest = sum(out.values())
+        if fitted and rest > 0:
+            out = {k: v * (1 + fitted / rest) for k, v in out.items()}
         return out
 
     def as_dict(self) -> dict[str, object]:

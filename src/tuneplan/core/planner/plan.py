@@ -19,7 +19,7 @@ from functools import lru_cache
 
 from tuneplan.core.catalog.hardware import GpuSpec, card_capacity_bytes
 from tuneplan.core.catalog.offers import Offer, gpu_matches, provider_matches
-from tuneplan.core.catalog.providers import Provider
+from tuneplan.core.catalog.providers import Provider, StatedFabric
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
 from tuneplan.core.cost.estimate import (
     CostAssumptions,
@@ -245,6 +245,10 @@ def plan_offers(model: ModelSpec, job: Job, offers: Sequence[Offer],
                 assumptions: PlanAssumptions | None = None) -> PlanResult:
     """Every offer passing ``job``'s constraints, with its best strategy, ranked.
 
+    Across nodes an offer runs on the fabric its provider states for its instance type
+    (``Provider.fabric_for``), else on the assumed default, labelled so;
+    ``inter_node_bytes_per_s`` (bytes/s per node, by provider) replaces what is stated.
+
     Offers sharing a GPU type, count, capacity and link share one strategy search (and the
     memory estimates inside it). Raises nothing for infeasible offers: they are rejected.
 
@@ -312,12 +316,12 @@ def _plan(context: _Context, job: Job, search: StrategySearch
                 "GPU priced without its host VM (GCP attachable GPU): not a rentable machine "
                 "on its own; add the host's price with `tuneplan catalog import`")))
             continue
+        inter = offer_fabric(offer, providers.get(offer.provider), rates)
         key = (offer.provider, offer.gpu, offer.gpu_count, offer.gpu_memory_bytes,
-               offer.interconnect, offer.ram_bytes, offer.vcpus)
+               offer.interconnect, offer.ram_bytes, offer.vcpus, inter)
         shape = shapes.get(key)
         if shape is None:
-            shape = _offer_shape(search, job, offer, gpus, providers, rates.get(offer.provider),
-                                 a, prices)
+            shape = _offer_shape(search, job, offer, gpus, providers, inter, a, prices)
             shapes[key] = shape
         if isinstance(shape, Refused):
             rejected.append(Rejection(
@@ -403,18 +407,39 @@ def strategy_search(model: ModelSpec, job: Job, a: PlanAssumptions) -> StrategyS
         fixed=frozenset(job.fixed), headroom=job.objective is Objective.RISK)
 
 
+def offer_fabric(offer: Offer, provider: Provider | None,
+                 rates: Mapping[str, float] | None = None) -> StatedFabric | None:
+    """The network between nodes of ``offer``: a rate given for its provider (``rates``),
+    else the fabric the provider states for its instance type, else None (the assumed
+    default, ``ThroughputAssumptions.inter_node_bytes_per_s``)."""
+    rate = (rates or {}).get(offer.provider)
+    if rate:
+        return StatedFabric(provider=offer.provider, scope="*", bytes_per_s=rate,
+                            kind="network (rate given to the planner)")
+    return provider.fabric_for(offer.instance_type) if provider else None
+
+
+def with_nodes(node: Node, nodes: int, fabric: StatedFabric | None) -> Node:
+    """``node`` x ``nodes``, linked by ``fabric`` (None: the assumed default)."""
+    many = nodes > 1 and fabric is not None
+    return replace(node, nodes=nodes,
+                   inter_node_bytes_per_s=fabric.bytes_per_s if many and fabric else None,
+                   inter_node_fabric=fabric.describe() if many and fabric else None)
+
+
 def offer_node(offer: Offer, gpu: GpuSpec, *, nodes: int = 1,
-               inter_node_bytes_per_s: float | None = None) -> Node:
+               fabric: StatedFabric | None = None) -> Node:
     """The Node ``offer`` x ``nodes`` gives a strategy: its GPUs, the usable memory per card
     (``card_capacity_bytes``: the spec's CUDA-visible total, not the nominal size, unless the
     offer lists clearly less), the link inside a node
     (``node_link``) and, across nodes, the provider's fabric rate."""
     link = node_link(offer, gpu)
     capacity = card_capacity_bytes(gpu, offer.gpu_memory_bytes)
-    return Node(gpu=gpu, gpus_per_node=offer.gpu_count, capacity_bytes=capacity,
-                intra_link="pcie" if link == "pcie" else "auto", nodes=nodes,
-                inter_node_bytes_per_s=inter_node_bytes_per_s if nodes > 1 else None,
-                host_vcpus=int(offer.vcpus) if offer.vcpus and offer.vcpus >= 1 else None)
+    return with_nodes(
+        Node(gpu=gpu, gpus_per_node=offer.gpu_count, capacity_bytes=capacity,
+             intra_link="pcie" if link == "pcie" else "auto",
+             host_vcpus=int(offer.vcpus) if offer.vcpus and offer.vcpus >= 1 else None),
+        nodes, fabric)
 
 
 
@@ -469,7 +494,8 @@ class _Priced:
 
 
 def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[str, GpuSpec],
-                 providers: Mapping[str, Provider], inter: float | None, a: PlanAssumptions,
+                 providers: Mapping[str, Provider], inter: StatedFabric | None,
+                 a: PlanAssumptions,
                  prices: dict[tuple[object, ...], UnitCost]) -> _Shape | Refused:
     """The fitted candidates (with unit costs) of ``offer``'s shape, or why it has none."""
     gpu = gpus.get(offer.gpu)
@@ -487,7 +513,7 @@ def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[s
         if not _multi_node_ok(provider):
             return Refused(f"--nodes {nodes} is fixed and {offer.provider} states no "
                            "multi-node interconnect", kind="hardware")
-        node = replace(node, nodes=nodes, inter_node_bytes_per_s=inter)
+        node = with_nodes(node, nodes, inter)
     def _unit(candidate: Candidate) -> UnitCost:
         # Money scales with the price: one cost-model run per candidate and provider (keyed
         # by identity: the search's node cache keeps every candidate alive while it plans).
@@ -633,7 +659,7 @@ def _multi_node_ok(provider: Provider | None) -> bool:
     return bool(text) and not text.lower().startswith(("no", "none", "unknown"))
 
 
-def _more_nodes(search: StrategySearch, job: Job, node: Node, inter: float | None,
+def _more_nodes(search: StrategySearch, job: Job, node: Node, inter: StatedFabric | None,
                 a: PlanAssumptions, offer: Offer,
                 want: Callable[[Candidate], bool] | None = None) -> SearchOutcome | None:
     """The fewest nodes (2, 4, 8 ...) on which something fits (within the instance's RAM
@@ -642,7 +668,7 @@ def _more_nodes(search: StrategySearch, job: Job, node: Node, inter: float | Non
     nodes = 2
     limit = job.max_gpus or a.max_nodes * node.gpus_per_node
     while nodes <= a.max_nodes and nodes * node.gpus_per_node <= limit:
-        outcome = search.search(replace(node, nodes=nodes, inter_node_bytes_per_s=inter))
+        outcome = search.search(with_nodes(node, nodes, inter))
         short = _host_ram_short(outcome.best.values(), offer)
         kept = {m: c for m, c in outcome.best.items()
                 if id(c) not in short and (want is None or want(c))}

@@ -106,6 +106,7 @@ class Node:
     nodes: int = 1
     inter_node_bytes_per_s: float | None = None
     host_vcpus: int | None = None            # per node, as the offer states (CPU optimizer)
+    inter_node_fabric: str | None = None     # the stated fabric in words (None: assumed)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -302,12 +303,14 @@ class StrategySearch:
 
     def speed(self, strategy: Strategy, node: Node) -> Throughput | Refused:
         key = (strategy, node.gpu.name, node.intra_link, node.inter_node_bytes_per_s,
+               node.inter_node_fabric,
                node.host_vcpus if strategy.offload is not Offload.NONE else None)
         found = self._speed.get(key)
         if found is None:
             try:
                 links = NodeLinks(intra=node.intra_link,
                                   inter_node_bytes_per_s=node.inter_node_bytes_per_s,
+                                  inter_node_fabric=node.inter_node_fabric,
                                   host_vcpus=node.host_vcpus)
                 assert self._shape is not None
                 found = estimate_throughput(self._shape, strategy, node.gpu,
@@ -373,11 +376,13 @@ class StrategySearch:
         return out
 
     def _comm_bound(self, fitted: list[Candidate], node: Node) -> bool:
-        """The best of ``fitted`` spends most of its step on exposed collectives: across
-        nodes, ZeRO-3/FSDP gathers the weights once per micro-batch, so the memory a lean
-        step frees (a larger micro-batch) is what amortises them; the lean steps go on."""
-        return max(fitted, key=lambda c: self._merit(c, node)).throughput.bound == (
-            "communication")
+        """The best of ``fitted`` leaves collectives exposed: across nodes, ZeRO-3/FSDP
+        gathers the weights once per micro-batch, a fixed number of bytes, so the memory a
+        lean step frees (a larger micro-batch, more compute to hide them behind) is what
+        amortises them; the lean steps go on (the faster fit is kept)."""
+        best = max(fitted, key=lambda c: self._merit(c, node)).throughput
+        exposed = best.step.get("step/communication-exposed")
+        return exposed is not None and float(exposed.value) > 0
 
     def _merit(self, c: Candidate, node: Node) -> float:
         """What picks the candidate kept per method: tokens/s; with ``headroom`` (``--objective
