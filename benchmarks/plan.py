@@ -43,7 +43,6 @@ def _timed(model: str, method: Method, offers: list[Offer],
            runs: int, *, multi_node: bool | None = None) -> tuple[float, float, PlanResult]:
     from tuneplan.adapters.bundled import load_gpu_specs, load_providers
     from tuneplan.adapters.hub import resolve_model
-    from tuneplan.adapters.plans import _fabric_rates
 
     spec = resolve_model(model)
     gpus = {g.name: g for g in load_gpu_specs()}
@@ -55,7 +54,7 @@ def _timed(model: str, method: Method, offers: list[Offer],
         clear_cache()  # cold: no memory work kept from the previous run
         start, start_cpu = time.perf_counter(), time.process_time()
         result = plan_offers(spec, job, offers, gpus, {p.name: p for p in providers},
-                             now=datetime.now(UTC), inter_node_bytes_per_s=_fabric_rates(providers))
+                             now=datetime.now(UTC))
         cpu.append(time.process_time() - start_cpu)
         wall.append(time.perf_counter() - start)
     assert result is not None

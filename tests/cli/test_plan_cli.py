@@ -33,6 +33,16 @@ def test_plan_json_has_the_cli_md_keys_and_is_saved_for_launch(run_cli: Run) -> 
     costs = [float(p["cost"]["ranked_usd"]) for p in doc["plans"]]
     assert costs == sorted(costs)
     assert all(r["reason"] for r in doc["rejected"])
+    # every plan's speed states its MFU, its bound and its basis; the document the constants
+    for p in doc["plans"]:
+        speed = p["throughput"]
+        assert 0 < speed["mfu"] < 1
+        assert speed["bound"] in ("compute", "memory", "communication", "host")
+        assert speed["bound"] == max(speed["bound_seconds"], key=speed["bound_seconds"].get)
+        assert sum(speed["bound_seconds"].values()) == pytest.approx(speed["step_seconds"])
+        assert speed["time_basis"]["basis"] in ("calibrated", "assumed")
+    why = doc["throughput_assumptions"]["multi_node_efficiency"]["why"]
+    assert "ONE FITTED FLAT FACTOR" in why
     saved = find_saved_plan(first["id"])
     assert saved.offer.id == first["offer"]["id"] and saved.job.model == doc["model"]
     assert saved.strategy.as_dict() == {k: v for k, v in first["strategy"].items()

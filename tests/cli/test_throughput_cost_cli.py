@@ -25,6 +25,19 @@ def test_throughput_json_keys() -> None:
     assert document["hours"] == 50e6 / document["tokens_per_second"] / 3600
     assert document["comm_seconds_per_step"] == 0  # one GPU talks to no one
     assert "why" in document["assumptions"]["causal_attention_factor"]
+    assert document["bound"] in ("compute", "memory", "communication", "host")
+    assert 0 < document["mfu"] < 1
+
+
+def test_throughput_across_nodes_names_the_assumed_network_and_the_fitted_factor() -> None:
+    result = runner.invoke(app, ["throughput", "meta-llama/Llama-3.1-8B", "--gpu", "H100 SXM",
+                                 "--method", "full", "--gpus", "8", "--nodes", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert any("100 Gb/s Ethernet per node, assumed" in n for n in document["notes"])
+    paths = [t["name"] for t in document["step"]["terms"]]
+    assert "step/multi-node-fitted-slowdown" in paths
+    assert document["bound"] in ("compute", "memory", "communication", "host")
 
 
 def test_throughput_with_eight_gpus_reports_communication() -> None:

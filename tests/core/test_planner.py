@@ -315,6 +315,11 @@ def test_two_rtx_3090_without_a_bridge_pay_pcie_all_reduce_time() -> None:
     bare_comm = bare.candidate.throughput.comm_seconds_per_step
     assert bare_comm > bridged.candidate.throughput.comm_seconds_per_step > 0
     assert bare.hours > bridged.hours
+    # the bare pair's all-reduce runs over PCIe through the host, the bridged one's over NVLink
+    fabric = {name: plan.candidate.throughput.step.get("step/communication-exposed")
+              for name, plan in (("bare", bare), ("bridged", bridged))}
+    assert {name: term.inputs["fabric"] for name, term in fabric.items() if term} == {
+        "bare": "pcie", "bridged": "nvlink"}
 
 
 def test_the_cpu_optimizer_step_follows_the_offers_vcpus() -> None:

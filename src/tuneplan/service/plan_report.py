@@ -88,7 +88,8 @@ def plan_entry(p: Plan, result: PlanResult, job: Job | None = None) -> dict[str,
         "throughput": {"tokens_per_second": t.tokens_per_second,
                        "tokens_per_second_per_gpu": t.tokens_per_second_per_gpu,
                        "step_seconds": t.step_seconds, "mfu": t.mfu, "bound": t.bound,
-                       "training_hours": t.hours,
+                       "bound_seconds": t.bound_seconds(), "training_hours": t.hours,
+                       "notes": list(t.notes),
                        "time_basis": t.time_basis.as_dict(
                            tokens_per_second=t.tokens_per_second, hours=t.hours)},
         "cost": cost, "pareto": p.id in result.pareto_ids, "risk": risk_part(p),
@@ -114,6 +115,9 @@ def plan_document(result: PlanResult, catalog: CatalogInfo, top: int) -> dict[st
         "model": result.model, "objective": result.job.objective.value,
         "considered_offers": result.considered, "feasible_plans": len(result.plans),
         "assumptions": result.assumptions.describe(),
+        # the speed model's constants with why (a probed GPU's plans replace its matmul
+        # efficiency: their throughput.time_basis names the probe)
+        "throughput_assumptions": result.assumptions.throughput.describe(),
         "notes": list(result.notes),
         "feasible": result.feasible,
         "fixed": fixed_values(result.job),
