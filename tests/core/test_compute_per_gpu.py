@@ -316,3 +316,37 @@ def test_torch_compile_is_its_own_named_saving() -> None:
     assert compiled.bound_seconds()["compute"] == pytest.approx(
         matmul + term.value + compiled.step.value("micro-batch/attention"))
     assert compiled.tokens_per_second > eager.tokens_per_second
+
+
+def test_each_framework_sends_its_gradients_in_the_dtype_it_really_sends() -> None:
+    gpu = load_gpu_spec("H100 SXM5")
+    trainable = MODEL.total_params
+    share = 3 / 4                                  # (n - 1) / n over 4 ranks
+
+    def sent(sharding: Sharding, precision: Precision) -> tuple[dict[str, float], int]:
+        job = Strategy(method=Method.FULL, gpus=4, sharding=sharding, precision=precision,
+                       grad_accum=2)
+        got = estimate_throughput(MODEL, job, gpu)
+        term = got.step.get("step/communication-exposed")
+        assert term is not None
+        return ({t.path: float(t.value) for t in got.communication},
+                term.inputs["grad_bytes_per_param"])
+
+    # DDP all-reduces .grad in the parameters' dtype: fp32 masters under mixed precision,
+    # once a step (no_sync while accumulating)
+    ddp, width = sent(Sharding.DDP, Precision.BF16_MIXED)
+    assert width == 4
+    assert ddp == {"all-reduce/grads": pytest.approx(2 * share * trainable * 4)}
+    assert sent(Sharding.DDP, Precision.BF16)[1] == 2
+    # DeepSpeed ZeRO-2 reduces in bf16 every micro-batch, then gathers the updated bf16 weights
+    zero2, width = sent(Sharding.ZERO2, Precision.BF16_MIXED)
+    assert width == 2
+    assert zero2 == {"reduce-scatter/grads": pytest.approx(2 * share * trainable * 2),
+                     "all-gather/updated-params": pytest.approx(share * trainable * 2)}
+    # ZeRO-1 reduces once a step; FSDP gathers the weights in forward and backward
+    zero1, _ = sent(Sharding.ZERO1, Precision.BF16_MIXED)
+    assert zero1["reduce-scatter/grads"] == pytest.approx(share * trainable * 2)
+    fsdp, width = sent(Sharding.FSDP, Precision.BF16_MIXED)
+    assert width == 2
+    assert fsdp["all-gather/params"] == pytest.approx(2 * 2 * share * MODEL.total_params * 2,
+                                                      rel=1e-6)

@@ -51,6 +51,9 @@ def test_an_offer_gets_the_fabric_its_provider_states_for_its_instance_type(
     assert fabric.bytes_per_s == pytest.approx(gbps * GBPS)
     assert fabric.kind == kind
     assert f"{gbps:,} Gb/s {kind}" in fabric.describe() and provider in fabric.describe()
+    # the clause naming the instance family itself, not a shorter one it begins with
+    if instance == "p5en.48xlarge":
+        assert fabric.scope == "p5en.48xlarge"
 
 
 @pytest.mark.parametrize(("provider", "instance"), [
@@ -111,7 +114,7 @@ def test_same_multi_node_job_is_faster_on_3200_gbps_than_on_100_gbps_when_comm_b
     lora_fast = estimate_throughput(MODEL, lora, gpu, links=NodeLinks(
         inter_node_bytes_per_s=3200 * GBPS))
     assert lora_slow.bound == "compute"
-    assert lora_fast.tokens_per_second == pytest.approx(lora_slow.tokens_per_second, rel=0.02)
+    assert lora_fast.tokens_per_second == pytest.approx(lora_slow.tokens_per_second, rel=0.05)
 
 
 def test_the_fitted_multi_node_slowdown_is_named_and_spread_over_the_bounds() -> None:

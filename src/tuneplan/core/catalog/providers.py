@@ -119,12 +119,14 @@ class Provider:
     sources: str | None
 
     def fabric_for(self, instance_type: str) -> StatedFabric | None:
-        """The network between nodes this provider states for ``instance_type`` (the first
-        clause of ``multinode_fabric`` whose scope matches it), or None: not stated."""
-        for fabric in self.multinode_fabric:
-            if fabric.matches(instance_type):
-                return fabric
-        return None
+        """The network between nodes this provider states for ``instance_type``: the clause
+        of ``multinode_fabric`` that names it word for word, else the first whose scope
+        matches it (``StatedFabric.matches``), else None: not stated."""
+        found = [f for f in self.multinode_fabric if f.matches(instance_type)]
+        have = set(_words(instance_type))
+        exact = [f for f in found if set(_words(f.scope)) <= have]
+        best = exact or found
+        return best[0] if best else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -503,6 +503,21 @@ def step_time(*, model: ModelShape, strategy: Strategy, links: NodeLinks, gpu: G
     return Breakdown("s", tuple(terms)), comm, comm_s, notes
 
 
+def gradient_wire_bytes(s: Strategy) -> int:
+    """Bytes per trainable parameter of the gradients a step's collectives send, in the dtype
+    each framework sends them. DDP all-reduces each parameter's ``.grad``, which has the
+    parameter's dtype: fp32 masters under mixed precision (torch.amp keeps the parameters
+    fp32; PEFT's adapters are fp32 by its ``autocast_adapter_dtype``), so 4 B unless pure
+    bf16, with no compression hook registered by HF Trainer, accelerate or Lightning.
+    DeepSpeed ZeRO sends ``communication_data_type``, which defaults to the engine's bf16/fp16
+    (deepspeed 0.19.8 runtime/engine.py), and FSDP through accelerate reduces in its
+    ``reduce_dtype``, the mixed-precision dtype (accelerate 1.16.0 utils/dataclasses.py
+    ``FullyShardedDataParallelPlugin.set_mixed_precision``): the compute dtype."""
+    if s.sharding is Sharding.DDP:
+        return weight_bytes(s.precision)
+    return compute_dtype_bytes(s.precision)
+
+
 def gathering_passes(s: Strategy) -> int:
     """How often a sharded block's parameters are all-gathered per micro-batch: forward and
     backward, plus the recompute under DeepSpeed ZeRO-3 with activation checkpointing (the
@@ -522,7 +537,7 @@ def _communication(model: ModelShape, s: Strategy, links: NodeLinks, gpu: GpuSpe
         pcie_gen=gpu.pcie_gen, gpus_per_node=s.gpus, nodes=s.nodes, intra=links.intra,
         inter_node_bytes_per_s=links.inter_node_bytes_per_s,
         inter_node_latency_s=links.inter_node_latency_s, assumptions=a)
-    dtype = compute_dtype_bytes(s.precision)
+    grad_dtype = gradient_wire_bytes(s)
     ranks = s.world_size
     # gathered parameters move as stored: QLoRA-FSDP shards the packed 4-bit weights
     # (bitsandbytes quant_storage), so a gather moves 0.5 B + constants per base weight
@@ -530,7 +545,7 @@ def _communication(model: ModelShape, s: Strategy, links: NodeLinks, gpu: GpuSpe
     comm = communication_per_step(
         sharding=s.sharding, ranks=ranks, grad_accum=s.grad_accum,
         param_bytes=round(stored_weight_bytes(model, s)),
-        grad_bytes=trainable_params(model, s) * dtype, passes_gathering=passes)
+        grad_bytes=trainable_params(model, s) * grad_dtype, passes_gathering=passes)
     collectives = collectives_per_step(sharding=s.sharding, ranks=ranks,
                                        grad_accum=s.grad_accum, num_layers=model.num_layers,
                                        passes_gathering=passes)
@@ -547,6 +562,7 @@ def _communication(model: ModelShape, s: Strategy, links: NodeLinks, gpu: GpuSpe
         formula="max(0, comm - overlap x compute window)",
         inputs={"comm_s": comm_s, "overlap": share, "window_s": window, "fabric": fabric.intra,
                 "ring_bytes_per_s": fabric.ring_bytes_per_s(), "collectives": collectives,
+                "grad_bytes_per_param": grad_dtype,
                 **({"inter_node": links.inter_node_basis(a)} if s.nodes > 1 else {}),
                 "latency_per_collective_s": latency},
         source="bytes / slowest ring hop + NCCL's ring latency per collective (a base and a "
