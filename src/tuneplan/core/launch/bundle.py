@@ -245,8 +245,16 @@ def bundle_files(spec: LaunchSpec, chosen: tuple[Target, ...], *, train_script: 
     from tuneplan.core.launch import clouds as launch_clouds
     from tuneplan.core.launch import engines as launch_engines
     from tuneplan.core.launch import frameworks as launch_frameworks
+    from tuneplan.core.launch import recipes as launch_recipes
     from tuneplan.core.launch import targets as launch_targets
     from tuneplan.core.launch.readme import render_run_md
+
+    hf_refusal = launch_recipes.hf_trainer_refusal(
+        spec.strategy.recipe, ", ".join(t.value for t in chosen))
+    if hf_refusal is not None:
+        # Every target trains with the HF Trainer + PEFT: nothing can be written for it.
+        raise InvalidValueError(f"{hf_refusal.tool} cannot launch plan {spec.plan_id}: "
+                                f"{hf_refusal.reason}")
 
     refused: list[launch_targets.Refusal] = []
 
