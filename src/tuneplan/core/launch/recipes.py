@@ -22,9 +22,9 @@ def runs_hf_trainer(recipe: Recipe) -> bool:
     return recipe in HF_TRAINER_RECIPES
 
 
-def hf_trainer_refusal(recipe: Recipe, tools: str) -> Refusal | None:
+def hf_trainer_refusal(recipe: Recipe, tools: str, *, instead: str = "") -> Refusal | None:
     """Why ``tools`` (HF-based targets, comma-separated) cannot run a plan made with
-    ``recipe``; None when they can (hf, plain)."""
+    ``recipe``; None when they can (hf, plain). ``instead``: what the bundle runs for it."""
     if runs_hf_trainer(recipe):
         return None
     name = FRAMEWORK_NAMES[recipe]
@@ -35,4 +35,6 @@ def hf_trainer_refusal(recipe: Recipe, tools: str) -> Refusal | None:
         why += ("; no Unsloth files are written either (the plan's memory assumes Unsloth's "
                 "kernels, and Unsloth needs CUDA to start, so no config of it could be "
                 "start-tested)")
+    if instead:
+        return Refusal(tools, f"{why}: {instead}, or re-plan with --recipe hf")
     return Refusal(tools, f"{why}: re-plan with --recipe hf to launch it there")
