@@ -42,6 +42,11 @@ LITGPT = "litgpt"
 TORCHTUNE = "torchtune"
 LITGPT_VERSION = "0.5.13"
 TORCHTUNE_VERSION = "0.6.1"
+#: torchtune 0.6.1's ``torchtune.training`` imports ``int4_weight_only`` from
+#: ``torchao.quantization``, which later torchao releases dropped (0.16 has none): the run
+#: pins a torchao that torchtune 0.6.1 imports with (0.10.0, checked by importing
+#: ``torchtune.training`` against it).
+TORCHAO_VERSION = "0.10.0"
 LITGPT_FILE = "litgpt.yaml"
 TORCHTUNE_FILE = "torchtune.yaml"
 #: Where torchtune's run downloads the base model (relative to the bundle's folder).
@@ -355,12 +360,12 @@ def torchtune_run(spec: LaunchSpec, model: ModelSpec | None) -> NativeRun | Refu
     }
     if lora:
         out["save_adapter_weights_only"] = False
-    if s.optimizer_in_backward:
-        out["optimizer_in_bwd"] = True
+    else:
+        out["optimizer_in_bwd"] = s.optimizer_in_backward  # the full recipes read it
     recipe = torchtune_recipe(spec)
     launcher = ("tune", "run") if spec.world_size == 1 else (
         "tune", "run", "--nproc_per_node", str(s.gpus))
-    reqs = [f"torchtune=={TORCHTUNE_VERSION}", "torchao"]
+    reqs = [f"torchtune=={TORCHTUNE_VERSION}", f"torchao=={TORCHAO_VERSION}"]
     if s.optimizer.is_8bit:
         reqs.append("bitsandbytes>=0.43")
     return NativeRun(
