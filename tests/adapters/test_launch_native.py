@@ -310,3 +310,30 @@ def test_torchtune_model_table_is_the_builders_own() -> None:
                attn.num_kv_heads, attn.embed_dim, mlp.w1.out_features, model.max_seq_len,
                int(type(model.output).__name__ == "TiedLinear"))
         assert got == key, family
+
+
+@pytest.mark.parametrize("strategy", [LITGPT_LORA, TORCHTUNE_LORA], ids=["litgpt", "torchtune"])
+def test_the_native_tasks_are_ones_skypilot_and_dstack_accept(strategy: dict[str, Any]) -> None:
+    """The same checks as train.py's tasks: SkyPilot 0.14.1's task schema, dstack's own
+    models, and bash's parser on the run script."""
+    import subprocess
+
+    jsonschema = pytest.importorskip("jsonschema")
+    files = _files(_entry(**strategy))
+    schemas = json.loads((FIXTURE.parent / "skypilot_0.14.1_schemas.json").read_text())
+    task = _yaml(files["sky.yaml"])
+    jsonschema.validate(task, schemas["task"])
+    jsonschema.validate(task["resources"], schemas["resources"])
+    checked = subprocess.run(["bash", "-n"], input=task["run"], text=True, capture_output=True)
+    assert checked.returncode == 0, checked.stderr
+    pytest.importorskip("dstack")
+    from dstack._internal.core.models.configurations import (
+        TaskConfiguration,
+        parse_run_configuration,
+    )
+
+    dstack = parse_run_configuration(_yaml(files[".dstack.yml"]))
+    assert isinstance(dstack, TaskConfiguration)
+    checked = subprocess.run(["bash", "-n"], input="\n".join(dstack.commands), text=True,
+                             capture_output=True)
+    assert checked.returncode == 0, checked.stderr

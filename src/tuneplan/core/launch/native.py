@@ -179,7 +179,8 @@ def litgpt_run(spec: LaunchSpec) -> NativeRun | Refusal:
         data=("litgpt's JSON data module reads `instruction` and `output` fields "
               "(`prompt_style: default` adds no template, `mask_prompt: false` trains on "
               "every token): put each text in `instruction` with an empty `output`; 5 % "
-              "of the rows are held out for validation"))
+              "of the rows are held out, and litgpt's own validation on them (every 100 "
+              "steps, 100 batches: its defaults) adds time the plan does not count"))
 
 
 def _litgpt_refusal(spec: LaunchSpec) -> Refusal | None:
@@ -350,7 +351,8 @@ def torchtune_run(spec: LaunchSpec, model: ModelSpec | None) -> NativeRun | Refu
         "loss": {"_component_": "torch.nn.CrossEntropyLoss" if s.loss is Loss.STANDARD
                  else "torchtune.modules.loss.CEWithChunkedOutputLoss"},
         "epochs": whole, "max_steps_per_epoch": cap,
-        "gradient_accumulation_steps": s.grad_accum, "clip_grad_norm": None,
+        "gradient_accumulation_steps": s.grad_accum,
+        "clip_grad_norm": 1.0,  # as train.py (the HF Trainer's max_grad_norm) and axolotl
         "compile": False, "device": "cuda", "dtype": _TT_DTYPE[s.precision],
         "enable_activation_checkpointing": s.checkpointing is not Checkpointing.NONE,
         "enable_activation_offloading": s.checkpointing is Checkpointing.OFFLOAD,
