@@ -7,6 +7,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.cli.conftest import CliResult
 
 Run = Callable[..., CliResult]
@@ -103,4 +105,47 @@ def test_axolotl_and_llamafactory_configs_are_written_or_refused_in_one_line(
                       str(tmp_path / "b"))
     assert refused.code == 2 and refused.stderr.count("\n") == 1
     assert "llamafactory cannot launch plan" in refused.stderr and "prefix" in refused.stderr
+    assert not (tmp_path / "b").exists()
+
+
+def _with_recipe(tmp_path: Path, recipe: str, **strategy: object) -> Path:
+    doc = json.loads(FIXTURE.read_text())
+    entry = doc["plans"][0]
+    entry["strategy"] = entry["strategy"] | {"recipe": recipe, **strategy}
+    path = tmp_path / f"{recipe}.json"
+    path.write_text(json.dumps({"job": doc["job"], **entry}))
+    return path
+
+
+@pytest.mark.parametrize("recipe", ["litgpt", "torchtune", "unsloth"])
+def test_a_plan_of_another_recipe_is_never_launched_with_the_hf_trainer(
+        run_cli: Run, tmp_path: Path, recipe: str) -> None:
+    """The plan's memory is that framework's own layout; train.py (and every file run around
+    it) is the HF Trainer + PEFT: refused in one line, exit 2, nothing written (this QLoRA
+    plan under bf16-mixed on spot has no litgpt or torchtune run either)."""
+    plan = _with_recipe(tmp_path, recipe)
+    for to in ("accelerate", "deepspeed", "axolotl", "llamafactory", "all"):
+        out = tmp_path / f"out-{to}"
+        refused = run_cli("launch", "--plan", str(plan), "--to", to, "--out", str(out))
+        assert refused.code == 2, (to, refused.stdout)
+        assert refused.stderr.count("\n") == 1, refused.stderr
+        assert f"--recipe {recipe}" in refused.stderr and "--recipe hf" in refused.stderr
+        assert not out.exists()
+    hf = run_cli("launch", "--plan", str(_with_recipe(tmp_path, "plain")), "--to",
+                 "accelerate", "--out", str(tmp_path / "plain"))
+    assert hf.code == 0, hf.stderr  # plain keeps the hf layout: train.py is its trainer
+
+
+def test_a_litgpt_plan_is_written_as_litgpts_own_run(run_cli: Run, tmp_path: Path) -> None:
+    """Full fine-tuning: litgpt resumes it (resume: auto), so the spot plan is written."""
+    plan = _with_recipe(tmp_path, "litgpt", method="full", precision="bf16",
+                        checkpointing="none")
+    done = run_cli("launch", "--plan", str(plan), "--to", "all", "--out", str(tmp_path / "a"),
+                   "--json")
+    assert done.code == 0, done.stderr
+    assert "litgpt.yaml" in done.json()["files"] and "train.py" not in done.json()["files"]
+    refused = run_cli("launch", "--plan", str(plan), "--to", "accelerate", "--out",
+                      str(tmp_path / "b"))
+    assert refused.code == 2 and refused.stderr.count("\n") == 1
+    assert "litgpt finetune_full --config litgpt.yaml" in refused.stderr
     assert not (tmp_path / "b").exists()

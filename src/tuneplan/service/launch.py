@@ -24,14 +24,17 @@ def bundle(plan: SavedPlan, targets: Iterable[str]) -> tuple[LaunchSpec, dict[st
     from tuneplan.core.launch.bundle import asks_all, bundle_files, expand_targets, launch_spec
 
     targets = list(targets)
-    spec = launch_spec(plan, _model(plan.model_id))
+    model = _model(plan.model_id)
+    spec = launch_spec(plan, model)
     files = bundle_files(spec, expand_targets(targets), train_script=read_train_script(),
-                         sky_catalog=load_sky_catalog(), strict=not asks_all(targets))
+                         sky_catalog=load_sky_catalog(), strict=not asks_all(targets),
+                         model=model)
     return spec, files
 
 
 def _model(model_id: str) -> ModelSpec | None:
-    """The plan's model, for the LoRA target names PEFT is given; None when it cannot be
+    """The plan's model, for the LoRA target names PEFT is given (and torchtune's model
+    builder, chosen by its dimensions); None when it cannot be
     resolved now (a hub model offline): then the targets are written as the plan states them,
     and train.py maps them onto a fused ``query_key_value`` at run time."""
     from tuneplan.adapters.hub import resolve_model

@@ -28,6 +28,7 @@ from tuneplan.errors import InvalidValueError
 from tuneplan.units import GB, HOUR_S
 
 if TYPE_CHECKING:
+    from tuneplan.core.launch.native import NativeRun
     from tuneplan.core.launch.targets import SkyCatalog
 
 _T = TypeVar("_T")
@@ -237,11 +238,87 @@ def render_bundle(plan: SavedPlan, targets: Iterable[str], *, train_script: str,
 
 
 def bundle_files(spec: LaunchSpec, chosen: tuple[Target, ...], *, train_script: str,
-                 sky_catalog: SkyCatalog | None = None, strict: bool = True
-                 ) -> dict[str, str]:
+                 sky_catalog: SkyCatalog | None = None, strict: bool = True,
+                 model: ModelSpec | None = None) -> dict[str, str]:
     """``render_bundle`` for a spec already read and targets already expanded. ``strict``:
     a chosen cloud or framework target that cannot run the plan raises InvalidValueError
-    (its reason); else it is left out and RUN.md says why."""
+    (its reason); else it is left out and RUN.md says why. A plan whose recipe is not one
+    train.py runs (``core.launch.recipes``) gets its framework's own run
+    (``core.launch.native``; ``model`` picks torchtune's builder) or is refused."""
+    from tuneplan.core.launch import native as launch_native
+    from tuneplan.core.launch import recipes as launch_recipes
+
+    recipe = spec.strategy.recipe
+    if launch_recipes.runs_hf_trainer(recipe):
+        return _hf_bundle(spec, chosen, train_script=train_script, sky_catalog=sky_catalog,
+                          strict=strict)
+    native = launch_native.native_run(spec, model)
+    if not isinstance(native, launch_native.NativeRun):
+        hf = launch_recipes.hf_trainer_refusal(recipe, ", ".join(t.value for t in chosen))
+        assert hf is not None
+        own = f"; {native.tool} cannot run it as planned: {native.reason}" if native else ""
+        raise InvalidValueError(f"{hf.tool} cannot launch plan {spec.plan_id}: "
+                                f"{hf.reason}{own}")
+    return _native_bundle(spec, chosen, native, sky_catalog=sky_catalog, strict=strict)
+
+
+#: Targets whose files run the bundle's command line (train.py's, or a framework's own).
+_CLOUDS = (Target.SKYPILOT, Target.DSTACK)
+
+
+def _native_bundle(spec: LaunchSpec, chosen: tuple[Target, ...], native: NativeRun, *,
+                   sky_catalog: SkyCatalog | None, strict: bool) -> dict[str, str]:
+    """The framework's config, its requirements, the cloud tasks running its command and
+    RUN.md; the HF Trainer targets are refused (RUN.md says why under ``all``)."""
+    from tuneplan.core.launch import clouds as launch_clouds
+    from tuneplan.core.launch import native as launch_native
+    from tuneplan.core.launch import recipes as launch_recipes
+    from tuneplan.core.launch import targets as launch_targets
+    from tuneplan.core.launch.readme import render_run_md
+
+    hf_named = [t for t in chosen if t not in _CLOUDS]
+    refused: list[launch_targets.Refusal] = []
+    if hf_named:
+        cmd = " ".join(native.command[:native.command.index(native.config_file) + 1])
+        hf = launch_recipes.hf_trainer_refusal(
+            spec.strategy.recipe, ", ".join(t.value for t in hf_named),
+            instead=f"the bundle runs `{cmd}` ({native.config_file}) in the SkyPilot and "
+                    "dstack tasks (--to skypilot, dstack or all) and in RUN.md")
+        assert hf is not None
+        refused.append(hf)
+
+    def take(got: _T | launch_targets.Refusal) -> _T | None:
+        if isinstance(got, launch_targets.Refusal):
+            refused.append(got)
+            return None
+        return got
+
+    sky = take(launch_targets.skypilot_choice(
+        spec, sky_catalog or launch_targets.SkyCatalog())) if Target.SKYPILOT in chosen else None
+    dst = take(launch_targets.dstack_choice(spec)) if Target.DSTACK in chosen else None
+    if refused and strict:
+        raise InvalidValueError("; ".join(f"{r.tool} cannot launch plan {spec.plan_id}: "
+                                          f"{r.reason}" for r in refused))
+    files: dict[str, str] = {
+        native.config_file: launch_native.render_native(spec, native),
+        "requirements.txt": launch_native.native_requirements(native)}
+    if sky is not None:
+        files["sky.yaml"] = launch_clouds.render_skypilot(spec, sky, native=native)
+    if dst is not None:
+        files[".dstack.yml"] = launch_clouds.render_dstack(spec, dst, native=native)
+        files["fleet.dstack.yml"] = launch_clouds.render_dstack_fleet(spec, dst)
+        if dst.storage is launch_targets.Storage.NETWORK_VOLUME:
+            files["volume.dstack.yml"] = launch_clouds.render_dstack_volume(spec, dst)
+    if any(c is not None and launch_clouds.needs_store_script(c.storage) for c in (sky, dst)):
+        files[launch_clouds.STORE_SCRIPT] = launch_clouds.store_script(spec)
+    files["RUN.md"] = render_run_md(spec, tuple(files), chosen, sky=sky, dstack=dst,
+                                    refused=tuple(refused), native=native)
+    return files
+
+
+def _hf_bundle(spec: LaunchSpec, chosen: tuple[Target, ...], *, train_script: str,
+               sky_catalog: SkyCatalog | None, strict: bool) -> dict[str, str]:
+    """train.py's bundle (recipes hf and plain)."""
     from tuneplan.core.launch import clouds as launch_clouds
     from tuneplan.core.launch import engines as launch_engines
     from tuneplan.core.launch import frameworks as launch_frameworks

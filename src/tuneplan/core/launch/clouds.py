@@ -11,7 +11,7 @@ SkyPilot's schemas and dstack's models check it in the tests.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuneplan.core.launch.bundle import CHECKPOINT_DIR, LaunchSpec
 from tuneplan.core.launch.engines import (
@@ -31,6 +31,9 @@ from tuneplan.core.launch.targets import (
 )
 from tuneplan.core.launch.yamltext import render_yaml
 from tuneplan.units import GB, MINUTE_S
+
+if TYPE_CHECKING:
+    from tuneplan.core.launch.native import NativeRun
 
 #: The bundle's checkpoint-store helper (pull / periodic push / shared-path check).
 STORE_SCRIPT = "checkpoint_store.sh"
@@ -62,19 +65,22 @@ def sync_every_s(spec: LaunchSpec) -> int:
     return max(5 * MINUTE_S, math.ceil(interval))
 
 
-def launch_lines(spec: LaunchSpec, engine: str, storage: Storage, env: NodeEnv) -> list[str]:
+def launch_lines(spec: LaunchSpec, engine: str, storage: Storage, env: NodeEnv,
+                 native: NativeRun | None = None) -> list[str]:
     """Shell lines that start training under ``storage``. A mounted bucket or a volume: the
     guard replaces the shell (``exec``). A multi-node host path: the shared-folder check
     first. Local disk + sync: pull, push in the background, run the guard (the shell traps
     SIGTERM so it lives on), then stop the pusher (its last push) and exit with the guard's
-    code."""
-    argv = guarded_argv(spec, engine, env)
+    code. ``native``: the framework's own command (after its prelude) instead of the guard
+    and train.py, which a plan of another recipe never runs."""
+    argv = guarded_argv(spec, engine, env) if native is None else ["exec", *native.command]
+    prelude = list(native.prelude) if native is not None else []
     if storage is Storage.LOCAL_SYNC:
         return ["trap ':' TERM INT HUP", f"bash {STORE_SCRIPT} pull || exit 2",
-                f"bash {STORE_SCRIPT} loop & pusher=$!",
+                f"bash {STORE_SCRIPT} loop & pusher=$!", *prelude,
                 f"rc=0; {shell_line(argv[1:])} || rc=$?",
                 'kill -TERM "$pusher" 2>/dev/null; wait "$pusher" || true', 'exit "$rc"']
-    lines = [shell_line(argv)]
+    lines = [*prelude, shell_line(argv)]
     if storage is Storage.SHARED_HOST_PATH:
         lines.insert(0, f'bash {STORE_SCRIPT} shared "{env.node_rank}" "{env.num_nodes}"'
                         " || exit 2")
@@ -116,16 +122,20 @@ def manual_needs_store_script(spec: LaunchSpec) -> bool:
     return spec.strategy.nodes > 1
 
 
-def _run_script(spec: LaunchSpec, engine: str, storage: Storage) -> str:
-    lines = ["set -euo pipefail",
-             "# train.py resumes from the newest complete checkpoint in $TUNEPLAN_CHECKPOINT_DIR.",
-             *launch_lines(spec, engine, storage, SKYPILOT_ENV)]
+def _run_script(spec: LaunchSpec, engine: str, storage: Storage,
+                native: NativeRun | None = None) -> str:
+    said = ("# train.py resumes from the newest complete checkpoint in $TUNEPLAN_CHECKPOINT_DIR."
+            if native is None else
+            f"# {native.tool}'s own run of the plan (RUN.md says how a restart resumes).")
+    lines = ["set -euo pipefail", said,
+             *launch_lines(spec, engine, storage, SKYPILOT_ENV, native)]
     return "\n".join(lines) + "\n"
 
 
-def skypilot_task(spec: LaunchSpec, choice: SkyChoice, *, engine: str = "accelerate"
-                  ) -> dict[str, Any]:
-    """SkyPilot task: ``sky jobs launch sky.yaml`` gives managed-job recovery on preemption."""
+def skypilot_task(spec: LaunchSpec, choice: SkyChoice, *, engine: str = "accelerate",
+                  native: NativeRun | None = None) -> dict[str, Any]:
+    """SkyPilot task: ``sky jobs launch sky.yaml`` gives managed-job recovery on preemption.
+    ``native``: a framework's own run instead of train.py's."""
     resources: dict[str, Any] = {
         "infra": choice.cloud.name,
         "accelerators": f"{choice.accelerator}:{spec.strategy.gpus}",
@@ -152,17 +162,18 @@ def skypilot_task(spec: LaunchSpec, choice: SkyChoice, *, engine: str = "acceler
     out |= {"envs": envs, "secrets": secrets,
             "setup": "set -euo pipefail\npip install -r requirements.txt\n"
                      + ("pip install awscli\n" if choice.storage is Storage.LOCAL_SYNC else ""),
-            "run": _run_script(spec, engine, choice.storage)}
+            "run": _run_script(spec, engine, choice.storage, native)}
     return out
 
 
-def render_skypilot(spec: LaunchSpec, choice: SkyChoice) -> str:
+def render_skypilot(spec: LaunchSpec, choice: SkyChoice, *,
+                    native: NativeRun | None = None) -> str:
     pinned = (f"Planned on {spec.offer.instance_type or '-'} in {spec.offer.region} "
               f"(SkyPilot's catalog lists that instance type: "
               f"{'yes' if choice.instance_listed else 'no'}, that region: "
               f"{'yes' if choice.region_listed else 'no'}); only the cloud is pinned, so a "
               "recovery may fail over to another region or instance with the same GPUs.")
-    return render_yaml(skypilot_task(spec, choice), header=(
+    return render_yaml(skypilot_task(spec, choice, native=native), header=(
         f"SkyPilot task for plan {spec.plan_id}: sky jobs launch sky.yaml "
         f"(managed job, recovers from preemption).\n{pinned}"))
 
@@ -188,10 +199,10 @@ def _placement(spec: LaunchSpec, choice: DstackChoice) -> dict[str, Any]:
     return out
 
 
-def dstack_task(spec: LaunchSpec, choice: DstackChoice, *, engine: str = "accelerate"
-                ) -> dict[str, Any]:
+def dstack_task(spec: LaunchSpec, choice: DstackChoice, *, engine: str = "accelerate",
+                native: NativeRun | None = None) -> dict[str, Any]:
     """dstack task: retry on interruption, spot policy, checkpoints where every restart and
-    every node finds the same ones."""
+    every node finds the same ones. ``native``: a framework's own run instead of train.py's."""
     hours = spec.hours or 24.0
     retry_h = max(24, math.ceil(2 * hours))
     env = [f"TUNEPLAN_CHECKPOINT_DIR={CHECKPOINT_DIR}", HF_SECRET]
@@ -204,12 +215,13 @@ def dstack_task(spec: LaunchSpec, choice: DstackChoice, *, engine: str = "accele
     setup = ["pip install -r requirements.txt"] + (
         ["pip install awscli"] if choice.storage is Storage.LOCAL_SYNC else [])
     out |= {
-        "files": ["train.py", "train_config.json", "requirements.txt",
-                  "accelerate_config.yaml", GUARD_SCRIPT, "data"]
-                 + (["ds_config.json"] if spec.zero_stage is not None else [])
+        "files": (["train.py", "train_config.json", "requirements.txt",
+                   "accelerate_config.yaml", GUARD_SCRIPT, "data"]
+                  + (["ds_config.json"] if spec.zero_stage is not None else [])
+                  if native is None else [native.config_file, "requirements.txt", "data"])
                  + ([STORE_SCRIPT] if needs_store_script(choice.storage) else []),
         "env": env,
-        "commands": [*setup, *launch_lines(spec, engine, choice.storage, DSTACK_ENV)],
+        "commands": [*setup, *launch_lines(spec, engine, choice.storage, DSTACK_ENV, native)],
         "resources": _gpu_resources(spec, choice),
         "spot_policy": "spot" if spec.use_spot else "on-demand",
         "retry": {"on_events": ["no-capacity", "interruption"], "duration": f"{retry_h}h"},
@@ -221,10 +233,11 @@ def dstack_task(spec: LaunchSpec, choice: DstackChoice, *, engine: str = "accele
     return out
 
 
-def render_dstack(spec: LaunchSpec, choice: DstackChoice) -> str:
+def render_dstack(spec: LaunchSpec, choice: DstackChoice, *,
+                  native: NativeRun | None = None) -> str:
     first = "dstack apply -f volume.dstack.yml, " if choice.storage is Storage.NETWORK_VOLUME \
         else ""
-    return render_yaml(dstack_task(spec, choice), header=(
+    return render_yaml(dstack_task(spec, choice, native=native), header=(
         f"dstack task for plan {spec.plan_id}: {first}dstack apply -f fleet.dstack.yml, then "
         "dstack apply -f .dstack.yml"))
 

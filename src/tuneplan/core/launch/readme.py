@@ -28,6 +28,7 @@ from tuneplan.core.launch.frameworks import (
     LLAMAFACTORY_VERSION,
     output_dir,
 )
+from tuneplan.core.launch.native import NativeRun
 from tuneplan.core.launch.targets import DstackChoice, Refusal, SkyChoice, Storage
 from tuneplan.units import GB, format_duration
 
@@ -237,7 +238,53 @@ def _how(spec: LaunchSpec, files: Sequence[str], targets: Sequence[Target],
 
 
 TOOL_NAMES = {"skypilot": "SkyPilot", "dstack": "dstack", AXOLOTL: "axolotl",
-              LLAMAFACTORY: "LLaMA-Factory"}
+              LLAMAFACTORY: "LLaMA-Factory", "litgpt": "LitGPT", "torchtune": "torchtune"}
+
+
+def _native_checkpoints(spec: LaunchSpec, native: NativeRun) -> list[str]:
+    every = (f"every **{spec.save_steps} steps** (`train.save_interval`)"
+             if native.tool == "litgpt" else "at the end of each epoch (torchtune "
+             f"{native.version}'s recipes have no mid-epoch checkpoints; the plan's cadence "
+             f"would be every {spec.save_steps} steps)")
+    return [f"- {native.tool} {native.version} saves into `{native.output_dir}` {every}.",
+            f"- Resume: {native.resume}.",
+            f"- These are {native.tool}'s own checkpoints: train.py's spot guard (SIGTERM "
+            "save, content-hashed markers) is not part of this run."]
+
+
+def _native_how(spec: LaunchSpec, files: Sequence[str], sky: SkyChoice | None,
+                dstack: DstackChoice | None, refused: Sequence[Refusal],
+                native: NativeRun) -> list[str]:
+    from tuneplan.core.launch.engines import shell_line
+
+    tool = TOOL_NAMES[native.tool]
+    out = [f"The plan was made with `--recipe {native.tool}`: its memory and time are "
+           f"{tool}'s own layout, so the bundle runs {tool} itself (`{native.config_file}`, "
+           f"{native.tool} {native.version}'s options), never train.py. Data: "
+           f"{native.data}. `{HF_SECRET}` (for gated models) is passed as a secret, never "
+           "written here."]
+    if sky is not None:
+        extra = (f" --env {SYNC_URL_ENV}=s3://<bucket>/<prefix> "
+                 + " ".join(f"--secret {name}" for name in SYNC_SECRETS)
+                 if sky.storage is Storage.LOCAL_SYNC else "")
+        out += ["", "SkyPilot (managed job: restarts on preemption):", "",
+                f"    sky jobs launch sky.yaml --secret {HF_SECRET}{extra}"]
+    if dstack is not None:
+        names = f"{HF_SECRET}" + (f", {SYNC_URL_ENV}, " + ", ".join(SYNC_SECRETS)
+                                  if dstack.storage is Storage.LOCAL_SYNC else "")
+        out += ["", f"dstack (retries on interruption; export {names} in your shell first):",
+                ""]
+        if "volume.dstack.yml" in files:
+            out.append("    dstack apply -f volume.dstack.yml")
+        out += ["    dstack apply -f fleet.dstack.yml", "    dstack apply -f .dstack.yml"]
+    out += ["", "Your own machine (`pip install -r requirements.txt`, then from this "
+            f"folder; it writes to `{native.output_dir}`, set in `{native.config_file}`):", "",
+            *[f"    {line}" for line in native.prelude],
+            f"    {shell_line(list(native.command))}"]
+    for refusal in refused:
+        out += ["", f"{TOOL_NAMES.get(refusal.tool, refusal.tool)}: no files "
+                f"written: {_md(refusal.reason)}."]
+    return out
 
 
 def _frameworks(spec: LaunchSpec, files: Sequence[str]) -> list[str]:
@@ -271,7 +318,7 @@ def _frameworks(spec: LaunchSpec, files: Sequence[str]) -> list[str]:
 
 def render_run_md(spec: LaunchSpec, files: Sequence[str], targets: Sequence[Target], *,
                   sky: SkyChoice | None = None, dstack: DstackChoice | None = None,
-                  refused: Sequence[Refusal] = ()) -> str:
+                  refused: Sequence[Refusal] = (), native: NativeRun | None = None) -> str:
     why = [f"- {line}" for line in spec.why] or ["- (the plan gave no reasons)"]
     warn = [f"- {line}" for line in spec.warnings] or ["- none"]
     storage = _storage(spec, sky, dstack)
@@ -279,9 +326,13 @@ def render_run_md(spec: LaunchSpec, files: Sequence[str], targets: Sequence[Targ
     lines = [f"# Launch bundle for plan {spec.plan_id}", "", "## What was chosen", "",
              *_chosen(spec), "", "## Why", "", *why, "", "## Warnings", "", *warn, "",
              "## Expected time and cost", "", *_expectations(spec), "",
-             "## Checkpoints and resume", "", *_checkpoints(spec), *storage, ""]
+             "## Checkpoints and resume", "",
+             *(_checkpoints(spec) if native is None else _native_checkpoints(spec, native)),
+             *storage, ""]
     if pinning:
         lines += ["## Where it runs", "", *pinning, ""]
-    lines += ["## How to launch", "", *_how(spec, files, targets, sky, dstack, refused), "",
+    how = (_how(spec, files, targets, sky, dstack, refused) if native is None
+           else _native_how(spec, files, sky, dstack, refused, native))
+    lines += ["## How to launch", "", *how, "",
               "## Files", "", *[f"- `{f}`" for f in files], ""]
     return "\n".join(lines)
