@@ -495,7 +495,7 @@ SAME_CHOICES: dict[tuple[str, str], dict[frozenset[str], str]] = {
     ("memory", "sharding"): {frozenset({"fsdp", "hybrid"}):
                              "hybrid shards inside a node: on one node it is fsdp"},
     ("throughput", "sharding"): {
-        frozenset({"zero1", "zero2", "fsdp-grad-op"}):
+        frozenset({"zero1", "zero2"}):
             "states (and gradients) sharded: one reduce-scatter + all-gather of gradients",
         frozenset({"zero3", "fsdp", "hybrid"}):
             "parameters sharded too (hybrid on one node is fsdp): the same traffic"},

@@ -350,3 +350,9 @@ def test_each_framework_sends_its_gradients_in_the_dtype_it_really_sends() -> No
     assert width == 2
     assert fsdp["all-gather/params"] == pytest.approx(2 * 2 * share * MODEL.total_params * 2,
                                                       rel=1e-6)
+    # FSDP SHARD_GRAD_OP gathers each unit once per micro-batch (before its forward; freed
+    # after its backward) and needs no gather of updated shards after the step
+    grad_op, _ = sent(Sharding.FSDP_GRAD_OP, Precision.BF16_MIXED)
+    assert grad_op == {
+        "all-gather/params": pytest.approx(1 * 2 * share * MODEL.total_params * 2, rel=1e-6),
+        "reduce-scatter/grads": pytest.approx(2 * share * trainable * 2)}

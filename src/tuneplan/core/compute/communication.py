@@ -15,7 +15,10 @@ from tuneplan.core.compute.assumptions import ThroughputAssumptions
 from tuneplan.errors import UnsupportedError
 from tuneplan.explain import Breakdown, Term
 
-SHARDED_PARAMS = frozenset({"zero3", "fsdp", "hybrid"})
+#: parameters sharded at rest and all-gathered per micro-batch; FSDP SHARD_GRAD_OP gathers once,
+#: before the forward, and frees after the backward (torch FSDP1 ``_should_free_in_backward``:
+#: SHARD_GRAD_OP is in ``NO_RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES``), ``gathering_passes``
+SHARDED_PARAMS = frozenset({"zero3", "fsdp", "hybrid", "fsdp-grad-op"})
 PER_MICROBATCH_GRADS = frozenset({"zero2", "fsdp-grad-op", "zero3", "fsdp", "hybrid"})
 KNOWN_SHARDING = frozenset({"ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hybrid"})
 
@@ -141,7 +144,8 @@ def communication_per_step(*, sharding: str, ranks: int, grad_accum: int,
             unit="B", formula="passes x grad_accum x (n-1)/n x param_bytes",
             inputs={"passes": passes_gathering, "grad_accum": grad_accum, "n": ranks,
                     "param_bytes": param_bytes},
-            source="ZeRO-3/FSDP gather each layer's parameters in forward and in backward"))
+            source="ZeRO-3/FSDP gather each layer's parameters in forward and in backward "
+                   "(FSDP SHARD_GRAD_OP: once, before the forward)"))
     if sharding in ("ddp",):
         terms.append(Term(
             path="all-reduce/grads", value=2 * share * grad_bytes, unit="B",
@@ -153,7 +157,7 @@ def communication_per_step(*, sharding: str, ranks: int, grad_accum: int,
             formula="reductions x (n-1)/n x grad_bytes",
             inputs={"reductions": per_mb, "n": ranks, "grad_bytes": grad_bytes},
             source="ZeRO-2/3 and FSDP reduce gradients every micro-batch; ZeRO-1 once a step"))
-    if sharding in ("zero1", "zero2", "fsdp-grad-op"):
+    if sharding in ("zero1", "zero2"):
         terms.append(Term(
             path="all-gather/updated-params", value=share * grad_bytes, unit="B",
             formula="(n-1)/n x trainable bytes", inputs={"n": ranks},

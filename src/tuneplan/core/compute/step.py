@@ -523,7 +523,12 @@ def gathering_passes(s: Strategy) -> int:
     backward, plus the recompute under DeepSpeed ZeRO-3 with activation checkpointing (the
     recomputed forward fires the module's pre-forward fetch again after the forward released
     the parameters: deepspeed/runtime/zero/parameter_offload.py, pre_sub_module_forward_function);
-    FSDP recomputes inside the unit's backward, after its pre-backward all-gather, so twice."""
+    FSDP recomputes inside the unit's backward, after its pre-backward all-gather, so twice.
+    FSDP SHARD_GRAD_OP keeps the unit unsharded from forward to the end of its backward (torch
+    FSDP1 ``_flat_param.NO_RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES``), so once; the next
+    micro-batch's gather brings the updated shards, no separate gather after the step."""
+    if s.sharding is Sharding.FSDP_GRAD_OP:
+        return 1
     deepspeed = s.sharding in (Sharding.ZERO3,)
     return 3 if deepspeed and recomputes(s) else 2
 
