@@ -46,7 +46,7 @@ a cause not found: an under-count of up to about one linear for full fine-tuning
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tuneplan.core.job.methods import Method, lora_rank_of, targeted_linears
 from tuneplan.core.job.strategy import Checkpointing, Strategy
@@ -181,10 +181,31 @@ def _trace(m: _Model, s: Strategy) -> list[_Event]:
     return out
 
 
+#: Replays by (model shape, strategy without its sizes, knobs, widths): the planner asks for
+#: the same one at every micro-batch and offer.
+_CACHE: dict[tuple[object, ...], GatherPeak] = {}
+_CACHE_SIZE = 4096
+
+
 def gather_peak(model: ModelSpec, s: Strategy, knobs: Knobs, base_width: int,
                 adapter_width: int) -> GatherPeak:
     """Replays one steady-state step's fetches and releases; the most bytes gathered at once
     (non-persistent parameters, in flight or available)."""
+    shape = (model.name, model.model_type, model.embedding_params, model.tie_word_embeddings,
+             model.vocab_size, model.head_in_features, model.hidden_size,
+             tuple((layer.count, layer.linears) for layer in model.layers))
+    key = (shape, replace(s, batch_size=1, seq_len=1, grad_accum=1, gpus=1, nodes=1), knobs,
+           base_width, adapter_width)
+    found = _CACHE.get(key)
+    if found is None:
+        if len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.clear()
+        found = _CACHE[key] = _replay(model, s, knobs, base_width, adapter_width)
+    return found
+
+
+def _replay(model: ModelSpec, s: Strategy, knobs: Knobs, base_width: int,
+            adapter_width: int) -> GatherPeak:
     m = _build(model, s, base_width, adapter_width)
     persist = [n <= knobs.param_persistence_threshold for n in m.numel]
     events = _trace(m, s)
