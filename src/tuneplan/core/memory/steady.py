@@ -188,7 +188,7 @@ def _buffers(model: ModelSpec, s: Strategy, sp: ShardPlan, grads: int, wbytes: i
                         "elements (HF 'auto') · 2 B", "transformers deepspeed auto config"))
     if sp.gathers_blocks and s.sharding is Sharding.ZERO3 and effective_quant(s) is None:
         out.append(_zero3_gathered(model, s))
-    elif sp.gathers_blocks:
+    elif sp.gathers_blocks:   # FSDP outside fsdp.py's units, and quantized ZeRO-3
         layers = sum(layer.count for layer in model.layers)
         block = wbytes * sum(layer.params * layer.count for layer in model.layers) // (
             max(params, 1) * layers)

@@ -32,7 +32,8 @@ persistent (one norm's H elements are under HF's "auto" threshold 10·H). What i
 modelled: the order in which autograd runs sibling modules' backward (gate and up
 projections), the first block's frozen linears whose outputs need no gradient (fetched in
 backward here), and routed experts as separate modules (transformers 4.x) are traced as if
-every expert ran.
+every expert ran; methods other than full fine-tuning and LoRA are traced with their base
+weights frozen and without their (small) adapters.
 
 Held to DeepSpeed's own engine on simulated ranks (``tests/core/memory/
 test_simulation_deepspeed.py``, the coordinator's gathered elements recorded by
@@ -85,6 +86,9 @@ class _Sub:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GatherPeak:
+    """The most gathered at once: bytes (each parameter at its width), elements, the largest
+    submodule's non-persistent elements, and the part of the step it happens in."""
+
     bytes: int
     elements: int
     largest_submodule: int      # elements
