@@ -124,9 +124,25 @@ def render_plans(result: PlanResult, catalog: CatalogInfo, top: int, now: dateti
         console.print("   time: " + _time_text(p))
         for warning in p.warnings:
             console.print(f"   warning: {safe(warning)}")
+    for rank, p in result.best_of_other_node_counts(top):
+        console.print(_other_nodes_text(rank, p, len(result.plans)))
     if result.rejected:
         console.print(f"{len(result.rejected)} offers rejected (see --json), e.g. "
                       f"{safe(result.rejected[0].offer.gpu)}: {safe(result.rejected[0].reason)}")
+
+
+def _other_nodes_text(rank: int, p: Plan, count: int) -> str:
+    """The best plan on a node count the table does not show, with its largest per-GPU
+    terms (``--json``'s ``best_of_other_node_counts`` has them all)."""
+    s, c = p.strategy, p.candidate
+    head = (f"best on {s.nodes} node{'s' if s.nodes > 1 else ''}: #{rank} of {count} "
+            f"{p.id} {s.gpus}x {safe(p.offer.gpu)} x {s.nodes} ({safe(p.offer.provider)}, "
+            f"{s.sharding.value}, offload {s.offload.value}) {_usd(p.best_cost)}; "
+            f"{c.device_total_bytes / GiB:.1f} GiB per GPU")
+    if not c.exact:
+        return head
+    terms = sorted(c.memory.breakdown, key=lambda t: -int(t.value))[:6]
+    return head + ": " + ", ".join(f"{t.path} {int(t.value) / GiB:.1f}" for t in terms)
 
 
 def _time_text(p: Plan) -> str:

@@ -107,6 +107,10 @@ def plan_document(result: PlanResult, catalog: CatalogInfo, top: int) -> dict[st
         "job": result.job.as_dict(),
         "catalog": {"fetched_at": catalog.fetched_at, "sources": list(catalog.sources)},
         "plans": [plan_entry(p, result) for p in result.plans[:top]],
+        # the best plan of each node count not among ``plans`` (several nodes ranked lower),
+        # with its rank and its per-GPU breakdown
+        "best_of_other_node_counts": [{"rank": rank, **plan_entry(p, result)}
+                                      for rank, p in result.best_of_other_node_counts(top)],
         "pareto_front": list(result.pareto_ids),
         "rejected": [{"offer_id": r.offer.id, "provider": r.offer.provider,
                       "instance_type": r.offer.instance_type, "gpu": r.offer.gpu,

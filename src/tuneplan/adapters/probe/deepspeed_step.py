@@ -16,6 +16,11 @@ it on a GPU: with ``offload_optimizer`` the fp32 master partitions, their gradie
 optimizer state and the pinned staging buffers live on the host (``device=self.device`` =
 ``cpu`` in ``stage_1_and_2.py`` / ``stage3.py``); the rest is on the accelerator.
 
+Under ZeRO-3 each rank also records the most elements of non-persistent parameters gathered
+at once during its last micro-batch (``_watch_gathered``), for ``core/memory/zero3_gather.py``.
+A case may name its own ``model`` (LLaMA config) and ``checkpointing`` (non-reentrant, as
+transformers 5 enables it).
+
 This is the persistent-buffer state of the engine, exact to the byte; it is not the transient
 peak inside backward (activations, autograd temporaries, a bucket being reduced), which the
 CPU run cannot attribute to a device.
@@ -123,8 +128,12 @@ def _rank(rank: int, world: int, port: int, cases: Sequence[Mapping[str, Any]],
         config = dict(case["config"])
         stage3 = config["zero_optimization"]["stage"] == 3
         ctx = deepspeed.zero.Init(config_dict_or_path=config) if stage3 else _null()
+        shape = dict(case.get("model") or model_config)
         with ctx:
-            model = LlamaForCausalLM(LlamaConfig(**model_config))
+            model = LlamaForCausalLM(LlamaConfig(**shape))
+        if case.get("checkpointing"):   # transformers 5's default: non-reentrant
+            model.gradient_checkpointing_enable(  # type: ignore[no-untyped-call]
+                gradient_checkpointing_kwargs={"use_reentrant": False})
         if case.get("lora"):
             import peft.tuners.lora.torchao as peft_torchao
             from peft import LoraConfig, get_peft_model
@@ -134,6 +143,8 @@ def _rank(rank: int, world: int, port: int, cases: Sequence[Mapping[str, Any]],
             peft_torchao.is_torchao_available = lambda: False  # type: ignore[assignment,attr-defined]
 
             model = get_peft_model(model, LoraConfig(**case["lora"]))  # type: ignore[assignment]
+            if case.get("checkpointing"):   # as the HF Trainer does for PEFT + checkpointing
+                model.enable_input_require_grads()  # type: ignore[no-untyped-call]
         if config["bf16"]["enabled"] if "bf16" in config else False:
             pass   # DeepSpeed casts the module to bf16 itself (engine._configure_distributed_model)
         late: dict[str, Any] = {}
@@ -144,6 +155,7 @@ def _rank(rank: int, world: int, port: int, cases: Sequence[Mapping[str, Any]],
             optimizer=opt, model_parameters=params if opt is None else None)
         phases = {"init": buffers(engine)}
         late["engine"] = engine
+        gathered = _watch_gathered(engine) if stage3 else None
 
         def at_bottom_grad(grad: Any, late: dict[str, Any] = late) -> None:
             # every block above the bottom one has run backward
@@ -159,7 +171,9 @@ def _rank(rank: int, world: int, port: int, cases: Sequence[Mapping[str, Any]],
         batch = config["train_micro_batch_size_per_gpu"]
         gen = torch.Generator().manual_seed(rank)
         for micro in range(accum):
-            ids = torch.randint(0, model_config["vocab_size"], (batch, case["seq"]), generator=gen)
+            if gathered is not None:
+                gathered["peak"] = 0
+            ids = torch.randint(0, shape["vocab_size"], (batch, case["seq"]), generator=gen)
             loss = engine(input_ids=ids, labels=ids).loss
             engine.backward(loss)
             if micro == accum - 1:
@@ -169,11 +183,45 @@ def _rank(rank: int, world: int, port: int, cases: Sequence[Mapping[str, Any]],
         phases["step"] = buffers(engine)
         results.append({"name": case["name"], "phases": phases, "loss": float(loss.detach()),
                         "trainable": sum(getattr(p, "ds_numel", p.numel()) for p in params),
-                        "steps": engine.global_steps})
+                        "steps": engine.global_steps,
+                        # the last micro-batch's (a complete trace: prefetch and reuse apply)
+                        "gathered": None if gathered is None else gathered["peak"]})
         engine.destroy()
         del engine, model, opt
     with open(os.path.join(result_dir, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
+
+
+def _watch_gathered(engine: Any) -> dict[str, int]:
+    """Wrap the ZeRO-3 parameter coordinator's fetch and release (deepspeed 0.19.8
+    ``PartitionedParameterCoordinator.fetch_sub_module`` / ``release_sub_module``) to record
+    the most elements of non-persistent parameters gathered (available or in flight) at
+    once: after each fetch with its prefetch, and before each release."""
+    from deepspeed.runtime.zero.partition_parameters import (  # type: ignore[import-untyped]
+        ZeroParamStatus,
+    )
+
+    coord = engine.optimizer.parameter_offload.get_param_coordinator()
+    params = list(engine.module.parameters())
+    seen = {"peak": 0}
+
+    def note() -> None:
+        live = sum(p.ds_numel for p in params if not p.ds_persist
+                   and p.ds_status != ZeroParamStatus.NOT_AVAILABLE)
+        seen["peak"] = max(seen["peak"], live)
+
+    fetch, release = coord.fetch_sub_module, coord.release_sub_module
+
+    def fetched(module: Any, forward: bool) -> None:
+        fetch(module, forward)
+        note()
+
+    def released(module: Any, forward: bool = False) -> None:
+        note()
+        release(module, forward=forward)
+
+    coord.fetch_sub_module, coord.release_sub_module = fetched, released
+    return seen
 
 
 def _blocks(model: Any) -> Any:

@@ -78,7 +78,9 @@ class MemoryAssumptions:
     # DeepSpeed ZeRO-3 ``sub_group_size`` (its default, and HF's example configs): the optimizer
     # steps one sub-group of about this many elements at a time.
     zero3_sub_group_elements: int = 1_000_000_000
-    # ZeRO-3 / FSDP keep this many gathered blocks alive (current + prefetched).
+    # FSDP outside core/memory/fsdp.py's units (parameter offload) keeps this many gathered
+    # blocks alive (current + prefetched). ZeRO-3 is not sized by it: DeepSpeed's coordinator
+    # is replayed on the step's submodule trace (core/memory/zero3_gather.py).
     gathered_blocks: int = 2
     # FSDP generation the HF recipes run: tuneplan's accelerate config writes fsdp_version 1
     # (core/launch/engines.py); 2 is accelerate's fully_shard path (core/memory/fsdp.py).

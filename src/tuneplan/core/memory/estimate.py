@@ -36,6 +36,7 @@ from tuneplan.core.memory.parts import Group, Item, Piece, breakdown, flatten, p
 from tuneplan.core.memory.refusals import check_strategy
 from tuneplan.core.memory.sharding import ShardPlan, shard_plan
 from tuneplan.core.memory.steady import Static, host_terms, static_terms
+from tuneplan.core.memory.weights import weight_terms
 from tuneplan.core.models import LinearRole, ModelSpec
 from tuneplan.core.models.provenance import structure_note
 from tuneplan.explain import Breakdown
@@ -297,7 +298,8 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
                                 seq2seq.forced_tie_note(source, strategy),
                                 seq2seq.length_note(model, strategy),
                                 _recipe_note(strategy, plan, model),
-                                tuner_note(strategy)) if n),
+                                tuner_note(strategy),
+                                _qlora_experts_note(model, strategy, trainable, plan, a)) if n),
         behaviours=tuple(versions.behaviours(model, strategy, a.adamw_impl)),
         source=source, assumptions=a, model=model, trainable=trainable, plan=plan, shards=sp,
         static=static, widths=w,
@@ -321,6 +323,19 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
         _FIXED.clear()
     _FIXED[key] = found
     return found
+
+
+def _qlora_experts_note(model: ModelSpec, strategy: Strategy, trainable: Any,
+                        plan: PrecisionPlan, a: MemoryAssumptions) -> str | None:
+    """``experts.qlora_experts_note`` with this job's weights and the same job's as LoRA."""
+    if not model.num_experts or effective_quant(strategy) is None or \
+            versions.experts_are_linear(strategy) or not plan.kbit_upcast:
+        return None
+    lora = replace(strategy, method=Method.LORA)
+    ours = total(weight_terms(model, strategy, plan, trainable, a))
+    theirs = total(weight_terms(model, lora, precision_plan(lora), count_trainable(model, lora),
+                                a))
+    return experts.qlora_experts_note(model, strategy, ours, theirs)
 
 
 def _recipe_note(strategy: Strategy, plan: PrecisionPlan,

@@ -89,3 +89,25 @@ def adapted_expert_moments(model: ModelSpec, strategy: Strategy, w: Widths,
             "expert gate/up backward: T·k·(2I+H)·bytes + T·H·bytes + merged gate/up gradient "
             "E·H·2I·bytes", src, tokens=t)),
     ]
+
+
+#: The words a plan warning is recognised by among the estimate's notes
+#: (``planner.costing.plan_warnings`` repeats the note on the plan).
+QLORA_EXPERTS_NOTE = "QLoRA needs more memory than LoRA here"
+
+
+def qlora_experts_note(model: ModelSpec, strategy: Strategy, qlora_weights: int,
+                       lora_weights: int) -> str | None:
+    """QLoRA on a model whose routed experts are fused 3-D parameters (transformers 5,
+    ``versions.experts_are_linear`` false): bitsandbytes quantizes ``nn.Linear`` modules only,
+    so the experts stay unquantized, and peft's ``prepare_model_for_kbit_training`` casts every
+    parameter that is not 4/8-bit to fp32 (peft 0.21 ``utils/other.py``). When the experts
+    dominate, the weights take more than LoRA's in the compute dtype. ``qlora_weights`` /
+    ``lora_weights``: the weight terms' sum of this job and of the same job as LoRA."""
+    if not model.num_experts or qlora_weights <= lora_weights:
+        return None
+    return (f"{QLORA_EXPERTS_NOTE}: {model.name}'s routed experts are fused 3-D parameters "
+            f"(transformers 5), not nn.Linear, so bitsandbytes leaves them unquantized and "
+            f"peft's prepare_model_for_kbit_training casts them to fp32: the model's weights "
+            f"take {qlora_weights / 2**30:,.1f} GiB against {lora_weights / 2**30:,.1f} GiB "
+            f"with --method lora ({strategy.precision.value})")

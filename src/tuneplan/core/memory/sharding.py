@@ -2,7 +2,7 @@
 FSDP full-shard / grad-op / hybrid (gathered blocks), CPU offload of optimizer and parameters.
 
 Sources: DeepSpeed ZeRO stages (1 shards optimizer state + fp32 master, 2 adds gradients, 3 adds
-parameters and gathers ``gathered_blocks`` blocks at a time); torch FSDP ShardingStrategy
+parameters and gathers them per submodule, ``zero3_gather.py``); torch FSDP ShardingStrategy
 (FULL_SHARD ≈ ZeRO-3, SHARD_GRAD_OP ≈ ZeRO-2, HYBRID_SHARD shards inside a node only); DDP
 without ``gradient_as_bucket_view`` keeps a bucket copy of every gradient.
 """

@@ -33,6 +33,8 @@ from tuneplan.core.memory.parts import Piece, part, total
 from tuneplan.core.memory.sharding import ShardPlan, shard
 from tuneplan.core.memory.weights import head_quantized, split_params, weight_terms
 from tuneplan.core.memory.zero import offload_host_extras
+from tuneplan.core.memory.zero3_gather import SOURCE, gather_peak
+from tuneplan.core.memory.zero3_gather import Knobs as Zero3Knobs
 from tuneplan.core.models import Linear, LinearRole, ModelSpec
 
 
@@ -88,7 +90,7 @@ def static_terms(model: ModelSpec, s: Strategy, plan: PrecisionPlan, trainable: 
                           "(not paged)"), master]
     else:
         resident += [states, master]
-    resident += _buffers(model, sp, ob.grads, wbytes, split.total, a)
+    resident += _buffers(model, s, sp, ob.grads, wbytes, split.total, a)
     grads = _grad_terms(model, s, trainable, ob.grads, ob.grad_largest, sp)
     step = [part("optimizer/step_temporary", shard(ob.step_temp, sp.states_div),
                  f"AdamW '{ob.impl}' step temporaries",
@@ -174,7 +176,7 @@ def _sharded(t: Piece, div: int) -> Piece:
                 **dict(t.inputs))
 
 
-def _buffers(model: ModelSpec, sp: ShardPlan, grads: int, wbytes: int,
+def _buffers(model: ModelSpec, s: Strategy, sp: ShardPlan, grads: int, wbytes: int,
              params: int, a: MemoryAssumptions) -> list[Piece]:
     out: list[Piece] = []
     if sp.ddp_buckets:
@@ -184,7 +186,9 @@ def _buffers(model: ModelSpec, sp: ShardPlan, grads: int, wbytes: int,
         size = min(grads, model.hidden_size ** 2 * 2 * 2)
         out.append(part("sharding/zero_buckets", size, "reduce + allgather buckets of H² "
                         "elements (HF 'auto') · 2 B", "transformers deepspeed auto config"))
-    if sp.gathers_blocks:
+    if sp.gathers_blocks and s.sharding is Sharding.ZERO3 and effective_quant(s) is None:
+        out.append(_zero3_gathered(model, s))
+    elif sp.gathers_blocks:   # FSDP outside fsdp.py's units, and quantized ZeRO-3
         layers = sum(layer.count for layer in model.layers)
         block = wbytes * sum(layer.params * layer.count for layer in model.layers) // (
             max(params, 1) * layers)
@@ -192,6 +196,25 @@ def _buffers(model: ModelSpec, sp: ShardPlan, grads: int, wbytes: int,
                         "gathered (unsharded) blocks: current + prefetched · one block's weights",
                         "ZeRO-3 prefetch / FSDP unit all-gather", blocks=a.gathered_blocks))
     return out
+
+
+def _zero3_gathered(model: ModelSpec, s: Strategy) -> Piece:
+    """ZeRO-3's parameters gathered at once: DeepSpeed's coordinator replayed on the step's
+    submodule trace with the emitted JSON's knobs (``zero3_gather``)."""
+    knobs = Zero3Knobs.hf_auto(model.hidden_size)
+    width = s.precision.compute_bytes
+    adapters = 4 if s.method.is_lora else width   # PEFT's fp32 adapters (zero.zero_job)
+    peak = gather_peak(model, s, knobs, width, adapters)
+    return part("sharding/gathered_params", peak.bytes,
+                f"ZeRO-3 parameters gathered at once ({peak.where}): the running submodule "
+                f"(largest {peak.largest_submodule:,} elements) + prefetched ones up to the "
+                f"bucket of {knobs.prefetch_bucket_size:,} (0.9·H²) while under "
+                f"max_live_parameters {knobs.max_live_parameters:.0e}, + those reused within "
+                f"max_reuse_distance {knobs.max_reuse_distance:.0e} elements; under "
+                "checkpointing a block's frozen weights stay gathered through its backward; "
+                f"params of <= {knobs.param_persistence_threshold:,} (10·H) elements are "
+                f"persistent, not counted: {peak.elements:,} elements", SOURCE,
+                elements=peak.elements)
 
 
 def _grad_terms(model: ModelSpec, s: Strategy, trainable: Trainable, grads: int,

@@ -47,8 +47,8 @@ zero-init model).
 
 What is not here: the buffers alive only inside backward (ZeRO-1/2's ``reduce_bucket_size``
 ipg buckets, two with ``overlap_comm``, from ``setup_buckets`` to ``_release_ipg_buffers``;
-ZeRO-1's unpartitioned 16-bit gradients; ZeRO-3's gathered parameters, bounded by
-``stage3_max_live_parameters`` and the prefetch bucket) and the step's fp32 gradient cast
+ZeRO-1's unpartitioned 16-bit gradients; ZeRO-3's gathered parameters, ``zero3_gather.py``)
+and the step's fp32 gradient cast
 (``steady._zero_fp32_grads``); they are transient and the CPU simulation measures buffers
 between calls only.
 """

@@ -27,6 +27,7 @@ from tuneplan.core.cost.estimate import (
 )
 from tuneplan.core.job.recipes import Recipe
 from tuneplan.core.job.strategy import Job, Loss, Sharding
+from tuneplan.core.memory.experts import QLORA_EXPERTS_NOTE
 from tuneplan.core.planner.caveats import card_notes
 from tuneplan.core.planner.search import Candidate
 from tuneplan.errors import TuneplanError
@@ -217,6 +218,7 @@ def plan_warnings(c: Candidate, offer: Offer, gpu: GpuSpec, provider: Provider |
                    "(use_liger_kernel, liger-kernel in requirements.txt; needs Triton on "
                    "CUDA or ROCm), which holds no more than the chunked loss planned")
     out += card_notes(s, gpu)
+    out += [n for n in c.memory.notes if n.startswith(QLORA_EXPERTS_NOTE)]
     age_s = (now - offer.fetched_at).total_seconds()
     if age_s > stale_after_s:
         out.append(f"stale price: fetched {age_s / 86_400:.0f} days ago "

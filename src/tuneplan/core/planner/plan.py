@@ -182,7 +182,8 @@ class Rejection:
     reason: str
     kind: str = "other"
     #: kind ``memory``: the smallest whole-device peak per GPU any strategy reached on the
-    #: offer's node, and what a plan may fill (usable x margin)
+    #: offer's node, and what a plan may fill (usable x margin); kind ``host-ram``: the least
+    #: host RAM an offloading plan that fits the GPUs needs, and the instance's RAM
     need_bytes: int | None = None
     limit_bytes: int | None = None
 
@@ -226,6 +227,17 @@ class PlanResult:
     @property
     def feasible(self) -> bool:
         return bool(self.plans)
+
+    def best_of_other_node_counts(self, shown: int) -> list[tuple[int, Plan]]:
+        """(rank, plan) of the best plan of each node count none of the first ``shown``
+        plans has (each gets its per-GPU breakdown, see ``_explain``)."""
+        seen = {p.strategy.nodes for p in self.plans[:shown]}
+        out: list[tuple[int, Plan]] = []
+        for rank, p in enumerate(self.plans, start=1):
+            if p.strategy.nodes not in seen:
+                seen.add(p.strategy.nodes)
+                out.append((rank, p))
+        return out
 
 
 def plan_id(offer: Offer, strategy: Strategy) -> str:
@@ -568,6 +580,11 @@ def _offer_shape(search: StrategySearch, job: Job, offer: Offer, gpus: Mapping[s
             spot_billed_s=None if unit.spot_billed_seconds is None
             else Decimal(str(unit.spot_billed_seconds)), extras=unit.extras_usd))
     if not options:
+        ram = [c.host_ram_bytes for c in candidates if id(c) in short
+               and "host RAM" in short[id(c)]]
+        if ram and offer.ram_bytes is not None:
+            return _NoFit(next(iter(short.values())), kind="host-ram", need_bytes=min(ram),
+                          limit_bytes=offer.ram_bytes)
         return Refused(next(iter(short.values())), kind="host-ram")
     return _Shape(gpu=gpu, link=link, capacity=capacity, provider=provider,
                   options=tuple(options))
@@ -755,9 +772,13 @@ def _explain(ranked: list[Plan], front: tuple[str, ...], job: Job, a: PlanAssump
     """Add why-lines to every plan; the first ones get their exact memory estimate and the
     full cost breakdown with the spot Monte Carlo."""
     out: list[Plan] = []
+    first_of_nodes = {p.strategy.nodes: p.id for p in reversed(ranked)}
+    # the best plan of each node count gets the detail too (its per-GPU breakdown), so a
+    # several-node plan ranked below the first ones still shows where its memory goes
+    detailed = set(first_of_nodes.values()) if a.detailed_plans else set()
     for rank, p in enumerate(ranked, start=1):
         provider = providers.get(p.offer.provider)
-        if rank <= a.detailed_plans:
+        if rank <= a.detailed_plans or p.id in detailed:
             on_demand, spot = price_plan(p.candidate, p.offer, provider, job, a.cost,
                                          runs=a.detail_spot_runs)
             p = replace(p, on_demand=on_demand, spot=spot,
@@ -1021,6 +1042,17 @@ def _rejections_binding(job: Job, result: PlanResult) -> Binding:
     if "memory" in by_kind:
         big = max(by_kind["memory"], key=lambda r: (r.offer.gpu_count * r.offer.gpu_memory_bytes,
                                                     r.offer.id))
+        host = [r for r in by_kind.get("host-ram", ()) if r.need_bytes is not None]
+        if host:
+            # a larger node holds it on its GPUs only by offloading to host RAM it lacks
+            node = max(host, key=lambda r: (r.offer.gpu_count * r.offer.gpu_memory_bytes,
+                                            r.offer.id))
+            if node.offer.gpu_count * node.offer.gpu_memory_bytes > \
+                    big.offer.gpu_count * big.offer.gpu_memory_bytes:
+                return Binding(constraint="memory", detail=(
+                    f"nothing fits in GPU memory without offloading; the largest node tried "
+                    f"({node.offer.gpu_count}x {node.offer.gpu}) holds it only by offloading "
+                    f"to host RAM: {node.reason}" + _one_node_short_host(job, node)))
         return Binding(constraint="memory", detail=(
             f"nothing fits in GPU memory; on the largest node tried ({big.offer.gpu_count}x "
             f"{big.offer.gpu}) it {big.reason}" + _one_node_short(job, big)))
@@ -1046,6 +1078,17 @@ def _one_node_short(job: Job, r: Rejection) -> str:
             f"{gpus * per_gpu / GiB:.1f} GiB over its {gpus} GPUs ({gpus * r.need_bytes / GiB:.1f}"
             f" GiB needed, {gpus * r.limit_bytes / GiB:.1f} GiB may be filled); --multi-node "
             "plans across several nodes")
+
+
+def _one_node_short_host(job: Job, r: Rejection) -> str:
+    """On a one-node job, the host RAM one node lacks for its offloading plan."""
+    if job.multi_node is not False or job.is_fixed("nodes") or r.need_bytes is None or (
+            r.limit_bytes is None or r.need_bytes <= r.limit_bytes):
+        return ""
+    return (f"; one node cannot hold it: short by {(r.need_bytes - r.limit_bytes) / GiB:,.0f} "
+            f"GiB of host RAM ({r.need_bytes / GiB:,.0f} GiB needed over its "
+            f"{r.offer.gpu_count} GPUs' offloaded state, {r.limit_bytes / GiB:,.0f} GiB "
+            "installed); --multi-node plans across several nodes")
 
 
 def _memory_changes(context: _Context, search: StrategySearch, result: PlanResult
