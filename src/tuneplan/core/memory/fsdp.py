@@ -149,7 +149,7 @@ def adjust(moments: dict[str, list[Item]], model: ModelSpec, s: Strategy,
     block = u.block
     # the running block's gradients made so far are unsharded until its post-backward (the
     # generic moments count them sharded, or not at all under no_sync): topped up here
-    own = _own_gradients(moments, running, no_sync, src)
+    own = _own_gradients(running, no_sync, src)
     if version == 1:
         # use_orig_params=True: the head's gradient is the original parameter's, unsharded,
         # until the root unit's post-backward hook reduces the root flat gradient (the last
@@ -219,8 +219,7 @@ def adjust(moments: dict[str, list[Item]], model: ModelSpec, s: Strategy,
         items.extend(gathered.get(name, []))
 
 
-def _own_gradients(moments: dict[str, list[Item]], running: Running | None, no_sync: bool,
-                   src: str) -> list[Piece]:
+def _own_gradients(running: Running | None, no_sync: bool, src: str) -> list[Piece]:
     """The running block's gradients made so far, unsharded, less what the moment counts."""
     if running is None or not running.grads:
         return []
