@@ -105,6 +105,14 @@ def test_simulation_falls_back_to_the_analytic_optimizer_for_adafactor() -> None
      "litgpt simulation cannot run --method qlora"),
     (["--device", "cpu"], InvalidValueError, "--random-weights"),
     (["--random-weights", "--device", "tpu"], InvalidValueError, "auto, cpu or cuda"),
+    (["--random-weights", "--sharding", "fsdp", "--gpus", "2"], UnsupportedError,
+     "without --simulate"),
+    (["--simulate", "--sharding", "zero3", "--gpus", "2"], UnsupportedError,
+     "DeepSpeed ZeRO is not simulated"),
+    (["--simulate", "--sharding", "fsdp", "--gpus", "8"], UnsupportedError,
+     "at most 4 simulated ranks"),
+    (["--simulate", "--sharding", "fsdp", "--gpus", "2", "--precision", "bf16-mixed"],
+     UnsupportedError, "FSDP mixed precision is not simulated"),
 ])
 def test_probe_refuses_what_it_cannot_run(args: list[str], error: type, words: str) -> None:
     result = runner.invoke(app, ["probe", SMOL, *args, "--json"])
@@ -222,3 +230,39 @@ def test_a_local_folder_with_weights_is_loaded_not_randomised(tmp_path: Any) -> 
                 "--seq-len", "32", "--precision", "fp32")
     assert abs(rows(doc)["tensor peak (total)"]["error_pct"]) <= 3.0
     assert doc["measured"]["trainable_params"] == doc["estimated"]["trainable_params"]
+
+
+#: A llama small enough that two gloo ranks start, wrap and train it in seconds.
+TINY = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 512,
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": False}
+
+
+def test_simulated_fsdp_job_runs_its_ranks_beside_the_estimate(tmp_path: Any) -> None:
+    pytest.importorskip("accelerate")
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    doc = probe(str(tmp_path), "--sharding", "fsdp", "--gpus", "2", "--method", "lora",
+                "--precision", "fp32", "--seq-len", "32", "--batch-size", "1", "--steps", "2",
+                "--simulate")
+    assert doc["device"] == "simulated" and doc["estimated"]["assumptions"]["fsdp_version"] == 1
+    per_rank = [rows(doc)[f"rank {r} tensor peak"] for r in (0, 1)]
+    assert [r["measured_bytes"] for r in per_rank] == doc["measured"]["per_rank_peak_bytes"]
+    for row in [*per_rank, rows(doc)["tensor peak (total)"]]:
+        assert abs(row["error_pct"]) <= 3.0, row  # the FSDP simulation tests' tolerance
+    with CalibrationStore.open() as store:
+        saved = store.records()
+    assert [(r.id, r.device) for r in saved] == [(doc["probe_id"], "simulated")]
+
+
+def test_fsdp_simulation_past_its_deadline_stops_every_rank() -> None:
+    import multiprocessing
+
+    from tuneplan.adapters.probe.fsdp_step import FsdpCase, simulate
+    from tuneplan.core.job.strategy import Sharding, Strategy
+    from tuneplan.errors import ProbeError
+
+    case = FsdpCase(name="late", config=TINY, strategy=Strategy(sharding=Sharding.FSDP, gpus=2))
+    with pytest.raises(ProbeError, match="ranks were stopped"):
+        simulate([case], 2, deadline_s=0.5)  # the ranks are still importing torch by then
+    assert multiprocessing.active_children() == []

@@ -36,7 +36,7 @@ from torch import nn
 from tuneplan.adapters.probe import build
 from tuneplan.adapters.probe.tracker import StorageTracker
 from tuneplan.core.job.strategy import Sharding, Strategy
-from tuneplan.errors import UnsupportedError
+from tuneplan.errors import ProbeError, UnsupportedError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -271,8 +271,13 @@ def _rank_main(rank: int, world: int, store: str, cases: Sequence[FsdpCase],
         pickle.dump(results, f)
 
 
-def simulate(cases: Sequence[FsdpCase], world: int) -> dict[str, list[RankResult]]:
-    """Run ``cases`` on ``world`` gloo ranks spawned once; per case, every rank's result."""
+def simulate(cases: Sequence[FsdpCase], world: int,
+             deadline_s: float | None = None) -> dict[str, list[RankResult]]:
+    """Run ``cases`` on ``world`` gloo ranks spawned once; per case, every rank's result.
+
+    ``deadline_s``: wall-clock seconds the ranks may take; past it (or on any interruption,
+    Ctrl-C included, or a rank failing) every rank still alive is stopped before the error
+    is raised, so no rank outlives the call."""
     import pickle
 
     import torch.multiprocessing as mp
@@ -283,10 +288,33 @@ def simulate(cases: Sequence[FsdpCase], world: int) -> dict[str, list[RankResult
                 f"case {c.name} is for {c.strategy.world_size} GPUs, not {world}")
     with tempfile.TemporaryDirectory() as tmp:
         store, out = os.path.join(tmp, "store"), os.path.join(tmp, "result")
-        spawn: Any = mp.spawn  # type: ignore[attr-defined]
-        spawn(_rank_main, args=(world, store, list(cases), out), nprocs=world, join=True)
+        start: Any = mp.start_processes  # type: ignore[attr-defined]
+        ranks = start(_rank_main, args=(world, store, list(cases), out), nprocs=world,
+                      join=False, start_method="spawn")
+        end = None if deadline_s is None else time.monotonic() + deadline_s
+        try:
+            while not ranks.join(timeout=None if end is None else
+                                 max(min(1.0, end - time.monotonic()), 0.01)):
+                if end is not None and time.monotonic() >= end:
+                    raise ProbeError(f"the FSDP simulation ran past {deadline_s:g} s: its "
+                                     f"{world} ranks were stopped")
+        except BaseException:
+            stop_processes(ranks.processes)
+            raise
         per_rank = []
         for r in range(world):
             with open(f"{out}.{r}", "rb") as f:
                 per_rank.append(pickle.load(f))
     return {c.name: [rs[i] for rs in per_rank] for i, c in enumerate(cases)}
+
+
+def stop_processes(processes: Sequence[Any], grace_s: float = 5.0) -> None:
+    """Terminate every process still alive, wait ``grace_s`` for each, then kill it."""
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    for p in processes:
+        p.join(grace_s)
+        if p.is_alive():
+            p.kill()
+            p.join()

@@ -60,9 +60,13 @@ def refuse_unrunnable(s: Strategy) -> None:
         (s.optimizer not in RUNNABLE_OPTIMIZERS,
          f"--optimizer {s.optimizer} (paged optimizers need CUDA unified memory)"),
         (s.optimizer_in_backward, "--optimizer-in-backward"),
-        (s.world_size > 1, "--gpus/--nodes: more than one GPU (the probe is one process)"),
+        (s.world_size > 1, "--gpus/--nodes: more than one GPU (the probe is one process"
+         + (f"; --sharding {s.sharding}: DeepSpeed ZeRO is not simulated" if s.sharding in (
+             Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3) else "")
+         + "; --simulate runs --sharding fsdp on up to 4 ranks)"),
         (s.sharding is not Sharding.DDP,
-         f"--sharding {s.sharding} (the probe is one process without DeepSpeed or FSDP)"),
+         f"--sharding {s.sharding} on one GPU (the probe is one process without DeepSpeed or "
+         "FSDP)"),
         (s.offload is not Offload.NONE, f"--offload {s.offload}"),
         (s.grad_accum > 1, "--grad-accum > 1 (measure one micro-batch)"),
         (s.checkpointing is Checkpointing.OFFLOAD, "--offload-activations"),

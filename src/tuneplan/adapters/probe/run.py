@@ -99,20 +99,28 @@ def _refuse_litgpt(req: ProbeRequest, device: str, weights: str | Path | None) -
 def run_probe(req: ProbeRequest, report: Report | None = None) -> dict[str, Any]:
     """Measure (or simulate) the job, compare with the estimate, save; the JSON document."""
     from tuneplan.adapters.hub import load_model_config
+    from tuneplan.adapters.probe import report_fsdp
     from tuneplan.adapters.probe.harness import refuse_unrunnable
     from tuneplan.core.models import parse_model_config
 
     if req.steps < 1:
         raise InvalidValueError("--steps must be at least 1")
     started = time.perf_counter()
-    refuse_unrunnable(req.strategy)  # before reading the model: the job decides first
+    # before reading the model: the job decides first
+    sharded = report_fsdp.covers(req.strategy)
+    if sharded:
+        report_fsdp.refuse_unsimulated(req.strategy, req.simulate)
+    else:
+        refuse_unrunnable(req.strategy)
     config, label = load_model_config(req.model)  # read once: the spec and the real model
     spec = parse_model_config(config, name=label)
     device = pick_device(req.device, req.simulate)
     weights = weights_source(req)
     _refuse_litgpt(req, device, weights)
     say = report or (lambda what, done, total: None)
-    if device == "cuda":
+    if sharded:
+        doc = report_fsdp.probe_fsdp(req, spec, config, say)
+    elif device == "cuda":
         from tuneplan.adapters.probe.report_cuda import probe_cuda
 
         doc = probe_cuda(req, spec, config, weights, say)

@@ -35,7 +35,7 @@ from tuneplan.core.memory.overheads import device_terms, reserve_term, workspace
 from tuneplan.core.memory.parts import Group, Item, Piece, breakdown, flatten, part, total
 from tuneplan.core.memory.refusals import check_strategy
 from tuneplan.core.memory.sharding import ShardPlan, shard_plan
-from tuneplan.core.memory.steady import Static, host_terms, static_terms
+from tuneplan.core.memory.steady import Static, block_gradients, host_terms, static_terms
 from tuneplan.core.memory.weights import weight_terms
 from tuneplan.core.models import LinearRole, ModelSpec
 from tuneplan.core.models.provenance import structure_note
@@ -466,7 +466,12 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
         moments["optimizer"] = [base, *st.grads, *st.step]
     if fsdp.applies(s):
         fsdp.adjust(moments, model, s, plan, fixed.trainable, st.grads, a.fsdp_version,
-                    a.fsdp_sync_each_batch)
+                    a.fsdp_sync_each_batch,
+                    running=fsdp.Running(items=[*blocks.running, own],
+                                         grads=block_gradients(
+                                             model, s, plan, 1, a.fsdp_version == 1)[
+                                             blocks.when],
+                                         tokens=shape.tokens))
     return moments
 
 
@@ -513,6 +518,7 @@ class _Blocks(NamedTuple):   # a tuple: made once per estimate, cheaply
     bottom: list[Item]
     forward_last: list[Item]   # all blocks' saved tensors while the last one runs forward
     recompute: list[Item]      # checkpointing: the top block being recomputed
+    running: list[Item]        # in ``top`` and ``bottom``: the running block's own tensors
     when: str          # "mlp" or "attention": where the running block's backward peaks
 
 
@@ -542,7 +548,8 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
                         f"{layers - 1} blocks · saved {{k}}")
         return _Blocks(kept=[saved, cos_sin], top=[others, current, cos_sin, transient],
                        bottom=[current, cos_sin, transient], when=when,
-                       forward_last=[others, fwd_parts, cos_sin, fwd], recompute=[])
+                       forward_last=[others, fwd_parts, cos_sin, fwd], recompute=[],
+                       running=[current, transient])
     inp = act.block_input_bytes(model, w, shape)
     on_device = min(layers, a.offload_blocks_on_device) if (
         s.checkpointing is Checkpointing.OFFLOAD) else layers
@@ -556,7 +563,8 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
                    "gradient arriving at the recomputed block T·H·bytes")
     return _Blocks(kept=kept, top=[*kept, current, transient],
                    bottom=[*bottom_kept, current, transient], when=when,
-                   forward_last=[*kept, fwd], recompute=[*kept, fwd_parts, fwd, flowing])
+                   forward_last=[*kept, fwd], recompute=[*kept, fwd_parts, fwd, flowing],
+                   running=[current, transient])
 
 
 def _forward_moment(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,

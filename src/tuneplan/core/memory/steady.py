@@ -101,7 +101,7 @@ def static_terms(model: ModelSpec, s: Strategy, plan: PrecisionPlan, trainable: 
             *_zero_fp32_grads(s, plan, trainable, sp, a)]
     autocast = _autocast_copies(model, s, plan, trainable)
     return Static(resident=resident, grads=grads[0], grads_top=grads[1], grads_bottom=grads[2],
-                  block_grads=_block_grads(model, s, plan, sp),
+                  block_grads=block_gradients(model, s, plan, sp.grads_div),
                   step=step, autocast_copies=autocast, outside=outside, host=host,
                   weights_bytes=wbytes, largest_linear=split.largest_linear,
                   total_params=split.total)
@@ -248,23 +248,28 @@ def _grad_terms(model: ModelSpec, s: Strategy, trainable: Trainable, grads: int,
     return full, top, bottom
 
 
-def _block_grads(model: ModelSpec, s: Strategy, plan: PrecisionPlan,
-                 sp: ShardPlan) -> dict[str, int]:
+def block_gradients(model: ModelSpec, s: Strategy, plan: PrecisionPlan, grads_div: int,
+                    frozen_too: bool = False) -> dict[str, int]:
     """One block's gradients that exist while it runs backward: during its MLP backward the
-    down projection's; during its attention backward every MLP-side one and o_proj's."""
+    down projection's; during its attention backward every MLP-side one and o_proj's.
+    ``frozen_too``: frozen base weights get gradients as well (FSDP1 with use_orig_params
+    hands a block views of one flat parameter, all of which require grad)."""
     down = mlp_side = o = 0
     layers = 0
+    frozen = 0 if s.method.trains_base or not frozen_too else (
+        plan.compute_bytes if plan.autocast else plan.frozen_weight_bytes)
     for layer in model.layers:
         targets = {id(t) for t in targeted_linears(model, s, layer)}
         for lin in layer.linears:
-            size = _linear_grad(lin, s, plan, id(lin) in targets) * layer.count
+            size = (_linear_grad(lin, s, plan, id(lin) in targets)
+                    + lin.params * frozen) * layer.count
             group = linear_group(lin)
             down += size if group == "down_in" else 0
             mlp_side += size if group in ("down_in", "mlp_in") else 0
             o += size if group == "o_in" else 0
         layers += layer.count
-    return {"mlp": shard(down // layers, sp.grads_div),
-            "attention": shard((mlp_side + o) // layers, sp.grads_div),
+    return {"mlp": shard(down // layers, grads_div),
+            "attention": shard((mlp_side + o) // layers, grads_div),
             "none": 0}
 
 
