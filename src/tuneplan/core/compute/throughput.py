@@ -325,6 +325,7 @@ def peak_flops_per_s(gpu: GpuSpec, precision: Precision) -> tuple[float, list[st
 
 #: Which limit each step term belongs to (terms not listed are bandwidth-bound: memory).
 _BOUND_OF = {**dict.fromkeys(COMPUTE_TERMS, "compute"),
+             "step/galore-projection": "compute", "step/galore-svd-amortised": "compute",
              "step/multi-gpu-sync": "communication",
              "step/communication-exposed": "communication",
              "micro-batch/host-overhead-exposed": "host",

@@ -48,7 +48,9 @@ def fault_due(step: int, phase: str) -> bool:
 
 OPTIMIZERS = {"adamw": "adamw_torch", "adamw8bit": "adamw_bnb_8bit",
               "paged-adamw8bit": "paged_adamw_8bit", "paged-adamw32bit": "paged_adamw_32bit",
-              "adafactor": "adafactor", "sgd": "sgd", "lion": "lion_32bit"}
+              "adafactor": "adafactor", "sgd": "sgd", "lion": "lion_32bit",
+              "galore-adamw": "galore_adamw", "galore-adamw8bit": "galore_adamw_8bit",
+              "galore-adafactor": "galore_adafactor"}
 ATTENTION = {"sdpa": "sdpa", "flash": "flash_attention_2", "eager": "eager"}
 ZERO_OR_FSDP = {"zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hybrid"}
 FSDP_SHARDINGS = {"fsdp", "fsdp-grad-op", "hybrid"}
@@ -233,6 +235,11 @@ def training_arguments(cfg: dict[str, Any], deepspeed: str | None = None) -> Any
     if cfg.get("sharding") in FSDP_SHARDINGS and cfg["grad_accum"] > 1:
         names["accelerator_config"] = {"gradient_accumulation_kwargs": {
             "sync_each_batch": True}}
+    # GaLore: the projected linears' patterns and rank/update_proj_gap/scale, as planned
+    # (transformers reads optim_args for galore_* optimizers; no other optimizer gets them).
+    if cfg.get("galore"):
+        names["optim_target_modules"] = cfg["galore"]["optim_target_modules"]
+        names["optim_args"] = cfg["galore"]["optim_args"]
     config: Any = SFTConfig  # called through Any: its many fields do not type **names
     return config(use_liger_kernel=fused_loss,
         use_cpu=not torch.cuda.is_available(), **names,
@@ -635,6 +642,17 @@ def make_guard(cfg: dict[str, Any], progress_path: Path) -> Any:
     return SpotGuard()
 
 
+def allow_galore_checkpoints() -> None:
+    """Let a resume read GaLore's optimizer state: galore-torch 1.0 keeps a ``GaLoreProjector``
+    object (its projection matrix inside) per projected weight in the state the Trainer saves,
+    and the Trainer loads ``optimizer.pt`` with ``torch.load(weights_only=True)``, which
+    refuses any class not allow-listed."""
+    import torch
+    from galore_torch.galore_projector import GaLoreProjector
+
+    torch.serialization.add_safe_globals([GaLoreProjector])
+
+
 def make_trainer(model: Any, args: Any, dataset: Any, collate: Any, guard: Any,
                  tokenizer: Any) -> Any:
     """trl.SFTTrainer over the prepared rows (``args``: ``training_arguments``). The model comes
@@ -643,6 +661,9 @@ def make_trainer(model: Any, args: Any, dataset: Any, collate: Any, guard: Any,
     ``trainer/sft_trainer.py``), which neither an fp16 card nor the plan's fp32-adapter memory
     estimate expects."""
     from trl.trainer.sft_trainer import SFTTrainer
+
+    if str(getattr(args.optim, "value", args.optim)).startswith("galore"):
+        allow_galore_checkpoints()
 
     class GuardedTrainer(SFTTrainer):
         """SFTTrainer that records which samples each step trains on (the data position)."""
