@@ -232,6 +232,13 @@ CASES: dict[str, Case] = {
     "optimizer-in-backward": Case(True, {"method": "full", "seq-len": "256"}, memory="peak",
                                   why="same FLOPs: the step is only moved into backward",
                                   contexts={"cost": {"method": "full", "gpus": "1"}}),
+    "lisa-layers": Case("4", {"method": "lisa", "gpus": "1"}, memory="trainable", speed="tok_s",
+                        contexts={"cost": {"method": "lisa", "gpus": "1"}}),
+    "lisa-interval": Case("5", {"method": "lisa", "gpus": "1"},
+                          contexts={"cost": {"method": "lisa", "gpus": "1"}},
+                          why="how often the trained blocks switch: at every moment K blocks "
+                              "train, whichever they are (train.py's switch reads it: "
+                              "test_launch_trl)"),
     "galore-rank": Case("32", GALORE, memory="terms", speed="tok_s",
                         contexts={"cost": GALORE_COST}),
     "galore-update-proj-gap": Case(

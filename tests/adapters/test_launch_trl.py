@@ -28,6 +28,8 @@ CASES = {  # name: (plan, strategy changes)
                                   "lora_targets": ["q_proj", "v_proj"]}),
     "full-zero3": (ZERO3, {}),
     "full-fsdp-accumulating": (ZERO3, {"sharding": "fsdp", "grad_accum": 4}),
+    "lisa": (ZERO3, {"method": "lisa", "sharding": "ddp", "offload": "none", "gpus": 1,
+                     "lisa_layers": 1, "lisa_interval": 2}),
     "full-galore": (ZERO3, {"sharding": "ddp", "offload": "none", "optimizer": "galore-adamw",
                             "galore_rank": 8, "galore_update_proj_gap": 50,
                             "galore_scale": 0.5}),
@@ -235,3 +237,67 @@ def test_a_galore_plan_starts_galore_torch_and_resumes_its_state(tmp_path: Path)
     assert second.state.global_step == 2
     resumed = [s for s in second.optimizer.state.values() if "projector" in s]
     assert len(resumed) == 14 and all(s["step"] == 2 for s in resumed)
+
+
+def test_a_lisa_plan_trains_k_blocks_and_keeps_only_their_optimizer_state(
+        tmp_path: Path) -> None:
+    """train.py's LISA switch on a tiny random 4-block Llama through the real Trainer: after
+    the blocks switch, exactly one block (--lisa-layers 1) plus the embedding, final norm and
+    head require grad and hold AdamW state, and those state bytes are the estimate's
+    ``optimizer/states`` for the same job."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from tuneplan.core.job.methods import Method
+    from tuneplan.core.job.recipes import Recipe
+    from tuneplan.core.job.strategy import Checkpointing, Precision, Strategy
+    from tuneplan.core.memory import estimate_memory
+    from tuneplan.core.models import parse_model_config
+
+    _, cfg, train = _bundle(tmp_path, "lisa")
+    assert cfg["lisa"] == {"layers": 1, "interval": 2}
+    words = ["[UNK]", "</s>", *"abcdefgh"]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=core, eos_token="</s>",
+                            unk_token="[UNK]").save_pretrained(str(tmp_path / "tok"))
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": "a b c d e f g"}) + "\n" for _ in range(8)))
+    four = TINY_LLAMA | {"num_hidden_layers": 4, "architectures": ["LlamaForCausalLM"]}
+    cfg |= {"model_name_or_path": str(tmp_path / "tok"), "model_config": four,
+            "precision": "fp32", "seq_len": 4, "batch_size": 1, "grad_accum": 1,
+            "gradient_checkpointing": False, "save_steps": 1000, "max_steps": 5,
+            "dataset": {"kind": "jsonl", "path": str(data), "text_field": "text",
+                        "cache_dir": str(tmp_path / "tokenised")}}
+    tok = train.build_tokenizer(cfg)
+    rows, pad = train.build_dataset(cfg, tok)
+    args = train.training_arguments(cfg)
+    guard = train.make_guard(cfg, tmp_path / "progress.jsonl")
+    model = train.build_model(cfg)
+    trainer = train.make_trainer(model, args, rows, train.make_collator(pad), guard, tok,
+                                 cfg["lisa"] | {"seed": cfg["seed"]})
+    guard.trainer = trainer
+    switch = next(c for c in trainer.callback_handler.callbacks if hasattr(c, "choose"))
+    draws = [switch.choose(step) for step in (0, 2, 4)]
+    assert draws[0] != draws[-1]  # the run's seed switches blocks at step 4
+    trainer.train()
+    assert trainer.state.global_step == 5 and switch.active == draws[-1]
+    trains = {n for n, p in model.named_parameters() if p.requires_grad}
+    block = f"model.layers.{draws[-1][0]}."
+    assert trains == {n for n, _ in model.named_parameters()
+                      if n.startswith(block) or not n.startswith("model.layers.")}
+    names = {id(p): n for n, p in model.named_parameters()}
+    held = trainer.optimizer.optimizer.state if hasattr(trainer.optimizer, "optimizer") \
+        else trainer.optimizer.state
+    assert {names[id(p)] for p in held} == trains  # the blocks that stopped: no state left
+    moments = sum(t.untyped_storage().nbytes() for s in held.values()
+                  for k, t in s.items() if k in ("exp_avg", "exp_avg_sq"))
+    strategy = Strategy(method=Method.LISA, recipe=Recipe.PLAIN, precision=Precision.FP32,
+                        lisa_layers=1, seq_len=4, checkpointing=Checkpointing.NONE)
+    est = estimate_memory(parse_model_config(four | {"rms_norm_eps": 1e-6}, name="tiny"),
+                          strategy)
+    assert int(est.breakdown.value("optimizer/states")) == moments
+    assert est.trainable_params == sum(p.numel() for n, p in model.named_parameters()
+                                       if n in trains)
+    assert torch.is_grad_enabled()

@@ -77,7 +77,7 @@ def trainable_params(model: ModelShape, strategy: Strategy) -> int:
     with ``--trainable-modules lm_head``. Cached on ``model`` per strategy."""
     s = strategy
     key = ("trainable", s.method, s.lora_rank, s.lora_targets, s.trainable_modules,
-           s.trainable_layers, s.num_virtual_tokens)
+           s.trainable_layers, s.num_virtual_tokens, s.lisa_layers)
     found = model._cache.get(key)
     if found is None:
         if s.method in ESTIMATED_METHODS:

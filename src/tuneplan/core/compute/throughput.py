@@ -298,6 +298,11 @@ def _backward_params(model: ModelShape, strategy: Strategy) -> tuple[int, int]:
         layers = min(strategy.trainable_layers or 1, model.num_layers)
         share = model.block_matmul_params * layers // model.num_layers + head
         return share, share
+    if strategy.method is Method.LISA:
+        # the embedding always trains, so backprop runs through every block; weight
+        # gradients only for the K active blocks and the head
+        layers = min(strategy.lisa_layers, model.num_layers)
+        return n, model.block_matmul_params * layers // model.num_layers + head
     return n, 0
 
 

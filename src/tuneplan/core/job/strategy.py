@@ -142,6 +142,10 @@ class Strategy:
     lora_targets: tuple[str, ...] = (ALL_LINEAR,)
     trainable_modules: tuple[str, ...] = ()
     trainable_layers: int = 0
+    #: LISA: blocks trained at a time and steps between switches (LMFlow's defaults, args.py
+    #: ``lisa_activated_layers`` 2, ``lisa_interval_steps`` 20)
+    lisa_layers: int = 2
+    lisa_interval: int = 20
     galore_rank: int = DEFAULT_RANK
     galore_update_proj_gap: int = DEFAULT_UPDATE_PROJ_GAP
     galore_scale: float = DEFAULT_SCALE
@@ -175,6 +179,8 @@ class Strategy:
             raise InvalidValueError("lora-dropout must be in [0, 1)")
         if self.num_virtual_tokens < 1:
             raise InvalidValueError("num-virtual-tokens must be at least 1")
+        if self.lisa_layers < 1 or self.lisa_interval < 1:
+            raise InvalidValueError("lisa-layers and lisa-interval must be at least 1")
         if self.galore_rank < 1 or self.galore_update_proj_gap < 1:
             raise InvalidValueError("galore-rank and galore-update-proj-gap must be at least 1")
         if not self.galore_scale > 0:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tuneplan.core.catalog.offers import Offer, offer_record
 from tuneplan.core.cost.estimate import CostAssumptions, checkpoint_bytes
 from tuneplan.core.cost.spot import young_daly_interval_s
-from tuneplan.core.job.methods import peft_lora_targets
+from tuneplan.core.job.methods import Method, peft_lora_targets
 from tuneplan.core.job.strategy import Loss, Sharding, Strategy
 from tuneplan.core.job.tuners import LAUNCH_REFUSALS, TUNER_METHODS, launch_peft
 from tuneplan.core.models import ModelSpec
@@ -224,6 +224,9 @@ def train_config(spec: LaunchSpec, *, output_dir: str = CHECKPOINT_DIR) -> dict[
         # PEFT's other tuners: the config train.py builds (core/job/tuners.py), else None
         "peft": launch_peft(s).as_dict() if s.method in TUNER_METHODS else None,
         "galore": galore_arguments(s),
+        # LISA: the blocks train.py's switch trains at a time, and how often it draws them
+        "lisa": {"layers": s.lisa_layers, "interval": s.lisa_interval}
+        if s.method is Method.LISA else None,
     }
 
 

@@ -91,6 +91,14 @@ def _problems(model: ModelSpec, s: Strategy) -> list[str]:
                    "activations are not modelled, so no memory estimate is given")
     if s.optimizer.is_galore:
         out += _galore_problems(model, s)
+    if s.method is Method.LISA:
+        if s.recipe not in (Recipe.HF, Recipe.PLAIN):
+            out.append(f"lisa switches requires_grad from an HF Trainer callback; the "
+                       f"{s.recipe.value} recipe has no such hook: use --recipe hf")
+        if s.world_size > 1:
+            out.append("lisa is estimated on one GPU: under DDP or sharding, blocks frozen "
+                       "after the wrapper was built get no gradient to reduce (DDP needs "
+                       "find_unused_parameters, ZeRO/FSDP flat buffers keep every block)")
     out += check_stack(model, s)
     return out
 

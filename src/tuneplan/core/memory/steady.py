@@ -220,12 +220,14 @@ def _grad_terms(model: ModelSpec, s: Strategy, trainable: Trainable, grads: int,
     layers = sum(layer.count for layer in model.layers)
     width = grads // max(trainable.total, 1)
     embed = model.vocab_size * model.hidden_size * width
-    if s.method is Method.FULL:
+    if s.method in (Method.FULL, Method.LISA):
         # The head's gradient exists once the head ran backward (for tied weights it is the
-        # embedding's); an untied embedding's gradient comes last.
+        # embedding's); an untied embedding's gradient comes last. LISA's bottom block may be
+        # a frozen one: none of its gradients is left out there.
         head = embed
         pending = 0 if model.tie_word_embeddings else embed
-        block = (grads - embed * (1 if model.tie_word_embeddings else 2)) // layers
+        block = 0 if s.method is Method.LISA else (
+            grads - embed * (1 if model.tie_word_embeddings else 2)) // layers
     else:
         # LoRA on the output head (``outer_targets``): its gradients exist once the head ran
         # backward; on the embedding, they come last.
