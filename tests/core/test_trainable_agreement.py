@@ -276,8 +276,9 @@ def test_coverage_and_the_counted_skips() -> None:
     assert dora == ["Qwen/Qwen3-30B-A3B", "deepseek-ai/DeepSeek-V3",
                     "mistralai/Mixtral-8x22B-v0.1", "mistralai/Mixtral-8x7B-v0.1"]
     assert len(cases) - len(skipped) == 953   # T0 and mT0 estimated (freeze refused)
-    assert launched_methods() == {Method.FULL, Method.LORA, Method.DORA, Method.QLORA,
-                                  Method.LORA8BIT}
+    # lisa: the whole model, its blocks frozen by train.py's switch (test_launch_trl)
+    assert launched_methods() == {Method.FULL, Method.LISA, Method.LORA, Method.DORA,
+                                  Method.QLORA, Method.LORA8BIT}
 
 
 @pytest.mark.parametrize(("name", "published"), [
