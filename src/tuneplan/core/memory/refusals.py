@@ -95,10 +95,10 @@ def _problems(model: ModelSpec, s: Strategy) -> list[str]:
         if s.recipe not in (Recipe.HF, Recipe.PLAIN):
             out.append(f"lisa switches requires_grad from an HF Trainer callback; the "
                        f"{s.recipe.value} recipe has no such hook: use --recipe hf")
-        if s.world_size > 1:
-            out.append("lisa is estimated on one GPU: under DDP or sharding, blocks frozen "
-                       "after the wrapper was built get no gradient to reduce (DDP needs "
-                       "find_unused_parameters, ZeRO/FSDP flat buffers keep every block)")
+        if s.world_size > 1 or s.sharding is not Sharding.DDP:
+            out.append("lisa is estimated on one GPU with --sharding ddp: blocks frozen after "
+                       "DDP wrapped the model get no gradient to reduce (it would need "
+                       "find_unused_parameters), and ZeRO/FSDP flat buffers hold every block")
     out += check_stack(model, s)
     return out
 
