@@ -213,9 +213,14 @@ def _patterns(value: Any) -> tuple[str, ...]:
     for name in names:
         if len(name) > 96 or not name.isprintable() or " " in name:
             raise ValueError(f"{_show(name)} is not a module-name pattern")
+        if any(q in name for q in (")*", ")+", ")?", "){")):
+            # a repeated group can backtrack exponentially on a module name (a web form
+            # takes these patterns): module names need none
+            raise ValueError(f"{_show(name)}: a repeated group is not taken in a module-name "
+                             "pattern")
         try:
             re.compile(name)
-        except re.error as exc:
+        except (re.error, OverflowError, RecursionError) as exc:
             raise ValueError(f"{_show(name)} is not a regular expression ({exc})") from None
     return names
 

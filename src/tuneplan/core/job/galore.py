@@ -99,6 +99,6 @@ def check_patterns(patterns: tuple[str, ...]) -> None:
     for p in patterns:
         try:
             re.compile(p)
-        except re.error as exc:
+        except (re.error, OverflowError, RecursionError) as exc:
             raise UnsupportedError(f"--galore-targets {p!r} is not a regular expression: "
                                    f"{exc}") from None
