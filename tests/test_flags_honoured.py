@@ -219,6 +219,10 @@ def _probe_honours_or_refuses(name: str) -> None:
     read = re.search(rf"\.{field_name}\b", code) is not None
     assert read or name in PROBE_NEED_NOT_READ, f"--{name}: the probe neither refuses nor reads it"
 ESTIMATE_ONLY = {"memory", "explain", "fit", "cost", "plan"}
+#: GaLore is a full fine-tune on one replica; cost prices COST_OFFER's 2 GPUs (zero3 unless
+#: told otherwise, which GaLore refuses).
+GALORE = {"method": "full", "optimizer": "galore-adamw", "seq-len": "512"}
+GALORE_COST = {**GALORE, "sharding": "ddp"}
 CASES: dict[str, Case] = {
     "method": Case("full", memory="trainable", speed="tok_s"),
     "recipe": Case("unsloth", memory="host", speed="notes",
@@ -228,6 +232,24 @@ CASES: dict[str, Case] = {
     "optimizer-in-backward": Case(True, {"method": "full", "seq-len": "256"}, memory="peak",
                                   why="same FLOPs: the step is only moved into backward",
                                   contexts={"cost": {"method": "full", "gpus": "1"}}),
+    "lisa-layers": Case("4", {"method": "lisa", "gpus": "1"}, memory="trainable", speed="tok_s",
+                        contexts={"cost": {"method": "lisa", "gpus": "1"}}),
+    "lisa-interval": Case("5", {"method": "lisa", "gpus": "1"},
+                          contexts={"cost": {"method": "lisa", "gpus": "1"}},
+                          why="how often the trained blocks switch: at every moment K blocks "
+                              "train, whichever they are (train.py's switch reads it: "
+                              "test_launch_trl)"),
+    "galore-rank": Case("32", GALORE, memory="terms", speed="tok_s",
+                        contexts={"cost": GALORE_COST}),
+    "galore-update-proj-gap": Case(
+        "50", GALORE, speed="tok_s", contexts={"cost": GALORE_COST},
+        why="how often the projector's SVD runs: the same tensors (the refresh's temporaries "
+            "are counted, as the first step has one)"),
+    "galore-scale": Case("0.5", GALORE, contexts={"cost": GALORE_COST},
+                         why="a scale of the projected-back update: no tensor, no FLOP "
+                             "(launch: test_galore_flags_reach_the_trainer_arguments)"),
+    "galore-targets": Case("q_proj,.*.mlp.*", GALORE, memory="terms", speed="tok_s",
+                           contexts={"cost": GALORE_COST}),
     "lora-rank": Case("64", memory="trainable", speed="tok_s"),
     "lora-alpha": Case("64", why="a scale of the update: no tensor, no FLOP (launch: "
                                  "test_launch_only_flags_reach_the_train_config)"),
@@ -523,3 +545,25 @@ def test_every_choice_of_a_flag_is_told_apart(command: str, name: str) -> None:
         groups.setdefault(repr(result), set()).add(choice)
     same = {frozenset(g) for g in groups.values() if len(g) > 1}
     assert same == set(SAME_CHOICES.get((command, name), {})), (command, name, same)
+
+
+def test_galore_flags_reach_the_trainer_arguments() -> None:
+    """The GaLore flags reach the bundle's train config as transformers' optim_target_modules
+    and optim_args (what the Trainer reads), and a LoRA job is refused --optimizer galore-*."""
+    from tuneplan.adapters.plans import saved_plan_from_entry
+    from tuneplan.core.launch.bundle import launch_spec, train_config
+    from tuneplan.service.jobflags import job_from_values
+
+    values = {**GALORE, "galore-rank": "32", "galore-update-proj-gap": "50",
+              "galore-scale": "0.5", "galore-targets": "q_proj,.*.mlp.*"}
+    strategy = job_from_values(MODEL, values, command="memory").strategy
+    data = json.loads(PLAN_FIXTURE.read_text())
+    entry = {**data["plans"][0], "job": {**data["job"], "model": MODEL},
+             "strategy": strategy.as_dict()}
+    entry = json.loads(json.dumps(entry, default=str))
+    config = train_config(launch_spec(saved_plan_from_entry(entry)))
+    assert config["optimizer"] == "galore-adamw"
+    assert config["galore"] == {"optim_target_modules": ["q_proj", ".*.mlp.*"],
+                                "optim_args": "rank=32,update_proj_gap=50,scale=0.5"}
+    refused = run("memory", {"method": "lora", "optimizer": "galore-adamw"})
+    assert "full fine-tuning optimizer" in refused["refused"], refused

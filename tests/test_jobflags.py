@@ -175,3 +175,22 @@ def test_stack_from_flags_files_and_forms_gives_the_same_job(tmp_path: Path) -> 
     assert job_from_values("m", {}, command="plan", file_values=values) == a
     # the default a form shows is the text --stack takes
     assert str(jobflags.BY_NAME["stack"].default) == str(Strategy().stack)
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    ("[", "is not a regular expression"),
+    ("a{9999999999999}", "is not a regular expression"),
+    ("(a+)+", "a repeated group is not taken"),
+    ("q proj", "is not a module-name pattern"),
+])
+def test_galore_targets_refuse_what_re_cannot_match_safely(value: str, reason: str) -> None:
+    from tuneplan.service.jobflags import JobFlagError, job_from_values
+
+    with pytest.raises(JobFlagError, match=reason) as caught:
+        job_from_values("Qwen/Qwen2.5-0.5B", {"method": "full", "optimizer": "galore-adamw",
+                                              "galore-targets": value}, command="memory")
+    assert caught.value.flag == "galore-targets"
+    ok = job_from_values("Qwen/Qwen2.5-0.5B", {"method": "full", "optimizer": "galore-adamw",
+                                               "galore-targets": r"q_proj, .*.mlp.*"},
+                         command="memory")
+    assert ok.strategy.galore_targets == ("q_proj", ".*.mlp.*")

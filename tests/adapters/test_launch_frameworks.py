@@ -273,3 +273,25 @@ def test_train_py_and_the_core_name_the_same_optimizers(tmp_path: Path) -> None:
     spec.loader.exec_module(train)
     assert {k.value: v for k, v in HF_OPTIMIZERS.items()} == train.OPTIMIZERS
     assert set(HF_OPTIMIZERS.values()) <= _optimizer_names()
+
+
+def test_a_galore_plan_reaches_train_py_with_its_arguments_and_no_framework() -> None:
+    """train.py gets optim, optim_target_modules and optim_args (and galore-torch in its
+    requirements); axolotl and LLaMA-Factory are refused with the reason (their resume
+    cannot read the projectors), and layer-wise GaLore is refused outright."""
+    entry = plan_entry("plan_llama70b_full_aws.json", "f838284b7b65", sharding="ddp",
+                       offload="none", optimizer="galore-adamw8bit", galore_rank=64,
+                       galore_targets=["q_proj", r".*.mlp.*"])
+    files = render_bundle(saved_plan_from_entry(entry), ["all"], train_script="")
+    cfg = json.loads(files["train_config.json"])
+    assert cfg["optimizer"] == "galore-adamw8bit"
+    assert cfg["galore"] == {"optim_target_modules": ["q_proj", r".*.mlp.*"],
+                             "optim_args": "rank=64,update_proj_gap=200,scale=0.25"}
+    assert "axolotl.yaml" not in files and "llamafactory.yaml" not in files
+    assert "weights-only resume refuses" in files["RUN.md"]
+    assert {"galore-torch==1.0", "bitsandbytes>=0.45"} <= set(files["requirements.txt"].split())
+    layerwise = plan_entry("plan_llama70b_full_aws.json", "f838284b7b65", sharding="ddp",
+                           offload="none", optimizer="galore-adamw", gpus=1,
+                           optimizer_in_backward=True)
+    with pytest.raises(InvalidValueError, match="layer-wise GaLore"):
+        render_bundle(saved_plan_from_entry(layerwise), ["all"], train_script="")

@@ -28,6 +28,11 @@ CASES = {  # name: (plan, strategy changes)
                                   "lora_targets": ["q_proj", "v_proj"]}),
     "full-zero3": (ZERO3, {}),
     "full-fsdp-accumulating": (ZERO3, {"sharding": "fsdp", "grad_accum": 4}),
+    "lisa": (ZERO3, {"method": "lisa", "sharding": "ddp", "offload": "none", "gpus": 1,
+                     "lisa_layers": 1, "lisa_interval": 2}),
+    "full-galore": (ZERO3, {"sharding": "ddp", "offload": "none", "optimizer": "galore-adamw",
+                            "galore_rank": 8, "galore_update_proj_gap": 50,
+                            "galore_scale": 0.5}),
 }
 
 
@@ -73,8 +78,13 @@ def test_the_plan_maps_onto_sftconfig(name: str, tmp_path: Path) -> None:
     assert args.gradient_checkpointing is recompute
     assert args.bf16 is (s["precision"] in ("bf16-mixed", "bf16"))  # TRL's default: True
     assert args.fp16 is (s["precision"] == "fp16-mixed")
-    assert args.optim.value == {"adamw": "adamw_torch",
-                                "paged-adamw8bit": "paged_adamw_8bit"}[s["optimizer"]]
+    assert args.optim.value == {"adamw": "adamw_torch", "paged-adamw8bit": "paged_adamw_8bit",
+                                "galore-adamw": "galore_adamw"}[s["optimizer"]]
+    if s["optimizer"].startswith("galore"):
+        assert args.optim_target_modules == [r".*.attn.*", r".*.mlp.*"]
+        assert args.optim_args == "rank=8,update_proj_gap=50,scale=0.5"
+    else:
+        assert args.optim_target_modules is None and args.optim_args is None
     assert args.logging_steps == 1  # TRL's default is 10
     assert args.save_steps == cfg["save_steps"] and args.seed == cfg["seed"]
     assert args.learning_rate == cfg["learning_rate"]
@@ -168,3 +178,126 @@ def test_a_chunked_loss_plan_runs_ligers_fused_loss_and_says_it_needs_a_gpu(
                 train.training_arguments(cfg)
         else:
             assert train.training_arguments(cfg).use_liger_kernel is False
+
+
+def test_a_galore_plan_starts_galore_torch_and_resumes_its_state(tmp_path: Path) -> None:
+    """The HF Trainer takes the GaLore plan's arguments as train.py sets them and builds
+    galore-torch's optimizer (rank, gap and scale as planned, on the attention and MLP linears
+    of a tiny random Llama); one step is saved and a second run resumes from it through the
+    Trainer's own weights-only loader, which only train.py's allow-list lets read the
+    projectors."""
+    pytest.importorskip("galore_torch")
+    import torch
+    from galore_torch import GaLoreAdamW
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    _, cfg, train = _bundle(tmp_path, "full-galore")
+    words = ["[UNK]", "</s>", *"abcdefgh"]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=core, eos_token="</s>",
+                            unk_token="[UNK]").save_pretrained(str(tmp_path / "tok"))
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": "a b c d e f g"}) + "\n" for _ in range(4)))
+    cfg |= {"model_name_or_path": str(tmp_path / "tok"), "model_config": TINY_LLAMA,
+            "precision": "fp32", "seq_len": 4, "batch_size": 2, "grad_accum": 1,
+            "gradient_checkpointing": False, "save_steps": 1, "max_steps": 1,
+            "dataset": {"kind": "jsonl", "path": str(data), "text_field": "text",
+                        "cache_dir": str(tmp_path / "tokenised")}}
+    tok = train.build_tokenizer(cfg)
+    rows, pad = train.build_dataset(cfg, tok)
+
+    def trainer_for(max_steps: int) -> Any:
+        args = train.training_arguments(cfg | {"max_steps": max_steps})
+        guard = train.make_guard(cfg, tmp_path / "progress.jsonl")
+        trainer = train.make_trainer(train.build_model(cfg), args, rows,
+                                     train.make_collator(pad), guard, tok)
+        guard.trainer = trainer  # as main() does
+        return trainer
+
+    first = trainer_for(1)
+    optimizer = first.create_optimizer()
+    assert type(optimizer) is GaLoreAdamW
+    plain, projected = optimizer.param_groups
+    assert (projected["rank"], projected["update_proj_gap"], projected["scale"],
+            projected["proj_type"]) == (8, 50, 0.5, "std")
+    names = {id(p): n for n, p in first.model.named_parameters()}
+    # 2 blocks x (q, k, v, o, gate, up, down) weights; embeddings, norms and head stay plain
+    assert sorted(names[id(p)].split(".")[-2] for p in projected["params"]) == sorted(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] * 2)
+    assert "lm_head.weight" in {names[id(p)] for p in plain["params"]}
+    first.train()
+    ckpt = Path(cfg["output_dir"]) / "checkpoint-1"
+    state = torch.load(ckpt / "optimizer.pt", weights_only=False)["state"]
+    assert sum(1 for s in state.values() if "projector" in s) == 14
+    # the Trainer's own resume path (torch.load weights_only=True) reads it back
+    second = trainer_for(2)
+    second.train(resume_from_checkpoint=str(ckpt))
+    assert second.state.global_step == 2
+    resumed = [s for s in second.optimizer.state.values() if "projector" in s]
+    assert len(resumed) == 14 and all(s["step"] == 2 for s in resumed)
+
+
+def test_a_lisa_plan_trains_k_blocks_and_keeps_only_their_optimizer_state(
+        tmp_path: Path) -> None:
+    """train.py's LISA switch on a tiny random 4-block Llama through the real Trainer: after
+    the blocks switch, exactly one block (--lisa-layers 1) plus the embedding, final norm and
+    head require grad and hold AdamW state, and those state bytes are the estimate's
+    ``optimizer/states`` for the same job."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from tuneplan.core.job.methods import Method
+    from tuneplan.core.job.recipes import Recipe
+    from tuneplan.core.job.strategy import Checkpointing, Precision, Strategy
+    from tuneplan.core.memory import estimate_memory
+    from tuneplan.core.models import parse_model_config
+
+    _, cfg, train = _bundle(tmp_path, "lisa")
+    assert cfg["lisa"] == {"layers": 1, "interval": 2}
+    words = ["[UNK]", "</s>", *"abcdefgh"]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=core, eos_token="</s>",
+                            unk_token="[UNK]").save_pretrained(str(tmp_path / "tok"))
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": "a b c d e f g"}) + "\n" for _ in range(8)))
+    four = TINY_LLAMA | {"num_hidden_layers": 4, "architectures": ["LlamaForCausalLM"]}
+    cfg |= {"model_name_or_path": str(tmp_path / "tok"), "model_config": four,
+            "precision": "fp32", "seq_len": 4, "batch_size": 1, "grad_accum": 1,
+            "gradient_checkpointing": False, "save_steps": 1000, "max_steps": 5,
+            "dataset": {"kind": "jsonl", "path": str(data), "text_field": "text",
+                        "cache_dir": str(tmp_path / "tokenised")}}
+    tok = train.build_tokenizer(cfg)
+    rows, pad = train.build_dataset(cfg, tok)
+    args = train.training_arguments(cfg)
+    guard = train.make_guard(cfg, tmp_path / "progress.jsonl")
+    model = train.build_model(cfg)
+    trainer = train.make_trainer(model, args, rows, train.make_collator(pad), guard, tok,
+                                 cfg["lisa"] | {"seed": cfg["seed"]})
+    guard.trainer = trainer
+    switch = next(c for c in trainer.callback_handler.callbacks if hasattr(c, "choose"))
+    draws = [switch.choose(step) for step in (0, 2, 4)]
+    assert draws[0] != draws[-1]  # the run's seed switches blocks at step 4
+    trainer.train()
+    assert trainer.state.global_step == 5 and switch.active == draws[-1]
+    trains = {n for n, p in model.named_parameters() if p.requires_grad}
+    block = f"model.layers.{draws[-1][0]}."
+    assert trains == {n for n, _ in model.named_parameters()
+                      if n.startswith(block) or not n.startswith("model.layers.")}
+    names = {id(p): n for n, p in model.named_parameters()}
+    held = trainer.optimizer.optimizer.state if hasattr(trainer.optimizer, "optimizer") \
+        else trainer.optimizer.state
+    assert {names[id(p)] for p in held} == trains  # the blocks that stopped: no state left
+    moments = sum(t.untyped_storage().nbytes() for s in held.values()
+                  for k, t in s.items() if k in ("exp_avg", "exp_avg_sq"))
+    strategy = Strategy(method=Method.LISA, recipe=Recipe.PLAIN, precision=Precision.FP32,
+                        lisa_layers=1, seq_len=4, checkpointing=Checkpointing.NONE)
+    est = estimate_memory(parse_model_config(four | {"rms_norm_eps": 1e-6}, name="tiny"),
+                          strategy)
+    assert int(est.breakdown.value("optimizer/states")) == moments
+    assert est.trainable_params == sum(p.numel() for n, p in model.named_parameters()
+                                       if n in trains)
+    assert torch.is_grad_enabled()

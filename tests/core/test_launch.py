@@ -14,7 +14,7 @@ from tuneplan.adapters.importers.snapshot import load_sky_catalog
 from tuneplan.adapters.plans import saved_plan_from_entry
 from tuneplan.core.cost.spot import young_daly_interval_s
 from tuneplan.core.job.methods import Method
-from tuneplan.core.job.strategy import Sharding
+from tuneplan.core.job.strategy import Sharding, Strategy
 from tuneplan.core.launch.bundle import (
     MIN_KEPT,
     LaunchSpec,
@@ -104,7 +104,12 @@ def test_the_spec_holds_the_plans_strategy_and_offer() -> None:
     plan = _plan("plan_llama70b_full_aws.json", 1)
     spec = _spec(plan)
     assert spec.strategy.method is Method.FULL and spec.strategy.sharding is Sharding.ZERO3
-    assert spec.strategy.as_dict() == {k: v for k, v in plan["strategy"].items() if k != "link"}
+    got, saved = spec.strategy.as_dict(), {k: v for k, v in plan["strategy"].items()
+                                           if k != "link"}
+    assert {k: got[k] for k in saved} == saved
+    # fields newer than the saved plan (GaLore's, LISA's) read back as their defaults
+    assert {k: v for k, v in got.items() if k not in saved} == {
+        k: v for k, v in Strategy().as_dict().items() if k not in saved}
     assert spec.offer.id == plan["offer"]["id"] and spec.gpu_name == plan["offer"]["gpu"]
     assert spec.model_id == "meta-llama/Llama-3.1-70B"
     assert spec.zero_stage == 3 and spec.world_size == plan["strategy"]["gpus"]

@@ -56,6 +56,7 @@ EXPECTED_SKIPS: dict[str, str] = {
 }
 #: Models with more than one kind of block: ``freeze`` is not estimated for them.
 FREEZE_REFUSED = "freeze is estimated only for models with one kind of block"
+LISA_REFUSED = "lisa is estimated only for models with one kind of block"
 #: all-linear DoRA on a MoE type peft converts: peft's ParamWrapper refuses use_dora.
 DORA_MOE_REFUSED = "DoRA cannot wrap"
 
@@ -103,6 +104,7 @@ def variants(spec: ModelSpec) -> dict[str, Strategy]:
     out = {
         "full": replace(base, method=Method.FULL),
         "freeze-2": replace(base, method=Method.FREEZE, trainable_layers=2),
+        "lisa-2": replace(base, method=Method.LISA),  # --lisa-layers 2, the default
         "lora": replace(base, method=Method.LORA),
         "lora-" + ",".join(explicit): replace(base, method=Method.LORA, lora_targets=explicit,
                                               lora_rank=8),
@@ -126,6 +128,8 @@ def expected_skip(name: str, variant: str) -> str | None:
     spec = specs()[name]
     if variant.startswith("freeze") and len(spec.layers) > 1:
         return FREEZE_REFUSED
+    if variant.startswith("lisa") and len(spec.layers) > 1:
+        return LISA_REFUSED
     if variant == "dora" and spec.model_type in PEFT_MOE_CONVERTED and spec.is_moe:
         return DORA_MOE_REFUSED
     return None
@@ -268,16 +272,20 @@ def test_coverage_and_the_counted_skips() -> None:
     cases = _cases()
     skipped = [(n, v) for n, v, _ in cases if expected_skip(n, v)]
     freeze = [n for n, v in skipped if v.startswith("freeze") and n not in EXPECTED_SKIPS]
+    lisa = [n for n, v in skipped if v.startswith("lisa") and n not in EXPECTED_SKIPS]
     dora = sorted(n for n, v in skipped if v == "dora" and n not in EXPECTED_SKIPS)
-    assert len(specs()) == 80 and len(cases) == 80 * 12
-    assert len(skipped) == len(EXPECTED_SKIPS) * 12 + len(freeze) + len(dora)
+    assert len(specs()) == 80 and len(cases) == 80 * 13
+    assert len(skipped) == len(EXPECTED_SKIPS) * 13 + len(freeze) + len(lisa) + len(dora)
+    assert lisa == freeze  # one kind of block, as freeze
     assert sorted(freeze) == sorted(n for n, s in specs().items()
                                     if len(s.layers) > 1 and n not in EXPECTED_SKIPS)
     assert dora == ["Qwen/Qwen3-30B-A3B", "deepseek-ai/DeepSeek-V3",
                     "mistralai/Mixtral-8x22B-v0.1", "mistralai/Mixtral-8x7B-v0.1"]
-    assert len(cases) - len(skipped) == 953   # T0 and mT0 estimated (freeze refused)
-    assert launched_methods() == {Method.FULL, Method.LORA, Method.DORA, Method.QLORA,
-                                  Method.LORA8BIT}
+    # T0 and mT0 estimated (freeze and lisa refused); lisa wherever freeze is
+    assert len(cases) - len(skipped) == 953 + len(specs()) - len(EXPECTED_SKIPS) - len(freeze)
+    # lisa: the whole model, its blocks frozen by train.py's switch (test_launch_trl)
+    assert launched_methods() == {Method.FULL, Method.LISA, Method.LORA, Method.DORA,
+                                  Method.QLORA, Method.LORA8BIT}
 
 
 @pytest.mark.parametrize(("name", "published"), [

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -203,6 +204,27 @@ def _show(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _patterns(value: Any) -> tuple[str, ...]:
+    """Module-name patterns (transformers' ``optim_target_modules`` list), comma-separated."""
+    items = value if isinstance(value, list | tuple) else str(value).split(",")
+    names = tuple(str(item).strip() for item in items if str(item).strip())
+    if not names:
+        raise ValueError("expected at least one module-name pattern")
+    for name in names:
+        if len(name) > 96 or not name.isprintable() or " " in name:
+            raise ValueError(f"{_show(name)} is not a module-name pattern")
+        if any(q in name for q in (")*", ")+", ")?", "){")):
+            # a repeated group can backtrack exponentially on a module name (a web form
+            # takes these patterns): module names need none
+            raise ValueError(f"{_show(name)}: a repeated group is not taken in a module-name "
+                             "pattern")
+        try:
+            re.compile(name)
+        except (re.error, OverflowError, RecursionError) as exc:
+            raise ValueError(f"{_show(name)} is not a regular expression ({exc})") from None
+    return names
+
+
 SWITCH = Kind("", _switch, switch=True)
 NAMES = Kind("A,B", _names)
 TEXT = Kind("NAME", _text)
@@ -266,6 +288,19 @@ FLAGS: tuple[Flag, ...] = (
     Flag("optimizer", "optimizer", S, _enum(Optimizer), Group.STRATEGY, "Optimizer."),
     Flag("optimizer-in-backward", "optimizer_in_backward", S, SWITCH, Group.STRATEGY,
          "Step each parameter during backward and free its gradient at once."),
+    Flag("lisa-layers", "lisa_layers", S, _integer(1, 65_536), Group.STRATEGY,
+         "lisa: how many blocks train at a time (drawn at random every --lisa-interval steps)."),
+    Flag("lisa-interval", "lisa_interval", S, _integer(1, 10**9), Group.STRATEGY,
+         "lisa: optimizer steps between switches of the trained blocks."),
+    Flag("galore-rank", "galore_rank", S, _integer(1, 65_536), Group.STRATEGY,
+         "GaLore: rank r of the gradient projection (optim_args rank)."),
+    Flag("galore-update-proj-gap", "galore_update_proj_gap", S, _integer(1, 10**9),
+         Group.STRATEGY, "GaLore: optimizer steps between projector SVDs (update_proj_gap)."),
+    Flag("galore-scale", "galore_scale", S, _real(0.0, 1e6, low_open=True), Group.STRATEGY,
+         "GaLore: scale of the projected-back update (optim_args scale)."),
+    Flag("galore-targets", "galore_targets", S, Kind("PATTERN,...", _patterns),
+         Group.STRATEGY, "GaLore: module-name patterns of the projected linears "
+         "(optim_target_modules; default attention and MLP)."),
     Flag("lora-rank", "lora_rank", S, _integer(1, 4096), Group.STRATEGY,
          "LoRA-family rank r; also the rank-like r of adalora (init_r), loha, lokr, vera, "
          "hra, miss, shira, randlora and lora-fa."),
@@ -447,9 +482,10 @@ def job_from_values(model: str, values: Mapping[str, Any], *, command: str,
         if values[name] is not None and name in APPLIES_TO:
             applies, where = APPLIES_TO[name]
             if not applies(strategy):
+                has = (f"--optimizer {strategy.optimizer.value}" if name.startswith("galore-")
+                       else f"--method {strategy.method.value} --task {strategy.task.value}")
                 raise JobFlagError(name, f"--{name} applies only to {where}; this job has "
-                                   f"--method {strategy.method.value} --task "
-                                   f"{strategy.task.value}: drop it")
+                                   f"{has}: drop it")
     fixed = tuple(sorted({f.field for f in FLAGS if f.owner is Strategy and f.name in chosen}))
     job: Job = _build(Job, {"model": model, "strategy": strategy, **fields[Job],
                             "fixed": fixed})
@@ -473,9 +509,16 @@ APPLIES_TO: dict[str, tuple[Callable[[Strategy], bool], str]] = {
                      "LoRA methods (lora, dora, qlora, lora8bit)"),
     "lora-targets": (lambda s: _adapters(s) or s.method is Method.IA3,
                      "adapter methods (the LoRA family and ia3)"),
-    "trainable-modules": (lambda s: s.method is not Method.FULL,
-                          "methods that freeze something (full trains every module)"),
+    "trainable-modules": (lambda s: s.method not in (Method.FULL, Method.LISA),
+                          "methods that freeze something (full trains every module, lisa "
+                          "always trains the embedding and head)"),
     "trainable-layers": (lambda s: s.method is Method.FREEZE, "--method freeze"),
+    "lisa-layers": (lambda s: s.method is Method.LISA, "--method lisa"),
+    "lisa-interval": (lambda s: s.method is Method.LISA, "--method lisa"),
+    **dict.fromkeys(
+        ("galore-rank", "galore-update-proj-gap", "galore-scale", "galore-targets"),
+        (lambda s: s.optimizer.is_galore,
+         "--optimizer galore-adamw, galore-adamw8bit or galore-adafactor")),
     "num-virtual-tokens": (lambda s: s.method in (Method.PREFIX, Method.PROMPT,
                                                   Method.P_TUNING, Method.LLAMA_ADAPTER),
                            "prefix, prompt, p-tuning and llama-adapter"),

@@ -48,8 +48,11 @@ if TYPE_CHECKING:
     from tuneplan.core.compute.throughput import ModelShape
 
 #: Optimizer state bytes per trainable parameter (moments), by optimizer.
+#: GaLore's: those of its base optimizer, what its untargeted parameters keep; the targeted
+#: ones keep less (``_galore_terms`` counts them; a checkpoint's size takes these as a bound).
 STATE_BYTES = {"adamw": 8, "paged-adamw32bit": 8, "adamw8bit": 2, "paged-adamw8bit": 2,
-               "adafactor": 0, "sgd": 4, "lion": 4}
+               "adafactor": 0, "sgd": 4, "lion": 4, "galore-adamw": 8, "galore-adamw8bit": 2,
+               "galore-adafactor": 0}
 
 
 def weight_bytes(precision: Precision) -> int:
@@ -74,7 +77,7 @@ def trainable_params(model: ModelShape, strategy: Strategy) -> int:
     with ``--trainable-modules lm_head``. Cached on ``model`` per strategy."""
     s = strategy
     key = ("trainable", s.method, s.lora_rank, s.lora_targets, s.trainable_modules,
-           s.trainable_layers, s.num_virtual_tokens)
+           s.trainable_layers, s.num_virtual_tokens, s.lisa_layers)
     found = model._cache.get(key)
     if found is None:
         if s.method in ESTIMATED_METHODS:
@@ -469,6 +472,83 @@ def _optimizer_term(model: ModelShape, s: Strategy, gpu: GpuSpec,
 FITTED_SLOWDOWN = "step/multi-node-fitted-slowdown"
 
 
+#: Golub & Van Loan, Matrix Computations (3rd ed.) §5.4.5: flops of a thin SVD (Σ, U1, V) of
+#: an M x k matrix (M >= k): Golub-Reinsch 14·M·k² + 8·k³, R-SVD 6·M·k² + 20·k³ (LAPACK takes
+#: the cheaper); the Householder bidiagonalisation inside is 4·M·k² - 4·k³/3, half of it
+#: matrix-vector products (BLAS-2).
+def svd_flops(rows: int, cols: int) -> tuple[float, float]:
+    """(all flops, the bidiagonalisation's BLAS-2 half) of a thin SVD of a rows x cols matrix."""
+    big, k = max(rows, cols), min(rows, cols)
+    total = min(14 * big * k * k + 8 * k ** 3, 6 * big * k * k + 20 * k ** 3)
+    return float(total), (4 * big * k * k - 4 * k ** 3 / 3) / 2
+
+
+def _galore_terms(model: ModelShape, s: Strategy, gpu: GpuSpec,
+                  a: ThroughputAssumptions) -> list[Term]:
+    """A GaLore optimizer step (galore-torch 1.0, one replica: sharding is refused).
+
+    - ``step/optimizer``: memory-bound as for other optimizers, but the states of a targeted
+      (m, n) weight are r·max(m, n) elements, and its full-size update is written by
+      ``project_back``, read and written by ``* scale``, read by ``p.add_`` (4·w more per
+      element).
+    - ``step/galore-projection``: ``project`` and ``project_back`` are two (m x n)·(n x r)
+      products per targeted weight, 4·m·n·r flops, in the gradient's dtype (fp32 on CUDA
+      cores under mixed precision: ``fp32_matmul_efficiency``; bf16 on tensor cores).
+    - ``step/galore-svd-amortised``: every ``update_proj_gap`` steps an fp32
+      ``torch.linalg.svd`` per targeted weight (``svd_flops``). Its BLAS-2 half is memory-
+      bound (2 flops per 4-byte element read: HBM at ``optimizer_bandwidth_efficiency``), the
+      rest runs at the fp32 rate (``fp32_matmul_efficiency``). A lower bound: cuSOLVER's k
+      sequential Householder steps add launch latency this does not count.
+    """
+    from tuneplan.core.job.galore import effective_rank, galore_matrices
+
+    targets = galore_matrices(model.spec, s)
+    w, g = weight_bytes(s.precision), compute_dtype_bytes(s.precision)
+    base = STATE_BYTES[s.optimizer.value]
+    if s.precision is Precision.BF16 and s.optimizer is Optimizer.GALORE_ADAMW:
+        base //= 2  # zeros_like(grad): bf16 moments on a pure-bf16 model
+    trainable = trainable_params(model, s)
+    targeted = sum(m * n * k for m, n, k in targets)
+    low = sum(effective_rank(m, n, s.galore_rank) * max(m, n) * k for m, n, k in targets)
+    touched = (trainable * (2 * w + g) + (trainable - targeted) * 2 * base
+               + targeted * 4 * w + low * (2 * base + 6 * w))
+    bandwidth = float(gpu.memory_bandwidth_bytes_per_s or 1e12) * a.optimizer_bandwidth_efficiency
+    fp32_rate = float(gpu.fp32_flops_per_s or 1e12) * a.fp32_matmul_efficiency
+    if w == 4:
+        proj_rate, basis = fp32_rate, "fp32 CUDA cores x fp32_matmul_efficiency"
+    else:
+        peak = float(gpu.bf16_flops_per_s or 1e12)
+        eff, _ = matmul_efficiency(gpu, s.precision, peak, a)
+        proj_rate, basis = peak * eff, "bf16 tensor cores x the step's matmul efficiency"
+    flops = sum(4 * m * n * effective_rank(m, n, s.galore_rank) * k for m, n, k in targets)
+    svd = [(svd_flops(m, n), k) for m, n, k in targets]
+    svd_total = sum(f * k for (f, _), k in svd)
+    svd_blas2 = sum(b * k for (_, b), k in svd)
+    svd_s = (svd_blas2 * 2 / bandwidth + (svd_total - svd_blas2) / fp32_rate)
+    src = "galore-torch 1.0 adamw.py / galore_projector.py (via transformers 5.24 optim galore_*)"
+    return [
+        Term(path="step/optimizer", value=touched * a.optimizer_passes / bandwidth, unit="s",
+             formula="(params x (2w + g) + untargeted x 2 x state + targeted x 4w + "
+                     "projected x (2 x state + 6w)) bytes x passes / (HBM bw x eff)",
+             inputs={"params": trainable, "targeted_params": targeted,
+                     "projected_elements": low, "state_bytes": base,
+                     "optimizer": s.optimizer.value},
+             source=src + ": memory-bound optimizer step"),
+        Term(path="step/galore-projection", value=flops / proj_rate, unit="s",
+             formula="Σ targeted 4·m·n·r flops / rate", inputs={
+                 "flops": flops, "rank": s.galore_rank, "rate_flops_per_s": proj_rate,
+                 "rate_basis": basis}, source=src + " project / project_back"),
+        Term(path="step/galore-svd-amortised", value=svd_s / s.galore_update_proj_gap,
+             unit="s", formula="(BLAS-2 flops x 2 B / (HBM bw x eff) + other SVD flops / fp32 "
+                               "rate) / update_proj_gap",
+             inputs={"svd_flops": svd_total, "blas2_flops": svd_blas2, "svd_s": svd_s,
+                     "update_proj_gap": s.galore_update_proj_gap,
+                     "bound": "lower (launch latency of the sequential steps not counted)"},
+             source="Golub & Van Loan §5.4.5 SVD flop counts; galore_projector.py "
+                    "get_orthogonal_matrix (fp32 torch.linalg.svd)"),
+    ]
+
+
 def step_time(*, model: ModelShape, strategy: Strategy, links: NodeLinks, gpu: GpuSpec,
               assumptions: ThroughputAssumptions, peak: float, micro_batch: MicroBatch
               ) -> tuple[Breakdown, Breakdown, float, list[str]]:
@@ -481,7 +561,10 @@ def step_time(*, model: ModelShape, strategy: Strategy, links: NodeLinks, gpu: G
                   formula=f"grad_accum x ({t.formula})",
                   inputs={**t.inputs, "grad_accum": s.grad_accum}, source=t.source)
              for t in micro]
-    terms.append(_optimizer_term(model, s, gpu, a, links))
+    if s.optimizer.is_galore:
+        terms += _galore_terms(model, s, gpu, a)
+    else:
+        terms.append(_optimizer_term(model, s, gpu, a, links))
     # the compute-bound part of a micro-batch: the window communication overlaps
     compute_s = sum(float(t.value) for t in micro if t.path in COMPUTE_TERMS)
     comm_term, comm, comm_s, fabric = _communication(model, s, links, gpu, a, compute_s)

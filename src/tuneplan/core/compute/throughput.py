@@ -304,6 +304,11 @@ def _backward_params(model: ModelShape, strategy: Strategy) -> tuple[int, int]:
         layers = min(strategy.trainable_layers or 1, model.num_layers)
         share = model.block_matmul_params * layers // model.num_layers + head
         return share, share
+    if strategy.method is Method.LISA:
+        # the embedding always trains, so backprop runs through every block; weight
+        # gradients only for the K active blocks and the head
+        layers = min(strategy.lisa_layers, model.num_layers)
+        return n, model.block_matmul_params * layers // model.num_layers + head
     return n, 0
 
 
@@ -331,6 +336,7 @@ def peak_flops_per_s(gpu: GpuSpec, precision: Precision) -> tuple[float, list[st
 
 #: Which limit each step term belongs to (terms not listed are bandwidth-bound: memory).
 _BOUND_OF = {**dict.fromkeys(COMPUTE_TERMS, "compute"),
+             "step/galore-projection": "compute", "step/galore-svd-amortised": "compute",
              "step/communication-exposed": "communication",
              "micro-batch/host-overhead-exposed": "host",
              "micro-batch/param-offload-exposed": "host", "step/optimizer-offloaded": "host"}

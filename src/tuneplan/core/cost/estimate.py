@@ -123,11 +123,11 @@ def checkpoint_bytes(*, method: str, precision: str, optimizer: str, total_param
                      trainable_params: int) -> tuple[int, int]:
     """(with optimizer state, without) bytes of one resumable checkpoint.
 
-    Full fine-tuning and freeze save every weight in bf16 (2 B each); PEFT methods save only
+    Full fine-tuning, freeze and lisa save every weight in bf16 (2 B each); PEFT methods save only
     their fp32 trainable weights (4 B each). The optimizer state adds ``STATE_BYTES`` per
     trainable parameter, plus fp32 master weights (4 B) under mixed precision when full.
     """
-    full = method in ("full", "freeze")
+    full = method in ("full", "freeze", "lisa")
     without = total_params * 2 if full else trainable_params * 4
     state = STATE_BYTES.get(optimizer, 8) + (4 if full and precision.endswith("-mixed") else 0)
     return without + trainable_params * state, without

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 class Method(StrEnum):
     FULL = "full"
     FREEZE = "freeze"
+    LISA = "lisa"          # layerwise importance sampling: K random blocks train at a time
     LORA = "lora"
     DORA = "dora"
     QLORA = "qlora"
@@ -56,7 +57,7 @@ class Method(StrEnum):
 
     @property
     def trains_base(self) -> bool:
-        return self in (Method.FULL, Method.FREEZE)
+        return self in (Method.FULL, Method.FREEZE, Method.LISA)
 
     @property
     def is_prompt_learning(self) -> bool:
@@ -104,7 +105,7 @@ class Quant(StrEnum):
     INT2 = "int2"
 
 
-ESTIMATED_METHODS = frozenset({Method.FULL, Method.FREEZE, Method.LORA, Method.DORA,
+ESTIMATED_METHODS = frozenset({Method.FULL, Method.FREEZE, Method.LISA, Method.LORA, Method.DORA,
                                Method.QLORA, Method.LORA8BIT, Method.PREFIX, Method.PROMPT,
                                Method.IA3}) | _TUNERS
 ESTIMATED_QUANTS = frozenset({Quant.NF4, Quant.FP4, Quant.INT8, Quant.GPTQ_INT4})
@@ -346,6 +347,8 @@ def count_trainable(model: ModelSpec, strategy: Strategy) -> Trainable:
                          largest_tensor=max(r * c for r, c, _ in mats), matrices=mats)
     if method is Method.FREEZE:
         return _freeze(model, strategy, extra)
+    if method is Method.LISA:
+        return _lisa(model, strategy)
     if method in _TUNERS:
         from tuneplan.core.job.tuners import tuner_matrices  # it imports this module
         adapters = tuner_matrices(model, strategy)
@@ -385,6 +388,32 @@ def _freeze(model: ModelSpec, strategy: Strategy, extra: int) -> Trainable:
     layer = model.layers[0]
     mats = tuple((lin.out_features, lin.in_features, lin.copies * n) for lin in layer.linears)
     params = layer.params * n + model.final_norm_params + extra
+    return Trainable(base_params=params, adapter_params=0,
+                     largest_tensor=max(r * c for r, c, _ in mats), matrices=mats)
+
+
+def _lisa(model: ModelSpec, strategy: Strategy) -> Trainable:
+    """LISA at any one moment: ``--lisa-layers`` K blocks, plus what it never freezes.
+
+    LMFlow (``src/lmflow/pipeline/utils/lisa_trainer.py`` ``DynamicLayerActivationCallback``,
+    at commit f3597db): every ``lisa_interval_steps`` it sets ``requires_grad = False`` on the
+    parameters of ``model.model.layers`` and back to True on ``lisa_activated_layers`` blocks
+    drawn at random; the embedding, the final norm and the head are never touched, so they
+    always train. Every block is the same size, so which K train changes no count."""
+    blocks = sum(layer.count for layer in model.layers)
+    k = strategy.lisa_layers
+    if not 0 < k <= blocks:
+        raise UnsupportedError(f"lisa needs --lisa-layers between 1 and {blocks}")
+    if len(model.layers) != 1:
+        raise UnsupportedError("lisa is estimated only for models with one kind of block")
+    layer = model.layers[0]
+    embed = [(model.vocab_size, model.hidden_size, 1)]
+    if not model.tie_word_embeddings:
+        embed.append((model.vocab_size, model.hidden_size, 1))
+    mats = tuple(embed) + tuple((lin.out_features, lin.in_features, lin.copies * k)
+                                for lin in layer.linears)
+    params = (layer.params * k + model.embedding_params + model.final_norm_params
+              + model.head_params)
     return Trainable(base_params=params, adapter_params=0,
                      largest_tensor=max(r * c for r, c, _ in mats), matrices=mats)
 

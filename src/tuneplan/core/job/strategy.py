@@ -15,6 +15,12 @@ from enum import StrEnum
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from tuneplan.core.job.galore import (
+    DEFAULT_RANK,
+    DEFAULT_SCALE,
+    DEFAULT_TARGETS,
+    DEFAULT_UPDATE_PROJ_GAP,
+)
 from tuneplan.core.job.methods import Method, Quant
 from tuneplan.core.job.recipes import Recipe
 from tuneplan.core.job.stack import DEFAULT_STACK, Stack
@@ -44,6 +50,16 @@ class Optimizer(StrEnum):
     ADAFACTOR = "adafactor"
     SGD = "sgd"
     LION = "lion"
+    # GaLore (galore-torch 1.0 through the HF Trainer): full fine-tuning whose targeted
+    # weight gradients are projected to rank r before the optimizer sees them
+    GALORE_ADAMW = "galore-adamw"
+    GALORE_ADAMW8BIT = "galore-adamw8bit"
+    GALORE_ADAFACTOR = "galore-adafactor"
+
+    @property
+    def is_galore(self) -> bool:
+        return self in (Optimizer.GALORE_ADAMW, Optimizer.GALORE_ADAMW8BIT,
+                        Optimizer.GALORE_ADAFACTOR)
 
     @property
     def is_8bit(self) -> bool:
@@ -111,7 +127,8 @@ class Strategy:
     """How one GPU (of ``gpus`` × ``nodes``) trains: every knob that changes memory.
 
     ``lora_targets`` is ``("all-linear",)`` or module names; ``loss`` None means the recipe's
-    default; ``trainable_layers`` is used by ``freeze`` (the last N blocks train).
+    default; ``trainable_layers`` is used by ``freeze`` (the last N blocks train);
+    ``galore_*`` are the GaLore optimizers' ``optim_args`` and ``optim_target_modules``.
     """
 
     method: Method = Method.LORA
@@ -125,6 +142,14 @@ class Strategy:
     lora_targets: tuple[str, ...] = (ALL_LINEAR,)
     trainable_modules: tuple[str, ...] = ()
     trainable_layers: int = 0
+    #: LISA: blocks trained at a time and steps between switches (LMFlow's defaults, args.py
+    #: ``lisa_activated_layers`` 2, ``lisa_interval_steps`` 20)
+    lisa_layers: int = 2
+    lisa_interval: int = 20
+    galore_rank: int = DEFAULT_RANK
+    galore_update_proj_gap: int = DEFAULT_UPDATE_PROJ_GAP
+    galore_scale: float = DEFAULT_SCALE
+    galore_targets: tuple[str, ...] = DEFAULT_TARGETS
     num_virtual_tokens: int = 20
     quant: Quant = Quant.NF4
     double_quant: bool = True
@@ -154,6 +179,14 @@ class Strategy:
             raise InvalidValueError("lora-dropout must be in [0, 1)")
         if self.num_virtual_tokens < 1:
             raise InvalidValueError("num-virtual-tokens must be at least 1")
+        if self.lisa_layers < 1 or self.lisa_interval < 1:
+            raise InvalidValueError("lisa-layers and lisa-interval must be at least 1")
+        if self.galore_rank < 1 or self.galore_update_proj_gap < 1:
+            raise InvalidValueError("galore-rank and galore-update-proj-gap must be at least 1")
+        if not self.galore_scale > 0:
+            raise InvalidValueError("galore-scale must be more than zero")
+        if not self.galore_targets:
+            raise InvalidValueError("galore-targets must name at least one pattern")
 
     @property
     def world_size(self) -> int:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tuneplan.core.catalog.offers import Offer, offer_record
 from tuneplan.core.cost.estimate import CostAssumptions, checkpoint_bytes
 from tuneplan.core.cost.spot import young_daly_interval_s
-from tuneplan.core.job.methods import peft_lora_targets
+from tuneplan.core.job.methods import Method, peft_lora_targets
 from tuneplan.core.job.strategy import Loss, Sharding, Strategy
 from tuneplan.core.job.tuners import LAUNCH_REFUSALS, TUNER_METHODS, launch_peft
 from tuneplan.core.models import ModelSpec
@@ -165,6 +165,13 @@ def launch_spec(plan: SavedPlan, model: ModelSpec | None = None) -> LaunchSpec:
     if s.method in LAUNCH_REFUSALS:
         raise InvalidValueError(f"plan {plan.id} cannot be launched: "
                                 f"{LAUNCH_REFUSALS[s.method]}")
+    if s.optimizer.is_galore and s.optimizer_in_backward:
+        raise InvalidValueError(
+            f"plan {plan.id} cannot be launched: layer-wise GaLore (optim galore_*_layerwise, "
+            "the optimizer in backward) keeps its per-parameter optimizers outside the "
+            "Trainer's optimizer state (transformers 5.24 LayerWiseDummyOptimizer), so a "
+            "resumed spot run would restart them from zero; re-plan without "
+            "--optimizer-in-backward")
     if plan.step_s <= 0 or plan.total_params < 1:
         raise InvalidValueError(f"plan {plan.id} cannot be launched: step time "
                                 f"{plan.step_s} s, {plan.total_params} parameters")
@@ -217,7 +224,23 @@ def train_config(spec: LaunchSpec, *, output_dir: str = CHECKPOINT_DIR) -> dict[
         "deepspeed": "ds_config.json" if spec.zero_stage is not None else None,
         # PEFT's other tuners: the config train.py builds (core/job/tuners.py), else None
         "peft": launch_peft(s).as_dict() if s.method in TUNER_METHODS else None,
+        "galore": galore_arguments(s),
+        # LISA: the blocks train.py's switch trains at a time, and how often it draws them
+        "lisa": {"layers": s.lisa_layers, "interval": s.lisa_interval}
+        if s.method is Method.LISA else None,
     }
+
+
+def galore_arguments(s: Strategy) -> dict[str, Any] | None:
+    """The TrainingArguments a GaLore optimizer needs beside ``optim`` (transformers 5.24
+    ``trainer_optimizer._get_galore_optimizer``): ``optim_target_modules``, the patterns the
+    estimate matched, and ``optim_args`` "rank=..,update_proj_gap=..,scale=.." (the keys it
+    pops; ``proj_type`` left at std, as estimated). None for other optimizers."""
+    if not s.optimizer.is_galore:
+        return None
+    return {"optim_target_modules": list(s.galore_targets),
+            "optim_args": f"rank={s.galore_rank},update_proj_gap={s.galore_update_proj_gap},"
+                          f"scale={s.galore_scale:g}"}
 
 
 def asks_all(targets: Iterable[str]) -> bool:

@@ -262,8 +262,12 @@ def requirements(spec: LaunchSpec, *, deepspeed: bool) -> str:
     lines = ["transformers>=4.56.2", "accelerate>=1.10.1", "peft>=0.13", "safetensors",
              "trl==1.16.0", "datasets>=4.7.0", "pyarrow"]
     quantised = spec.strategy.method.value in ("qlora", "lora8bit")
-    if quantised or spec.strategy.optimizer.is_8bit or spec.strategy.optimizer.is_paged:
+    if quantised or spec.strategy.optimizer.is_8bit or spec.strategy.optimizer.is_paged or \
+            spec.strategy.optimizer.is_galore:  # galore_torch imports bitsandbytes on import
         lines.append("bitsandbytes>=0.45")
+    if spec.strategy.optimizer.is_galore:
+        # the GaLore optimizers the Trainer builds (optim galore_*): the version estimated
+        lines.append("galore-torch==1.0")
     if deepspeed:
         lines.append("deepspeed>=0.15")
     if spec.strategy.loss is Loss.CHUNKED:

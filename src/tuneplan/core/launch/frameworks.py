@@ -50,7 +50,9 @@ HF_OPTIMIZERS = {Optimizer.ADAMW: "adamw_torch", Optimizer.ADAMW8BIT: "adamw_bnb
                  Optimizer.PAGED_ADAMW8BIT: "paged_adamw_8bit",
                  Optimizer.PAGED_ADAMW32BIT: "paged_adamw_32bit",
                  Optimizer.ADAFACTOR: "adafactor", Optimizer.SGD: "sgd",
-                 Optimizer.LION: "lion_32bit"}
+                 Optimizer.LION: "lion_32bit", Optimizer.GALORE_ADAMW: "galore_adamw",
+                 Optimizer.GALORE_ADAMW8BIT: "galore_adamw_8bit",
+                 Optimizer.GALORE_ADAFACTOR: "galore_adafactor"}
 #: Methods both frameworks train as train.py does (PEFT LoRA/DoRA over a full, 4-bit or 8-bit
 #: base, or every weight).
 _METHODS = (Method.FULL, Method.LORA, Method.DORA, Method.QLORA, Method.LORA8BIT)
@@ -76,6 +78,13 @@ def _common_refusal(spec: LaunchSpec, tool: str) -> Refusal | None:
                              "modelling on plain text")
     if s.optimizer_in_backward:
         return Refusal(tool, "the optimizer step inside backward has no option there")
+    if s.optimizer.is_galore:
+        # transformers 5.24 Trainer._load_optimizer_and_scheduler: torch.load(optimizer.pt,
+        # weights_only=True), which refuses the GaLoreProjector objects galore-torch keeps in
+        # its optimizer state; train.py allow-lists that class, these frameworks do not.
+        return Refusal(tool, "a GaLore checkpoint holds galore-torch projector objects that "
+                             "the Trainer's weights-only resume refuses; only train.py "
+                             "allow-lists them (spot resume)")
     if s.loss is Loss.CHUNKED:
         return Refusal(tool, "a chunked loss has no plain option there (a plugin's kernel "
                              "is not the loss the plan assumed)")

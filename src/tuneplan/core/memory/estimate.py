@@ -315,7 +315,7 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
                                                 act.Shape(batch=1, seq_q=1, seq_kv=1)),
         live_per_token=act.forward_live(model, strategy, w,
                                         act.Shape(batch=1, seq_q=1, seq_kv=1), layer_inputs),
-        head_trains=strategy.method is Method.FULL or any(
+        head_trains=strategy.method in (Method.FULL, Method.LISA) or any(
             m in ("lm_head", "score", "embed_out") for m in strategy.trainable_modules),
         dequant=_dequant_term(strategy, static),
         resident=Group(total(static.resident), lambda: static.resident))

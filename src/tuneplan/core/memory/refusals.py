@@ -7,6 +7,7 @@ estimate does not model yet. Validation only: nothing here computes sizes.
 
 from __future__ import annotations
 
+from tuneplan.core.job.galore import check_patterns, galore_problem
 from tuneplan.core.job.methods import (
     ESTIMATED_QUANTS,
     SEQ2SEQ_TYPES,
@@ -88,5 +89,37 @@ def _problems(model: ModelSpec, s: Strategy) -> list[str]:
         out.append(f"{model.model_type} has state-space (Mamba-style) mixer blocks: their "
                    "parameters are counted exactly, but the selective scan's saved "
                    "activations are not modelled, so no memory estimate is given")
+    if s.optimizer.is_galore:
+        out += _galore_problems(model, s)
+    if s.method is Method.LISA:
+        if s.recipe not in (Recipe.HF, Recipe.PLAIN):
+            out.append(f"lisa switches requires_grad from an HF Trainer callback; the "
+                       f"{s.recipe.value} recipe has no such hook: use --recipe hf")
+        if s.world_size > 1 or s.sharding is not Sharding.DDP:
+            out.append("lisa is estimated on one GPU with --sharding ddp: blocks frozen after "
+                       "DDP wrapped the model get no gradient to reduce (it would need "
+                       "find_unused_parameters), and ZeRO/FSDP flat buffers hold every block")
     out += check_stack(model, s)
     return out
+
+
+def _galore_problems(model: ModelSpec, s: Strategy) -> list[str]:
+    """GaLore as galore-torch 1.0 runs under the HF Trainer (transformers 5.24
+    ``_setup_low_rank_optimizer``): a full fine-tune on one replica of 2-D gradients."""
+    opt = f"--optimizer {s.optimizer.value}"
+    if s.method is not Method.FULL:
+        return [f"{opt} projects full weight gradients: it is a full fine-tuning optimizer; use "
+                f"--method full (with --method {s.method.value} use adamw or an 8-bit optimizer)"]
+    if s.recipe not in (Recipe.HF, Recipe.PLAIN):
+        return [f"{opt} is the HF Trainer's (optim galore_*); the {s.recipe.value} recipe has no "
+                "GaLore option: use --recipe hf"]
+    if s.sharding is not Sharding.DDP or s.offload is not Offload.NONE:
+        return [f"{opt} needs whole 2-D gradients on each GPU: ZeRO and FSDP hand the optimizer "
+                "flattened shards (GaLore's projector cannot take their SVD); use --sharding ddp "
+                "without --offload"]
+    try:
+        check_patterns(s.galore_targets)
+    except UnsupportedError as exc:
+        return [str(exc)]
+    problem = galore_problem(model, s)
+    return [problem] if problem else []

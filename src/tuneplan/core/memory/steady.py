@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tuneplan.core.job.galore import galore_matrices
 from tuneplan.core.job.methods import (
     Method,
     Trainable,
@@ -58,7 +59,8 @@ def static_terms(model: ModelSpec, s: Strategy, plan: PrecisionPlan, trainable: 
                  sp: ShardPlan, a: MemoryAssumptions) -> Static:
     weights = weight_terms(model, s, plan, trainable, a)
     wbytes = total(weights)
-    ob = optimizer_bytes(s, plan, trainable, a)
+    ob = optimizer_bytes(s, plan, trainable, a,
+                         galore_matrices(model, s) if s.optimizer.is_galore else ())
     split = split_params(model, head=head_quantized(model, s))
     resident: list[Piece] = []
     host: list[Piece] = []
@@ -67,7 +69,9 @@ def static_terms(model: ModelSpec, s: Strategy, plan: PrecisionPlan, trainable: 
     else:
         resident += [_sharded(t, sp.params_div) for t in weights]
     states = part("optimizer/states", shard(ob.states, sp.states_div), ob.formula
-                  + (f" / {sp.states_div} shards" if sp.states_div > 1 else ""))
+                  + (f" / {sp.states_div} shards" if sp.states_div > 1 else ""),
+                  "galore-torch 1.0 adamw.py / adamw8bit.py / adafactor.py (states of the "
+                  "projected gradient)" if s.optimizer.is_galore else "")
     master = part("optimizer/master_weights", shard(ob.master, sp.states_div),
                   "fp32 master copy of trainable params / shards", "DeepSpeed bf16/fp16")
     outside: list[Piece] = []
@@ -90,9 +94,19 @@ def static_terms(model: ModelSpec, s: Strategy, plan: PrecisionPlan, trainable: 
                           "(not paged)"), master]
     else:
         resident += [states, master]
+    if ob.projectors:
+        resident.append(part("optimizer/galore_projectors", ob.projectors, ob.projector_formula,
+                             "galore-torch 1.0 galore_projector.py get_orthogonal_matrix "
+                             "(torch.linalg.svd full_matrices=False), via transformers 5.24 "
+                             "trainer_optimizer._setup_low_rank_optimizer",
+                             rank=s.galore_rank))
     resident += _buffers(model, s, sp, ob.grads, wbytes, split.total, a)
     grads = _grad_terms(model, s, trainable, ob.grads, ob.grad_largest, sp)
     step = [part("optimizer/step_temporary", shard(ob.step_temp, sp.states_div),
+                 ob.step_formula, "galore-torch 1.0 adamw.py / adamw8bit.py / adafactor.py "
+                 "step, galore_projector.py project / project_back",
+                 update_proj_gap=s.galore_update_proj_gap) if ob.step_formula else
+            part("optimizer/step_temporary", shard(ob.step_temp, sp.states_div),
                  f"AdamW '{ob.impl}' step temporaries",
                  "docs/FIELD-NOTES.md: fused 0, foreach one parameter copy, single the largest "
                  "tensor's twice, hf (transformers AdamW) once; impl from "
@@ -229,12 +243,14 @@ def _grad_terms(model: ModelSpec, s: Strategy, trainable: Trainable, grads: int,
     layers = sum(layer.count for layer in model.layers)
     width = grads // max(trainable.total, 1)
     embed = model.vocab_size * model.hidden_size * width
-    if s.method is Method.FULL:
+    if s.method in (Method.FULL, Method.LISA):
         # The head's gradient exists once the head ran backward (for tied weights it is the
-        # embedding's); an untied embedding's gradient comes last.
+        # embedding's); an untied embedding's gradient comes last. LISA's bottom block may be
+        # a frozen one: none of its gradients is left out there.
         head = embed
         pending = 0 if model.tie_word_embeddings else embed
-        block = (grads - embed * (1 if model.tie_word_embeddings else 2)) // layers
+        block = 0 if s.method is Method.LISA else (
+            grads - embed * (1 if model.tie_word_embeddings else 2)) // layers
     else:
         # LoRA on the output head (``outer_targets``): its gradients exist once the head ran
         # backward; on the embedding, they come last.

@@ -112,10 +112,13 @@ def weight_terms(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan,
                          and experts_are_linear(strategy), head_quantized(model, strategy))
     if quant is not None:
         terms = _quantized_terms(split, strategy, plan, quant, a, model.num_experts > 0)
-    elif strategy.method is Method.FULL:
+    elif strategy.method in (Method.FULL, Method.LISA):
+        # LISA: any block may be the next to train, so every weight is loaded as a trainable
+        # one (fp32 under mixed precision), not only the blocks training now
         terms = [part("weights/trainable", split.total * plan.trainable_weight_bytes,
-                      "all parameters · bytes", params=split.total,
-                      bytes_per_param=plan.trainable_weight_bytes)]
+                      "all parameters · bytes" + (" (lisa: any block may train next)"
+                                                  if strategy.method is Method.LISA else ""),
+                      params=split.total, bytes_per_param=plan.trainable_weight_bytes)]
     else:
         frozen = split.total - (trainable.base_params if strategy.method is Method.FREEZE else 0)
         terms = [part("weights/frozen", frozen * plan.frozen_weight_bytes,

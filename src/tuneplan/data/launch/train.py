@@ -48,7 +48,9 @@ def fault_due(step: int, phase: str) -> bool:
 
 OPTIMIZERS = {"adamw": "adamw_torch", "adamw8bit": "adamw_bnb_8bit",
               "paged-adamw8bit": "paged_adamw_8bit", "paged-adamw32bit": "paged_adamw_32bit",
-              "adafactor": "adafactor", "sgd": "sgd", "lion": "lion_32bit"}
+              "adafactor": "adafactor", "sgd": "sgd", "lion": "lion_32bit",
+              "galore-adamw": "galore_adamw", "galore-adamw8bit": "galore_adamw_8bit",
+              "galore-adafactor": "galore_adafactor"}
 ATTENTION = {"sdpa": "sdpa", "flash": "flash_attention_2", "eager": "eager"}
 ZERO_OR_FSDP = {"zero1", "zero2", "zero3", "fsdp", "fsdp-grad-op", "hybrid"}
 FSDP_SHARDINGS = {"fsdp", "fsdp-grad-op", "hybrid"}
@@ -233,6 +235,11 @@ def training_arguments(cfg: dict[str, Any], deepspeed: str | None = None) -> Any
     if cfg.get("sharding") in FSDP_SHARDINGS and cfg["grad_accum"] > 1:
         names["accelerator_config"] = {"gradient_accumulation_kwargs": {
             "sync_each_batch": True}}
+    # GaLore: the projected linears' patterns and rank/update_proj_gap/scale, as planned
+    # (transformers reads optim_args for galore_* optimizers; no other optimizer gets them).
+    if cfg.get("galore"):
+        names["optim_target_modules"] = cfg["galore"]["optim_target_modules"]
+        names["optim_args"] = cfg["galore"]["optim_args"]
     config: Any = SFTConfig  # called through Any: its many fields do not type **names
     return config(use_liger_kernel=fused_loss,
         use_cpu=not torch.cuda.is_available(), **names,
@@ -277,7 +284,7 @@ def build_model(cfg: dict[str, Any]) -> Any:
     # Full fine-tuning under mixed precision keeps fp32 weights (the optimizer's masters);
     # adapters train in fp32 over a half-precision base; pure bf16 is bf16 throughout.
     dtype = torch.float32 if precision == "fp32" or (
-        method == "full" and precision.endswith("mixed")) else half
+        method in ("full", "lisa") and precision.endswith("mixed")) else half
     kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": ATTENTION[cfg["attention"]]}
     if method in ("qlora", "lora8bit"):
         kwargs["quantization_config"] = _quantization(cfg, half)
@@ -293,7 +300,7 @@ def build_model(cfg: dict[str, Any]) -> Any:
 
 def add_adapters(model: Any, cfg: dict[str, Any]) -> Any:
     method = cfg["method"]
-    if method == "full":
+    if method in ("full", "lisa"):  # lisa: make_lisa_switch freezes blocks during training
         return model
     if cfg.get("peft"):
         return add_tuner(model, cfg["peft"])
@@ -635,14 +642,73 @@ def make_guard(cfg: dict[str, Any], progress_path: Path) -> Any:
     return SpotGuard()
 
 
+def allow_galore_checkpoints() -> None:
+    """Let a resume read GaLore's optimizer state: galore-torch 1.0 keeps a ``GaLoreProjector``
+    object (its projection matrix inside) per projected weight in the state the Trainer saves,
+    and the Trainer loads ``optimizer.pt`` with ``torch.load(weights_only=True)``, which
+    refuses any class not allow-listed."""
+    import torch
+    from galore_torch.galore_projector import GaLoreProjector
+
+    torch.serialization.add_safe_globals([GaLoreProjector])
+
+
+def make_lisa_switch(model: Any, lisa: dict[str, Any]) -> Any:
+    """LISA as the plan estimated it: at the start of every ``interval`` steps, ``layers``
+    blocks of ``model.model.layers`` train and the others get ``requires_grad = False``, the
+    embedding, final norm and head always train (as LMFlow's DynamicLayerActivationCallback
+    does), and the optimizer state of every parameter that stops training is dropped, so
+    only the active blocks' state exists (re-created from zero when a block trains again).
+    The blocks of interval i are drawn from a generator seeded with (the run's seed, i): a
+    resumed run trains the same blocks as the run it continues."""
+    from transformers import TrainerCallback
+
+    blocks = model.model.layers
+    count, interval, seed = int(lisa["layers"]), int(lisa["interval"]), int(lisa["seed"])
+
+    class LisaSwitch(TrainerCallback):
+        def __init__(self) -> None:
+            self.active: list[int] | None = None
+
+        def choose(self, step: int) -> list[int]:
+            draw = random.Random(seed * 1_000_003 + step // interval)
+            return sorted(draw.sample(range(len(blocks)), count))
+
+        def switch(self, step: int, optimizer: Any) -> None:
+            active = self.choose(step)
+            if active == self.active:
+                return
+            state = getattr(optimizer, "optimizer", optimizer).state if optimizer else {}
+            for index, block in enumerate(blocks):
+                for param in block.parameters():
+                    param.requires_grad_(index in active)
+                    if index not in active:
+                        param.grad = None
+                        state.pop(param, None)
+            self.active = active
+            log(f"lisa: blocks {active} train for steps {step + 1}..{step + interval}")
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            self.switch(state.global_step, kw.get("optimizer"))
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            if state.global_step % interval == 0:
+                self.switch(state.global_step, kw.get("optimizer"))
+
+    return LisaSwitch()
+
+
 def make_trainer(model: Any, args: Any, dataset: Any, collate: Any, guard: Any,
-                 tokenizer: Any) -> Any:
+                 tokenizer: Any, lisa: dict[str, Any] | None = None) -> Any:
     """trl.SFTTrainer over the prepared rows (``args``: ``training_arguments``). The model comes
     with its adapters already on (``add_adapters``), so no ``peft_config`` is passed: given
     one, SFTTrainer casts a quantised base's adapters to bf16 (trl 1.16
     ``trainer/sft_trainer.py``), which neither an fp16 card nor the plan's fp32-adapter memory
     estimate expects."""
     from trl.trainer.sft_trainer import SFTTrainer
+
+    if str(getattr(args.optim, "value", args.optim)).startswith("galore"):
+        allow_galore_checkpoints()
 
     class GuardedTrainer(SFTTrainer):
         """SFTTrainer that records which samples each step trains on (the data position)."""
@@ -656,8 +722,9 @@ def make_trainer(model: Any, args: Any, dataset: Any, collate: Any, guard: Any,
             step: Any = super().training_step  # untyped in trl
             return step(model, inputs, *rest)
 
+    callbacks = [guard] + ([make_lisa_switch(model, lisa)] if lisa else [])
     return GuardedTrainer(model=model, args=args, train_dataset=dataset, data_collator=collate,
-                          processing_class=tokenizer, callbacks=[guard])
+                          processing_class=tokenizer, callbacks=callbacks)
 
 
 def truncate_progress(path: Path, step: int) -> None:
@@ -740,7 +807,8 @@ def main(argv: list[str] | None = None) -> int:
     with args.main_process_first(local=True, desc="tokenising"):  # one process per node
         dataset, pad = build_dataset(cfg, tokenizer)
     trainer = make_trainer(build_model(cfg), args, dataset, make_collator(pad), guard,
-                           tokenizer)
+                           tokenizer, cfg["lisa"] | {"seed": cfg["seed"]} if cfg.get("lisa")
+                           else None)
     guard.trainer = trainer
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     if guard.preempted:
