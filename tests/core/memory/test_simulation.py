@@ -149,24 +149,35 @@ def test_allocated_peak_matches_simulation(case: Case) -> None:
 
 
 # Full-size models under fake tensors (no real memory): (bundled name, method, checkpointing,
-# precision). Batch 1, sequence 2048, LoRA r16 all-linear. bf16: bf16 weights, no autocast;
-# bf16-mixed QLoRA: a bf16 base under bf16 autocast (HF recipe: kbit preparation).
+# precision, blocks). Batch 1, sequence 2048, LoRA r16 all-linear. bf16: bf16 weights, no
+# autocast; bf16-mixed QLoRA: a bf16 base under bf16 autocast (HF recipe: kbit preparation).
+# ``blocks``: the model at full width with only that many of its decoder blocks (None: all),
+# estimated from the same shortened config. Every block is alike, and the estimate's per-block
+# terms are held to the 32-block run of full fine-tuning; the shortened QLoRA runs keep every
+# full-width tensor (the 128k-vocabulary head and its copies, the 4-bit blocks, the
+# activations) at an eighth of the simulation's time, which the whole suite's time budget needs.
 FULL_SIZE = [
-    ("meta-llama/Llama-3.1-8B", Method.FULL, False, Precision.BF16),
-    ("meta-llama/Llama-3.1-8B", Method.QLORA, True, Precision.BF16_MIXED),
+    ("meta-llama/Llama-3.1-8B", Method.FULL, False, Precision.BF16, None),
+    ("meta-llama/Llama-3.1-8B", Method.QLORA, True, Precision.BF16_MIXED, 4),
     # Without checkpointing the peak is at the start of backward, while autocast's bf16 copy
     # of the fp32-upcast lm_head (V·H·2 = 1.05 GB) is still saved for the head's backward.
-    ("meta-llama/Llama-3.1-8B", Method.QLORA, False, Precision.BF16_MIXED),
+    ("meta-llama/Llama-3.1-8B", Method.QLORA, False, Precision.BF16_MIXED, 4),
 ]
 
 
-@pytest.mark.parametrize("case", FULL_SIZE, ids=lambda c: f"{c[0]}-{c[1]}-ckpt{c[2]}")
-def test_full_size_peak_matches_fake_simulation(case: tuple[str, Method, bool, Precision]
-                                                ) -> None:
-    from tuneplan.adapters.hub import find_bundled, load_bundled_config, resolve_model
+def _shortened(config: dict[str, object], blocks: int | None) -> dict[str, object]:
+    return config if blocks is None else {**config, "num_hidden_layers": blocks}
+
+
+@pytest.mark.parametrize("case", FULL_SIZE,
+                         ids=lambda c: f"{c[0]}-{c[1]}-ckpt{c[2]}" + (f"-{c[4]}blocks" if c[4]
+                                                                       else ""))
+def test_full_size_peak_matches_fake_simulation(
+        case: tuple[str, Method, bool, Precision, int | None]) -> None:
+    from tuneplan.adapters.hub import find_bundled, load_bundled_config
     from tuneplan.adapters.probe.harness import StepSetup, measure_step
 
-    name, method, ckpt, precision = case
+    name, method, ckpt, precision, blocks = case
     if method is Method.QLORA:
         pytest.importorskip("bitsandbytes")
     bundled = find_bundled(name)
@@ -176,11 +187,12 @@ def test_full_size_peak_matches_fake_simulation(case: tuple[str, Method, bool, P
                         precision=precision, batch_size=1, seq_len=2048, lora_rank=16,
                         lora_alpha=32,
                         checkpointing=Checkpointing.FULL if ckpt else Checkpointing.NONE)
-    measured = measure_step(StepSetup(config=load_bundled_config(bundled), strategy=strategy,
-                                      fake=True))
-    estimate = estimate_memory(resolve_model(name), strategy)
+    config = _shortened(load_bundled_config(bundled), blocks)
+    measured = measure_step(StepSetup(config=config, strategy=strategy, fake=True))
+    estimate = estimate_memory(parse_model_config(config, name=name), strategy)
     tensors = estimate.allocated_peak_bytes - int(
         estimate.breakdown.value("overheads/cublas_workspace"))
+    assert estimate.trainable_params == measured.trainable_params
     assert abs(tensors - measured.peak_bytes) / measured.peak_bytes <= 0.03
     if method is Method.QLORA and not ckpt:  # the fp32 head's bf16 copy is part of the peak
         assert estimate.peak_phase == "backward-start"
@@ -188,9 +200,10 @@ def test_full_size_peak_matches_fake_simulation(case: tuple[str, Method, bool, P
 
 
 def test_full_size_moe_lora_all_linear_matches_fake_simulation() -> None:
-    """Qwen3-30B-A3B, LoRA r16 "all-linear" under the HF recipe: peft wraps the router and the
-    128 stacked experts per block, whose merged bf16 weights every block saves (≈58 GB here)."""
-    from tuneplan.adapters.hub import find_bundled, load_bundled_config, resolve_model
+    """Qwen3-30B-A3B at full width (4 of its 48 blocks, as the shortened runs above), LoRA r16
+    "all-linear" under the HF recipe: peft wraps the router and the 128 stacked experts per
+    block, whose merged bf16 weights every block saves (≈1.2 GB a block here)."""
+    from tuneplan.adapters.hub import find_bundled, load_bundled_config
     from tuneplan.adapters.probe.harness import StepSetup, measure_step
 
     name = "Qwen/Qwen3-30B-A3B"
@@ -200,10 +213,11 @@ def test_full_size_moe_lora_all_linear_matches_fake_simulation() -> None:
     strategy = Strategy(method=Method.LORA, recipe=Recipe.HF, precision=Precision.BF16_MIXED,
                         batch_size=1, seq_len=256, lora_rank=16, lora_alpha=32,
                         checkpointing=Checkpointing.NONE)
-    measured = measure_step(StepSetup(config=load_bundled_config(bundled), strategy=strategy,
-                                      fake=True))
-    estimate = estimate_memory(resolve_model(name), strategy)
+    config = _shortened(load_bundled_config(bundled), 4)
+    measured = measure_step(StepSetup(config=config, strategy=strategy, fake=True))
+    estimate = estimate_memory(parse_model_config(config, name=name), strategy)
     tensors = estimate.allocated_peak_bytes - int(
         estimate.breakdown.value("overheads/cublas_workspace"))
-    assert estimate.trainable_params == measured.trainable_params == 996_507_648
+    # all 48 blocks: 996,507,648 adapter parameters, all in the blocks (no head LoRA): 1/12 here
+    assert estimate.trainable_params == measured.trainable_params == 996_507_648 // 12
     assert abs(tensors - measured.peak_bytes) / measured.peak_bytes <= 0.03
