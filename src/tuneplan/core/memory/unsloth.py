@@ -84,6 +84,34 @@ def uncovered(model: ModelSpec, s: Strategy) -> str | None:
     return next((why for bad, why in checks if bad), None)
 
 
+#: unsloth 2026.8.19 ``models/_utils.py`` ``apply_unsloth_gradient_checkpointing``: below this
+#: ``max_seq_length`` ``use_gradient_checkpointing="unsloth"`` unpatches the smart checkpointer
+#: and returns ``True`` (standard checkpointing, no host copies): "offloading not worth it".
+OFFLOAD_MIN_SEQ = 512
+#: unsloth-zoo 2026.8.13 ``initialize_unsloth_gradient_checkpointing``: ``MINIMUM_SIZE = 2 MiB
+#: // dtype bytes`` elements; ``UnslothCheckpointFunction.forward`` offloads a layer input only
+#: when ``numel() > MINIMUM_SIZE``.
+OFFLOAD_MIN_BYTES = 2 * 1024 * 1024
+
+
+def offloaded_layers(model: ModelSpec, s: Strategy) -> tuple[int, str]:
+    """Layer inputs ``UnslothCheckpointFunction`` (unsloth-zoo 2026.8.13 gradient_checkpointing.py,
+    what ``torch.utils.checkpoint.checkpoint`` resolves to once unsloth patched it; the llama
+    fast forward calls it per decoder layer) copies to the host per step, and why that many:
+    every layer but the last from the second step on (``LAST_GC_INDEX``: "don't offload the
+    last layer"), none below ``OFFLOAD_MIN_SEQ`` or when a layer input is at most
+    ``OFFLOAD_MIN_BYTES``. Only meaningful under ``--offload-activations`` on the fast path."""
+    d = dims(model, s)
+    if s.seq_len < OFFLOAD_MIN_SEQ:
+        return 0, (f"--seq-len {s.seq_len} < {OFFLOAD_MIN_SEQ}: apply_unsloth_gradient_"
+                   "checkpointing falls back to standard checkpointing (no host copies)")
+    if d.t * d.h <= OFFLOAD_MIN_BYTES // d.c:
+        return 0, (f"a layer input of {d.t * d.h * d.c} B is not above MINIMUM_SIZE "
+                   f"({OFFLOAD_MIN_BYTES} B): UnslothCheckpointFunction keeps it on the device")
+    return d.layers - 1, ("every layer but the last (LAST_GC_INDEX: the last layer's input "
+                          "stays on the device from the second step on)")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Dims:
     t: int
