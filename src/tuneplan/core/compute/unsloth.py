@@ -190,7 +190,7 @@ def fused_terms(model: ModelShape, s: Strategy, gpu: GpuSpec, a: ThroughputAssum
         saved = hf_s - fused_s
         terms.append(Term(
             path=f"micro-batch/unsloth-fused-{op.name}",
-            value=-saved * a.elementwise_exposed_share, unit="s",
+            value=0.0 - saved * a.elementwise_exposed_share, unit="s",
             formula=f"-(hf {op.name} seconds - tokens x (forward passes x forward + backward) "
                     f"bytes / (HBM bandwidth x efficiency)), x exposed share (the share the "
                     f"elementwise terms are counted at); unsloth bytes: {formula}",
