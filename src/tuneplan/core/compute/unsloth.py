@@ -72,7 +72,8 @@ def note(model: ModelShape, s: Strategy) -> str:
     if s.checkpointing is Checkpointing.OFFLOAD:
         layers, why_layers = offloaded_layers(model.spec, s)
         out += (", micro-batch/unsloth-checkpoint-offload-exposed" if layers
-                else f"; no checkpoint copies: {why_layers}")
+                else f"; no checkpoint copies: {why_layers} (the memory estimate still "
+                     "counts them in host RAM)")
     out += ("; its QLoRA dequantisation passes and fused loss keep the hf terms' names; host "
             "overhead stays hf's (no per-launch cost to derive it from)")
     return out

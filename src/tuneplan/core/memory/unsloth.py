@@ -19,11 +19,15 @@ unsloth-zoo 2026.8.13 (commit ce232d6c) ``gradient_checkpointing.py`` and
   torch without ``enable_gqa``, expand k/v to every head first (more than modelled here).
 - ``UnslothFusedLoss`` computes the loss and its gradient in the forward, chunk by chunk (never
   the full logits): it keeps the hidden-state gradient T·H·bytes until backward.
-- ``--offload-activations``: ``Unsloth_Offloaded_Gradient_Checkpointer`` (unsloth-zoo) moves
-  each layer's input to host RAM (``host/offloaded_checkpoints``); the device keeps one layer's
-  recompute. ``--gradient-checkpointing``: the launch bundle passes
-  ``use_gradient_checkpointing=True`` (not ``"unsloth"``), modelled as layer inputs kept on the
-  device.
+- ``--offload-activations``: ``UnslothCheckpointFunction`` (unsloth-zoo; what the llama fast
+  forward's ``torch.utils.checkpoint.checkpoint`` resolves to once unsloth patched it) copies
+  each layer's input to pinned host buffers (``host/offloaded_checkpoints``); the device keeps
+  one layer's recompute. Not modelled here (``offloaded_layers`` states them; the speed model
+  reads it): the fallback to standard checkpointing below ``OFFLOAD_MIN_SEQ``, layer inputs of
+  at most ``OFFLOAD_MIN_BYTES`` kept on the device, the last layer's input kept on the device
+  from the second step on, and the second GPU buffer of double buffering.
+  ``--gradient-checkpointing``: the launch bundle passes ``use_gradient_checkpointing=True``
+  (not ``"unsloth"``), modelled as layer inputs kept on the device.
 QLoRA weights are bitsandbytes 4-bit, as in the hf layout (``core.memory.weights``).
 """
 
@@ -202,8 +206,8 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
                       confidence="medium")
     elif s.checkpointing is Checkpointing.OFFLOAD:
         blocks = part("activations/checkpoints", 0,
-                      "layer inputs on the host (Unsloth_Offloaded_Gradient_Checkpointer: "
-                      "hidden_states.to('cpu', non_blocking=True)); see host RAM", _CKPT,
+                      "layer inputs on the host (UnslothCheckpointFunction: x.copy_(arg, "
+                      "non_blocking=True) into pinned CPU_BUFFERS); see host RAM", _CKPT,
                       confidence="medium")
     else:
         blocks = part("activations/checkpoints", d.layers * th,
