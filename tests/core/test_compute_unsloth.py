@@ -58,7 +58,9 @@ def test_unsloth_and_hf_differ_by_exactly_the_unsloth_terms(method: Method) -> N
 
 def test_offloaded_checkpoints_move_every_layer_input_but_the_last_twice() -> None:
     slow = replace(ThroughputAssumptions(), host_link_bytes_per_s=1e6)   # copies dominate
-    term = _terms(_run(JOB, slow))[OFFLOAD]
+    slow_run = _run(JOB, slow)
+    term = _terms(slow_run)[OFFLOAD]
+    assert slow_run.bound == "host"                            # a host-link limit
     i = term.inputs                                            # type: ignore[attr-defined]
     assert i["offloaded_layers"] == L - 1                      # LAST_GC_INDEX: not the last
     assert i["bytes"] == 2 * (L - 1) * T * H * C

@@ -335,7 +335,8 @@ def peak_flops_per_s(gpu: GpuSpec, precision: Precision) -> tuple[float, list[st
 _BOUND_OF = {**dict.fromkeys(COMPUTE_TERMS, "compute"),
              "step/communication-exposed": "communication",
              "micro-batch/host-overhead-exposed": "host",
-             "micro-batch/param-offload-exposed": "host", "step/optimizer-offloaded": "host"}
+             "micro-batch/param-offload-exposed": "host", "step/optimizer-offloaded": "host",
+             unsloth.OFFLOAD_TERM: "host"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 _ZOO = "unsloth-zoo 2026.8.13 (ce232d6c)"
 _UNSLOTH = "unsloth 2026.8.19 (015bdef0)"
 _CKPT = f"{_ZOO} gradient_checkpointing.py UnslothCheckpointFunction"
+#: the host copies of unsloth's offloaded checkpoints (a host-link limit in ``bound_seconds``)
+OFFLOAD_TERM = "micro-batch/unsloth-checkpoint-offload-exposed"
 #: the elementwise terms each fusion replaces (``core.compute.elementwise`` op names).
 FUSED_OPS = ("norms", "rotary", "activation", "mixed-precision-casts")
 
@@ -104,7 +106,7 @@ def offload_term(model: ModelShape, s: Strategy, a: ThroughputAssumptions, mb: M
     backward_window = gpu_s * (1 - share) / model.num_layers
     exposed = layers * (max(0.0, copy_s - forward_window) + max(0.0, copy_s - backward_window))
     return Term(
-        path="micro-batch/unsloth-checkpoint-offload-exposed", value=exposed, unit="s",
+        path=OFFLOAD_TERM, value=exposed, unit="s",
         formula="offloaded layers x (max(0, T·H·bytes / host link - layer forward) + max(0, "
                 "T·H·bytes / host link - layer recompute+backward)); bytes moved = 2 x "
                 "offloaded layers x T·H·bytes",
