@@ -106,7 +106,8 @@ def test_fused_elementwise_terms_are_counted_at_the_elementwise_share() -> None:
     # dY, X in, dX out + r
     assert norms["unsloth_bytes"] == T * (2 * n * (2 * C * H + 4) + n * (3 * C * H + 4))
     rotary = terms["micro-batch/unsloth-fused-rotary"].inputs  # type: ignore[attr-defined]
-    assert rotary["unsloth_bytes"] == T * L * (4 + 2) * 64 * (2 * 4 * C + 4 * C)
+    # fast_rope_embedding without position ids: in place, read + write each way
+    assert rotary["unsloth_bytes"] == T * L * (4 + 2) * 64 * (2 * 2 * C + 2 * C)
     swiglu = terms["micro-batch/unsloth-fused-activation"].inputs  # type: ignore[attr-defined]
     assert swiglu["unsloth_bytes"] == T * L * 512 * (2 * 3 * C + 6 * C)
     assert all(terms[p].inputs["saved_bytes"] > 0 for p in FUSED)  # type: ignore[attr-defined]

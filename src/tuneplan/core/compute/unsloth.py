@@ -19,7 +19,7 @@ the versions ``core.memory.unsloth`` models:
   (kernels/fast_lora.py) dequantise it again (``fast_dequantize(W.t(), W_quant)``): no weight is
   kept between the passes; the recomputed forward dequantises once more.
 - elementwise kernels: ``Fast_RMS_Layernorm`` (kernels/rms_layernorm.py), one Triton kernel
-  each way; ``Fast_RoPE_Embedding_QK`` (kernels/rope_embedding.py) rotates q and k in place;
+  each way; ``Fast_RoPE_Embedding`` (kernels/rope_embedding.py) rotates q and k in place;
   ``swiglu_fg_kernel`` / ``swiglu_DWf_DW_dfg_kernel`` (kernels/swiglu.py) fuse SiLU(e)·g and its
   backward, writing over their inputs; ``matmul_lora`` casts the adapter weights to the input's
   dtype (``A.to(dtype)``), never the activations.
@@ -149,13 +149,16 @@ def _fused_bytes(model: ModelShape, s: Strategy) -> dict[str, tuple[float, float
                   f"{_UNSLOTH} kernels/rms_layernorm.py _rms_layernorm_forward: load X, store "
                   "Y and the fp32 inv_var r per row; _rms_layernorm_backward: load dY, X, r, "
                   "store dX (the weight is frozen: no weight gradient)"),
-        "rotary": (layers * rotated * 4 * c, layers * rotated * 4 * c,
-                   f"layers x (heads + kv heads) x head_dim x (4, 4) x {c} B",
-                   f"{_UNSLOTH} kernels/rope_embedding.py Fast_RoPE_Embedding_QK: q and k "
-                   "rotated in place by _rope_embedding_QK (load, store: 2 per element), after "
-                   "a clone (2 more) because models/llama.py hands it the transposed, "
-                   "non-contiguous view; backward the same kernel on dQ, dK, counted with the "
-                   "clone too; the cos/sin rows (head_dim per token) are left out"),
+        "rotary": (layers * rotated * 2 * c, layers * rotated * 2 * c,
+                   f"layers x (heads + kv heads) x head_dim x (2, 2) x {c} B",
+                   f"{_UNSLOTH} kernels/rope_embedding.py fast_rope_embedding without "
+                   "position ids (models/llama.py passes none unless the batch carries them; "
+                   "--packing is off the fast path): Fast_RoPE_Embedding on Q.transpose(1, 2)"
+                   ".contiguous(), a view of the (batch, seq, heads, head_dim) projection, so no "
+                   "copy, rotated in place by _rope_embedding (load, store: 2 per element), "
+                   "backward the same kernel on dY; the cos/sin rows it loads per group of 4 "
+                   "heads are left out. With position ids (Fast_RoPE_Embedding_QK) it clones "
+                   "the non-contiguous q and k first: 2 more per element, not counted"),
         "activation": (inter * 3 * c, inter * 6 * c,
                        f"intermediate x layers x (3, 6) x {c} B",
                        f"{_UNSLOTH} kernels/swiglu.py _fg_kernel: load e, g, store h; "
