@@ -12,7 +12,8 @@ unsloth-zoo 2026.8.13 (commit ce232d6c) ``gradient_checkpointing.py`` and
   ``swiglu_DWf_DW_dfg_kernel`` writes its gradients over ``e``/``g`` in place.
 - ``Fast_RMS_Layernorm`` saves its input ``X`` (compute dtype) and ``r`` (fp32, one per row):
   no fp32 copy of the activations.
-- ``Fast_RoPE_Embedding_QK`` rotates q and k in place: no rotated copies saved.
+- ``fast_rope_embedding`` rotates q and k in place (``Fast_RoPE_Embedding`` without position
+  ids, ``Fast_RoPE_Embedding_QK`` with them): no rotated copies saved.
 - attention (``utils/attention_dispatch.py``: flash-attn, else xformers, else SDPA) saves q,
   the kv-head k and v, the output and the fp32 logsumexp; the output is ``LoRA_W``'s (o_proj)
   input too, counted once. Version- and install-dependent: the xformers path, and SDPA on a
