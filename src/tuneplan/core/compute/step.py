@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from tuneplan.core.catalog.hardware import GpuSpec
+from tuneplan.core.compute import unsloth
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
 from tuneplan.core.compute.communication import (
     KNOWN_SHARDING,
@@ -45,6 +46,7 @@ from tuneplan.errors import UnsupportedError
 from tuneplan.explain import Breakdown, Term
 
 if TYPE_CHECKING:
+    from tuneplan.core.compute.elementwise import OpBytes
     from tuneplan.core.compute.throughput import ModelShape
 
 #: Optimizer state bytes per trainable parameter (moments), by optimizer.
@@ -136,6 +138,8 @@ class MicroBatch:
     sequences: int
     context: int
     tokens: int
+    #: one forward pass's FLOPs (the share of ``flops`` the first forward does); 0: not given
+    forward_flops: float = 0.0
 
 
 def uses_flash_kernel(gpu: GpuSpec, s: Strategy) -> bool:
@@ -177,9 +181,11 @@ def _micro_batch_terms(model: ModelShape, s: Strategy, gpu: GpuSpec,
                     "only where it exceeds GPU time (small micro-batches)"),
     ]
     offload = offload_term(model, s, a, gpu_s + exposed)
+    checkpoints = unsloth.offload_term(model, s, a, mb, gpu_s)
     return (terms + ([compiled] if compiled else []) + ([offload] if offload else [])
+            + ([checkpoints] if checkpoints else [])
             + _kernel_memory_terms(model, s, gpu, a, mb) + _memory_bound_terms(model, s, gpu, a)
-            + elementwise_terms(model, s, gpu, a, mb))
+            + elementwise_terms(model, s, gpu, a, mb) + unsloth.fused_terms(model, s, gpu, a, mb))
 
 
 def elementwise_terms(model: ModelShape, s: Strategy, gpu: GpuSpec, a: ThroughputAssumptions,
@@ -197,14 +203,8 @@ def elementwise_terms(model: ModelShape, s: Strategy, gpu: GpuSpec, a: Throughpu
     l2 = a.l2_bytes(gpu.name)
     terms = []
     for op in elementwise_ops(model, s):
-        units = mb.tokens if op.per == "token" else 1
-        moved = units * (passes * op.forward + op.backward)
+        seconds, moved, dram, cached = elementwise_seconds(op, gpu, a, mb, passes)
         live = op.working_set * mb.tokens
-        cached = (op.per == "token" and l2 is not None
-                  and live <= a.l2_resident_share * l2)
-        dram = units * (passes * op.boundary_forward + op.boundary_backward) if cached \
-            else moved
-        seconds = (dram + (moved - dram) / a.l2_bandwidth_ratio) / bandwidth
         terms.append(Term(
             path=f"micro-batch/{op.name}",
             value=seconds * a.elementwise_exposed_share, unit="s",
@@ -222,6 +222,21 @@ def elementwise_terms(model: ModelShape, s: Strategy, gpu: GpuSpec, a: Throughpu
                                 "; counted 0: the fitted matmul share carries this time "
                                 "(elementwise_exposed_share)")))
     return terms
+
+
+def elementwise_seconds(op: OpBytes, gpu: GpuSpec, a: ThroughputAssumptions, mb: MicroBatch,
+                        passes: int) -> tuple[float, float, float, bool]:
+    """(seconds, bytes moved, DRAM bytes, in L2) of one elementwise op per micro-batch: its bytes at
+    DRAM rate, or, where its per-token intermediates fit in ``l2_resident_share`` of the L2,
+    only its boundary bytes at DRAM rate and the rest at the L2's."""
+    bandwidth = float(gpu.memory_bandwidth_bytes_per_s or 1e12) * a.elementwise_bandwidth_efficiency
+    l2 = a.l2_bytes(gpu.name)
+    units = mb.tokens if op.per == "token" else 1
+    moved = units * (passes * op.forward + op.backward)
+    live = op.working_set * mb.tokens
+    cached = op.per == "token" and l2 is not None and live <= a.l2_resident_share * l2
+    dram = units * (passes * op.boundary_forward + op.boundary_backward) if cached else moved
+    return (dram + (moved - dram) / a.l2_bandwidth_ratio) / bandwidth, moved, dram, cached
 
 
 def _compile_term(s: Strategy, a: ThroughputAssumptions, matmul_s: float) -> Term | None:
@@ -371,6 +386,8 @@ def _memory_bound_terms(model: ModelShape, s: Strategy, gpu: GpuSpec,
             path = f"micro-batch/{quant.value}-dequantize"
             what = ("bitsandbytes dequantize_4bit per linear and pass (MatMul4Bit forward and "
                     "backward): reads 0.5 B + absmax, writes the compute-dtype weight")
+            if unsloth.fast_path(model, s):
+                what = unsloth.DEQUANT_SOURCE
         terms.append(Term(
             path=path, value=dq_passes * base * per_param / (bandwidth * eff), unit="s",
             formula="passes x base params x bytes/param / (HBM bandwidth x efficiency)",

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tuneplan.core.catalog.hardware import GpuSpec
-from tuneplan.core.compute import seq2seq
+from tuneplan.core.compute import seq2seq, unsloth
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
 from tuneplan.core.compute.communication import NodeLinks
 from tuneplan.core.compute.confidence import TimeBasis, time_basis
@@ -196,7 +196,7 @@ def tokens_per_sequence(strategy: Strategy, avg_tokens: int | None,
     return real, min(strategy.seq_len, round(real * a.padding_factor)) + extra
 
 
-def _unmodelled(s: Strategy) -> list[str]:
+def _unmodelled(s: Strategy, model: ModelShape) -> list[str]:
     """What the speed model takes as it is and does not time, said where it applies, so a
     flag that leaves tokens/s unchanged is seen to be read."""
     out = []
@@ -214,11 +214,13 @@ def _unmodelled(s: Strategy) -> list[str]:
     elif s.method not in ESTIMATED_METHODS:
         out.append(f"--method {s.method.value}: timed as the frozen model with one hidden-size "
                    "vector per block training (memory does not estimate it)")
-    if s.recipe.value != "hf":
+    if s.recipe.value == "unsloth":
+        out.append(unsloth.note(model, s))
+    elif s.recipe.value != "hf":
         out.append(f"--recipe {s.recipe.value}: timed with the same kernels as hf but its "
                    "loss (micro-batch/loss: its default and fused cross-entropy); its other "
                    "kernels (norms, rotary, activations) are not modelled")
-    if s.checkpointing is Checkpointing.OFFLOAD:
+    if s.checkpointing is Checkpointing.OFFLOAD and not unsloth.fast_path(model, s):
         out.append("--offload-activations: the host copies of the checkpoints are assumed to "
                    "overlap with compute (no PCIe time added)")
     return out
@@ -339,7 +341,8 @@ _BOUND_OF = {**dict.fromkeys(COMPUTE_TERMS, "compute"),
              "step/galore-projection": "compute", "step/galore-svd-amortised": "compute",
              "step/communication-exposed": "communication",
              "micro-batch/host-overhead-exposed": "host",
-             "micro-batch/param-offload-exposed": "host", "step/optimizer-offloaded": "host"}
+             "micro-batch/param-offload-exposed": "host", "step/optimizer-offloaded": "host",
+             unsloth.OFFLOAD_TERM: "host"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -436,14 +439,16 @@ def estimate_throughput(model: ModelShape | ModelSpec, strategy: Strategy, gpu: 
     notes += [fused] if fused else []
     structure = structure_note(shape.spec)
     notes += [structure] if structure else []
-    notes += _unmodelled(s)
+    notes += _unmodelled(s, shape)
     attention = float(flops.value("forward/attention") + flops.value("backward/attention"))
     if recomputes(s):
         attention += float(flops.value("forward/attention"))
     computed_mb = computed * s.batch_size
+    # one forward: the forward terms and the adapters' forward third (2 of their 6 FLOPs)
+    forward = float(flops.subtotal("forward")) + float(flops.subtotal("adapters")) / 3
     micro = MicroBatch(flops=float(flops.total) * computed_mb,
                        attention_flops=attention * computed_mb, sequences=s.batch_size,
-                       context=context, tokens=computed_mb)
+                       context=context, tokens=computed_mb, forward_flops=forward * computed_mb)
     step, comm, comm_s, more = step_time(
         model=shape, strategy=s, links=links or NodeLinks(), gpu=gpu, assumptions=a, peak=peak,
         micro_batch=micro)

@@ -12,18 +12,23 @@ unsloth-zoo 2026.8.13 (commit ce232d6c) ``gradient_checkpointing.py`` and
   ``swiglu_DWf_DW_dfg_kernel`` writes its gradients over ``e``/``g`` in place.
 - ``Fast_RMS_Layernorm`` saves its input ``X`` (compute dtype) and ``r`` (fp32, one per row):
   no fp32 copy of the activations.
-- ``Fast_RoPE_Embedding_QK`` rotates q and k in place: no rotated copies saved.
+- ``fast_rope_embedding`` rotates q and k in place (``Fast_RoPE_Embedding`` without position
+  ids, ``Fast_RoPE_Embedding_QK`` with them): no rotated copies saved.
 - attention (``utils/attention_dispatch.py``: flash-attn, else xformers, else SDPA) saves q,
   the kv-head k and v, the output and the fp32 logsumexp; the output is ``LoRA_W``'s (o_proj)
   input too, counted once. Version- and install-dependent: the xformers path, and SDPA on a
   torch without ``enable_gqa``, expand k/v to every head first (more than modelled here).
 - ``UnslothFusedLoss`` computes the loss and its gradient in the forward, chunk by chunk (never
   the full logits): it keeps the hidden-state gradient T·H·bytes until backward.
-- ``--offload-activations``: ``Unsloth_Offloaded_Gradient_Checkpointer`` (unsloth-zoo) moves
-  each layer's input to host RAM (``host/offloaded_checkpoints``); the device keeps one layer's
-  recompute. ``--gradient-checkpointing``: the launch bundle passes
-  ``use_gradient_checkpointing=True`` (not ``"unsloth"``), modelled as layer inputs kept on the
-  device.
+- ``--offload-activations``: ``UnslothCheckpointFunction`` (unsloth-zoo; what the llama fast
+  forward's ``torch.utils.checkpoint.checkpoint`` resolves to once unsloth patched it) copies
+  each layer's input to pinned host buffers (``host/offloaded_checkpoints``); the device keeps
+  one layer's recompute. Not modelled here (``offloaded_layers`` states them; the speed model
+  reads it): the fallback to standard checkpointing below ``OFFLOAD_MIN_SEQ``, layer inputs of
+  at most ``OFFLOAD_MIN_BYTES`` kept on the device, the last layer's input kept on the device
+  from the second step on, and the second GPU buffer of double buffering.
+  ``--gradient-checkpointing``: the launch bundle passes ``use_gradient_checkpointing=True``
+  (not ``"unsloth"``), modelled as layer inputs kept on the device.
 QLoRA weights are bitsandbytes 4-bit, as in the hf layout (``core.memory.weights``).
 """
 
@@ -82,6 +87,34 @@ def uncovered(model: ModelSpec, s: Strategy) -> str | None:
         (not s.all_linear and "lm_head" in s.lora_targets, "LoRA on the output"),
     ]
     return next((why for bad, why in checks if bad), None)
+
+
+#: unsloth 2026.8.19 ``models/_utils.py`` ``apply_unsloth_gradient_checkpointing``: below this
+#: ``max_seq_length`` ``use_gradient_checkpointing="unsloth"`` unpatches the smart checkpointer
+#: and returns ``True`` (standard checkpointing, no host copies): "offloading not worth it".
+OFFLOAD_MIN_SEQ = 512
+#: unsloth-zoo 2026.8.13 ``initialize_unsloth_gradient_checkpointing``: ``MINIMUM_SIZE = 2 MiB
+#: // dtype bytes`` elements; ``UnslothCheckpointFunction.forward`` offloads a layer input only
+#: when ``numel() > MINIMUM_SIZE``.
+OFFLOAD_MIN_BYTES = 2 * 1024 * 1024
+
+
+def offloaded_layers(model: ModelSpec, s: Strategy) -> tuple[int, str]:
+    """Layer inputs ``UnslothCheckpointFunction`` (unsloth-zoo 2026.8.13 gradient_checkpointing.py,
+    what ``torch.utils.checkpoint.checkpoint`` resolves to once unsloth patched it; the llama
+    fast forward calls it per decoder layer) copies to the host per step, and why that many:
+    every layer but the last from the second step on (``LAST_GC_INDEX``: "don't offload the
+    last layer"), none below ``OFFLOAD_MIN_SEQ`` or when a layer input is at most
+    ``OFFLOAD_MIN_BYTES``. Only meaningful under ``--offload-activations`` on the fast path."""
+    d = dims(model, s)
+    if s.seq_len < OFFLOAD_MIN_SEQ:
+        return 0, (f"--seq-len {s.seq_len} < {OFFLOAD_MIN_SEQ}: apply_unsloth_gradient_"
+                   "checkpointing falls back to standard checkpointing (no host copies)")
+    if d.t * d.h <= OFFLOAD_MIN_BYTES // d.c:
+        return 0, (f"a layer input of {d.t * d.h * d.c} B is not above MINIMUM_SIZE "
+                   f"({OFFLOAD_MIN_BYTES} B): UnslothCheckpointFunction keeps it on the device")
+    return d.layers - 1, ("every layer but the last (LAST_GC_INDEX: the last layer's input "
+                          "stays on the device from the second step on)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -174,8 +207,8 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
                       confidence="medium")
     elif s.checkpointing is Checkpointing.OFFLOAD:
         blocks = part("activations/checkpoints", 0,
-                      "layer inputs on the host (Unsloth_Offloaded_Gradient_Checkpointer: "
-                      "hidden_states.to('cpu', non_blocking=True)); see host RAM", _CKPT,
+                      "layer inputs on the host (UnslothCheckpointFunction: x.copy_(arg, "
+                      "non_blocking=True) into pinned CPU_BUFFERS); see host RAM", _CKPT,
                       confidence="medium")
     else:
         blocks = part("activations/checkpoints", d.layers * th,
