@@ -295,3 +295,20 @@ def test_a_galore_plan_reaches_train_py_with_its_arguments_and_no_framework() ->
                            optimizer_in_backward=True)
     with pytest.raises(InvalidValueError, match="layer-wise GaLore"):
         render_bundle(saved_plan_from_entry(layerwise), ["all"], train_script="")
+
+
+@pytest.mark.parametrize("targets", [("accelerate",), ("deepspeed",), ("skypilot",),
+                                     ("dstack",), ("axolotl",), ("llamafactory",), ("all",)])
+def test_the_plain_optimizer_in_backward_is_refused_by_every_hf_target(
+        targets: tuple[str, ...]) -> None:
+    """train.py's Trainer steps after backward (a layer-wise optimizer exists only for
+    GaLore/APOLLO), so a bundle would keep the full gradients the plan did not count: every
+    HF target refuses it, ``all`` too (nothing would be left to run), with one line."""
+    entry = plan_entry("plan_llama70b_full_aws.json", "f838284b7b65", sharding="ddp",
+                       offload="none", gpus=1, grad_accum=1, optimizer_in_backward=True)
+    with pytest.raises(InvalidValueError, match="--optimizer-in-backward") as got:
+        render_bundle(saved_plan_from_entry(entry), list(targets), train_script="")
+    assert "\n" not in str(got.value) and "full gradients" in str(got.value)
+    entry["strategy"]["optimizer_in_backward"] = False
+    assert "train.py" in render_bundle(saved_plan_from_entry(entry), ["accelerate"],
+                                       train_script="")

@@ -339,6 +339,20 @@ def _native_bundle(spec: LaunchSpec, chosen: tuple[Target, ...], native: NativeR
     return files
 
 
+#: The plain optimizer step inside backward (``--optimizer-in-backward`` without GaLore) on
+#: the HF Trainer targets: transformers 5.24 steps a per-parameter optimizer from a
+#: post-accumulate-grad hook only for the ``*_layerwise`` GaLore/APOLLO optimizers
+#: (``trainer_optimizer._get_galore_optimizer`` and its APOLLO twin); ``adamw_torch`` and the
+#: rest keep every gradient until ``optimizer.step()``, which the plan did not count.
+#: axolotl and LLaMA-Factory have no option for it either (``frameworks._common_refusal``).
+_IN_BACKWARD_REFUSAL = (
+    "plan {plan} cannot be launched with train.py (accelerate, deepspeed, skypilot, dstack), "
+    "axolotl or LLaMA-Factory: the HF Trainer has no optimizer step inside backward except "
+    "layer-wise GaLore, so the run would keep the full gradients the plan did not count; "
+    "re-plan without --optimizer-in-backward, or with --recipe torchtune (its "
+    "full_finetune_single_device runs optimizer_in_bwd)")
+
+
 def _hf_bundle(spec: LaunchSpec, chosen: tuple[Target, ...], *, train_script: str,
                sky_catalog: SkyCatalog | None, strict: bool) -> dict[str, str]:
     """train.py's bundle (recipes hf and plain)."""
@@ -348,6 +362,9 @@ def _hf_bundle(spec: LaunchSpec, chosen: tuple[Target, ...], *, train_script: st
     from tuneplan.core.launch import targets as launch_targets
     from tuneplan.core.launch.readme import render_run_md
 
+    if spec.strategy.optimizer_in_backward:
+        # Every target here refuses it, so nothing is left to write even under ``all``.
+        raise InvalidValueError(_IN_BACKWARD_REFUSAL.format(plan=spec.plan_id))
     refused: list[launch_targets.Refusal] = []
 
     def take(got: _T | launch_targets.Refusal) -> _T | None:
