@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tuneplan.core.catalog.offers import Offer, offer_record
 from tuneplan.core.cost.estimate import CostAssumptions, checkpoint_bytes
 from tuneplan.core.cost.spot import young_daly_interval_s
-from tuneplan.core.job.methods import Method, peft_lora_targets
+from tuneplan.core.job.methods import Method, freeze_selection, peft_lora_targets
 from tuneplan.core.job.strategy import Loss, Sharding, Strategy
 from tuneplan.core.job.tuners import LAUNCH_REFUSALS, TUNER_METHODS, launch_peft
 from tuneplan.core.models import ModelSpec
@@ -228,6 +228,10 @@ def train_config(spec: LaunchSpec, *, output_dir: str = CHECKPOINT_DIR) -> dict[
         # LISA: the blocks train.py's switch trains at a time, and how often it draws them
         "lisa": {"layers": s.lisa_layers, "interval": s.lisa_interval}
         if s.method is Method.LISA else None,
+        # freeze: what trains, as the estimate counts it (core/job/methods.py)
+        "freeze": freeze_selection(s) if s.method is Method.FREEZE else None,
+        # the plan's count, which train.py compares with what it set to train
+        "trainable_params": spec.trainable_params,
     }
 
 
@@ -365,6 +369,13 @@ def _hf_bundle(spec: LaunchSpec, chosen: tuple[Target, ...], *, train_script: st
     if spec.strategy.optimizer_in_backward:
         # Every target here refuses it, so nothing is left to write even under ``all``.
         raise InvalidValueError(_IN_BACKWARD_REFUSAL.format(plan=spec.plan_id))
+    if spec.strategy.method is Method.FREEZE and spec.is_fsdp:
+        raise InvalidValueError(
+            f"plan {spec.plan_id} cannot be launched: --method freeze under FSDP: FSDP1 "
+            "flattens the embedding, final norm and head into one flat parameter of one "
+            "dtype, and under mixed precision train.py keeps the trainable norm in fp32 "
+            "beside the frozen half-precision embedding (nor is freeze start-tested under "
+            "FSDP); re-plan with --sharding ddp or a ZeRO stage")
     refused: list[launch_targets.Refusal] = []
 
     def take(got: _T | launch_targets.Refusal) -> _T | None:
