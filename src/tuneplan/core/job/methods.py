@@ -303,6 +303,9 @@ class Trainable:
     adapter_params: int
     largest_tensor: int
     matrices: tuple[tuple[int, int, int], ...] = ()   # (rows, cols, copies) of 2-D tensors
+    #: elements of the token embedding's weight among ``matrices`` (full, lisa: V·h, once
+    #: when the head is tied to it); 0 where it does not train or is not listed there
+    embedding_matrix: int = 0
 
     @property
     def total(self) -> int:
@@ -344,7 +347,8 @@ def count_trainable(model: ModelSpec, strategy: Strategy) -> Trainable:
     if method is Method.FULL:
         mats = _base_matrices(model, model.layers)
         return Trainable(base_params=count_params(model), adapter_params=0,
-                         largest_tensor=max(r * c for r, c, _ in mats), matrices=mats)
+                         largest_tensor=max(r * c for r, c, _ in mats), matrices=mats,
+                         embedding_matrix=model.vocab_size * model.hidden_size)
     if method is Method.FREEZE:
         return _freeze(model, strategy, extra)
     if method is Method.LISA:
@@ -437,7 +441,8 @@ def _lisa(model: ModelSpec, strategy: Strategy) -> Trainable:
     params = (layer.params * k + model.embedding_params + model.final_norm_params
               + model.head_params)
     return Trainable(base_params=params, adapter_params=0,
-                     largest_tensor=max(r * c for r, c, _ in mats), matrices=mats)
+                     largest_tensor=max(r * c for r, c, _ in mats), matrices=mats,
+                     embedding_matrix=model.vocab_size * model.hidden_size)
 
 
 def _adapter_matrices(model: ModelSpec, strategy: Strategy) -> list[tuple[int, int, int]]:
