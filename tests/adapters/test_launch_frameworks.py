@@ -295,3 +295,44 @@ def test_a_galore_plan_reaches_train_py_with_its_arguments_and_no_framework() ->
                            optimizer_in_backward=True)
     with pytest.raises(InvalidValueError, match="layer-wise GaLore"):
         render_bundle(saved_plan_from_entry(layerwise), ["all"], train_script="")
+
+
+@pytest.mark.parametrize("targets", [("accelerate",), ("deepspeed",), ("skypilot",),
+                                     ("dstack",), ("axolotl",), ("llamafactory",), ("all",)])
+def test_the_plain_optimizer_in_backward_is_refused_by_every_hf_target(
+        targets: tuple[str, ...]) -> None:
+    """train.py's Trainer steps after backward (a layer-wise optimizer exists only for
+    GaLore/APOLLO), so a bundle would keep the full gradients the plan did not count: every
+    HF target refuses it, ``all`` too (nothing would be left to run), with one line."""
+    entry = plan_entry("plan_llama70b_full_aws.json", "f838284b7b65", sharding="ddp",
+                       offload="none", gpus=1, grad_accum=1, optimizer_in_backward=True)
+    with pytest.raises(InvalidValueError, match="--optimizer-in-backward") as got:
+        render_bundle(saved_plan_from_entry(entry), list(targets), train_script="")
+    assert "\n" not in str(got.value) and "full gradients" in str(got.value)
+    entry["strategy"]["optimizer_in_backward"] = False
+    assert "train.py" in render_bundle(saved_plan_from_entry(entry), ["accelerate"],
+                                       train_script="")
+
+
+def test_a_freeze_plan_is_train_pys_and_refused_where_it_cannot_be_exact() -> None:
+    """train.py gets what trains (train_config ``freeze``); LLaMA-Factory's freeze would
+    also train every block's layernorms (its extra modules match by substring), axolotl has
+    no mapping: both refused in one line, listed in RUN.md under ``all``; under FSDP the
+    plan is refused (one flat parameter per unit needs one dtype)."""
+    entry = plan_entry("plan_llama70b_full_aws.json", "f838284b7b65", method="freeze",
+                       sharding="ddp", offload="none", trainable_layers=4,
+                       trainable_modules=["embed_tokens"])
+    files = render_bundle(saved_plan_from_entry(entry), ["all"], train_script="")
+    cfg = json.loads(files["train_config.json"])
+    assert cfg["method"] == "freeze" and cfg["freeze"]["last_blocks"] == 4
+    assert cfg["freeze"]["modules"] == ["embed_tokens"]
+    assert "axolotl.yaml" not in files and "llamafactory.yaml" not in files
+    assert "every block's layernorms" in files["RUN.md"]
+    for tool, words in (("llamafactory", "match parameter names by substring"),
+                        ("axolotl", "method freeze")):
+        with pytest.raises(InvalidValueError, match=words) as got:
+            render_bundle(saved_plan_from_entry(entry), [tool], train_script="")
+        assert "\n" not in str(got.value)
+    entry["strategy"]["sharding"] = "fsdp"
+    with pytest.raises(InvalidValueError, match="freeze under FSDP"):
+        render_bundle(saved_plan_from_entry(entry), ["accelerate"], train_script="")

@@ -301,3 +301,86 @@ def test_a_lisa_plan_trains_k_blocks_and_keeps_only_their_optimizer_state(
     assert est.trainable_params == sum(p.numel() for n, p in model.named_parameters()
                                        if n in trains)
     assert torch.is_grad_enabled()
+
+
+def test_a_freeze_plan_trains_the_blocks_norm_and_modules_the_estimate_counts(
+        tmp_path: Path) -> None:
+    """train.py's freeze on a tiny random 4-block Llama through the real SFTTrainer: the last
+    2 blocks, the final norm and ``--trainable-modules lm_head`` require grad, nothing else;
+    their count is the estimate's ``trainable_params`` for the same job exactly, and after
+    two steps only they hold AdamW state. Under bf16-mixed the trainable ones are fp32 and
+    the frozen rest bf16 (the estimate's trainable and frozen weight widths)."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from tuneplan.core.job.methods import Method
+    from tuneplan.core.job.recipes import Recipe
+    from tuneplan.core.job.strategy import Checkpointing, Precision, Strategy
+    from tuneplan.core.memory import estimate_memory
+    from tuneplan.core.models import parse_model_config
+
+    (doc, plan_id) = ZERO3
+    entry = plan_entry(doc, plan_id, method="freeze", sharding="ddp", offload="none", gpus=1,
+                       trainable_layers=2, trainable_modules=["lm_head"])
+    write_bundle(tmp_path / "freeze", entry, ("accelerate",))
+    from tuneplan.adapters.plans import saved_plan_from_entry
+    from tuneplan.core.launch.bundle import launch_spec, train_config
+
+    cfg = train_config(launch_spec(saved_plan_from_entry(entry)))
+    assert cfg["freeze"] == {"last_blocks": 2, "modules": ["lm_head"],
+                             "final_norm": ["norm", "ln_f", "final_layer_norm",
+                                            "final_layernorm"]}
+    train = _module(tmp_path / "freeze")
+    words = ["[UNK]", "</s>", *"abcdefgh"]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=core, eos_token="</s>",
+                            unk_token="[UNK]").save_pretrained(str(tmp_path / "tok"))
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": "a b c d e f g"}) + "\n" for _ in range(4)))
+    four = TINY_LLAMA | {"num_hidden_layers": 4, "architectures": ["LlamaForCausalLM"]}
+    strategy = Strategy(method=Method.FREEZE, recipe=Recipe.PLAIN, precision=Precision.FP32,
+                        trainable_layers=2, trainable_modules=("lm_head",), seq_len=4,
+                        checkpointing=Checkpointing.NONE)
+    planned = estimate_memory(parse_model_config(four | {"rms_norm_eps": 1e-6}, name="tiny"),
+                              strategy).trainable_params
+    cfg |= {"model_name_or_path": str(tmp_path / "tok"), "model_config": four,
+            "output_dir": str(tmp_path / "out"), "deepspeed": None, "trainable_params": planned,
+            "precision": "fp32", "seq_len": 4, "batch_size": 1, "grad_accum": 1,
+            "gradient_checkpointing": False, "save_steps": 1000, "max_steps": 2,
+            "dataset": {"kind": "jsonl", "path": str(data), "text_field": "text",
+                        "cache_dir": str(tmp_path / "tokenised")}}
+    tok = train.build_tokenizer(cfg)
+    rows, pad = train.build_dataset(cfg, tok)
+    guard = train.make_guard(cfg, tmp_path / "progress.jsonl")
+    model = train.build_model(cfg)
+    trainer = train.make_trainer(model, train.training_arguments(cfg), rows,
+                                 train.make_collator(pad), guard, tok)
+    guard.trainer = trainer
+    trainer.train()
+    assert trainer.state.global_step == 2
+    trains = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trains == {n for n, _ in model.named_parameters()
+                      if n.startswith(("model.layers.2.", "model.layers.3.", "model.norm.",
+                                       "lm_head."))}
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == planned
+    names = {id(p): n for n, p in model.named_parameters()}
+    held = trainer.optimizer.optimizer.state if hasattr(trainer.optimizer, "optimizer") \
+        else trainer.optimizer.state
+    assert {names[id(p)] for p in held} == trains
+    mixed = train.build_model(cfg | {"precision": "bf16-mixed"})
+    assert {p.dtype for p in mixed.parameters() if p.requires_grad} == {torch.float32}
+    assert {p.dtype for p in mixed.parameters() if not p.requires_grad} == {torch.bfloat16}
+    # a tied head is the embedding's Parameter: naming both trains (and counts) it once
+    tied = four | {"tie_word_embeddings": True}
+    both = ("embed_tokens", "lm_head")
+    planned = estimate_memory(
+        parse_model_config(tied | {"rms_norm_eps": 1e-6}, name="tiny-tied"),
+        Strategy(method=Method.FREEZE, recipe=Recipe.PLAIN, precision=Precision.FP32,
+                 trainable_layers=2, trainable_modules=both, seq_len=4,
+                 checkpointing=Checkpointing.NONE)).trainable_params
+    model = train.build_model(cfg | {"model_config": tied, "freeze": cfg["freeze"] | {
+        "modules": list(both)}})
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == planned

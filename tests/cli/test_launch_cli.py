@@ -149,3 +149,16 @@ def test_a_litgpt_plan_is_written_as_litgpts_own_run(run_cli: Run, tmp_path: Pat
     assert refused.code == 2 and refused.stderr.count("\n") == 1
     assert "litgpt finetune_full --config litgpt.yaml" in refused.stderr
     assert not (tmp_path / "b").exists()
+
+
+def test_the_plain_optimizer_in_backward_is_exit_2_in_one_line_for_every_hf_target(
+        run_cli: Run, tmp_path: Path) -> None:
+    """No HF target steps the optimizer inside backward (only layer-wise GaLore does), so
+    each one, and ``all``, refuses the plan rather than train with full gradients."""
+    plan = _with_recipe(tmp_path, "hf", method="full", optimizer_in_backward=True, gpus=1,
+                        grad_accum=1)
+    for to in ("accelerate", "skypilot", "all"):
+        out = tmp_path / f"out-{to}"
+        refused = run_cli("launch", "--plan", str(plan), "--to", to, "--out", str(out))
+        assert refused.code == 2 and refused.stderr.count("\n") == 1, refused.stderr
+        assert "--optimizer-in-backward" in refused.stderr and not out.exists()

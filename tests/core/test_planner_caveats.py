@@ -96,7 +96,8 @@ def test_the_launch_bundle_of_a_t4_plan_sets_fp16_never_bf16() -> None:
     # train.py turns the plan's precision into Trainer fp16=True, full models loaded in fp32.
     script = read_data_text("launch/train.py")
     assert 'fp16=precision == "fp16-mixed"' in script
-    # (full weights, and LISA's, train in fp32 under mixed precision; adapters' bases in half)
+    # full weights and LISA's load in fp32 under mixed precision (freeze upcasts only what
+    # trains; adapters' bases stay in half)
     assert re.search(r'method in \([^)]*"full"[^)]*\) and precision\.endswith\("mixed"\)',
                      script)
 

@@ -144,7 +144,10 @@ def peft_kwargs(cfg: dict[str, Any]) -> dict[str, Any] | None:
         LoraConfig=lambda **kw: captured.update(kw) or kw,
         get_peft_model=lambda model, config: model,
         prepare_model_for_kbit_training=lambda model, **kw: model)
-    with patch.dict(sys.modules, {"peft": fake}):
+    # freeze sets requires_grad on a real model (held to the estimate in test_launch_trl);
+    # here only the selection it is given is read back (launch_count)
+    freeze = patch.object(train_module(), "apply_freeze", lambda model, *a, **kw: model)
+    with patch.dict(sys.modules, {"peft": fake}), freeze:
         train_module().add_adapters("model", cfg)
     return captured or None
 
@@ -163,7 +166,10 @@ def launch_count(spec: ModelSpec, strategy: Strategy, memory: Any) -> tuple[int,
     launch = launch_spec(saved_plan_from_entry(plan))
     cfg = train_config(launch)
     kw = peft_kwargs(cfg)
-    if kw is None:
+    if cfg["method"] == Method.FREEZE.value:  # train.py's apply_freeze reads these
+        built = Strategy(method=Method.FREEZE, trainable_layers=cfg["freeze"]["last_blocks"],
+                         trainable_modules=tuple(cfg["freeze"]["modules"]))
+    elif kw is None:
         built = Strategy(method=Method(cfg["method"]))
     else:
         targets = kw["target_modules"]
@@ -183,7 +189,8 @@ def launched_methods() -> frozenset[Method]:
     for method in ESTIMATED_METHODS - TUNER_METHODS:
         cfg = {"method": method.value, "gradient_checkpointing": True, "lora_targets":
                ["all-linear"], "lora_rank": 8, "lora_alpha": 16, "lora_dropout": 0.0,
-               "trainable_modules": []}
+               "trainable_modules": [], "precision": "fp32",
+               "freeze": {"last_blocks": 1, "final_norm": [], "modules": []}}
         try:
             peft_kwargs(cfg)
         except SystemExit:
@@ -284,8 +291,9 @@ def test_coverage_and_the_counted_skips() -> None:
     # T0 and mT0 estimated (freeze and lisa refused); lisa wherever freeze is
     assert len(cases) - len(skipped) == 953 + len(specs()) - len(EXPECTED_SKIPS) - len(freeze)
     # lisa: the whole model, its blocks frozen by train.py's switch (test_launch_trl)
-    assert launched_methods() == {Method.FULL, Method.LISA, Method.LORA, Method.DORA,
-                                  Method.QLORA, Method.LORA8BIT}
+    # freeze: the blocks, norm and modules train.py's apply_freeze trains (test_launch_trl)
+    assert launched_methods() == {Method.FULL, Method.FREEZE, Method.LISA, Method.LORA,
+                                  Method.DORA, Method.QLORA, Method.LORA8BIT}
 
 
 @pytest.mark.parametrize(("name", "published"), [

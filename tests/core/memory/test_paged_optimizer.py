@@ -3,8 +3,11 @@ CUDA managed memory (``optimizer/paged_states``); the rest stay ordinary allocat
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tuneplan.core.job.methods import Method, count_trainable
-from tuneplan.core.job.strategy import Optimizer, Strategy
+from tuneplan.core.job.recipes import Recipe
+from tuneplan.core.job.strategy import Optimizer, Precision, Strategy
 from tuneplan.core.memory import estimate_memory
 from tuneplan.core.memory.optimizer import PAGED_MIN_ELEMENTS
 from tuneplan.core.models import parse_model_config
@@ -32,9 +35,16 @@ def test_lora_paged_state_is_only_the_large_adapters() -> None:
 
 
 def test_paged_8bit_full_pages_the_matrices() -> None:
+    """Every matrix's state is paged; the token embedding's is fp32 under the HF Trainer
+    (transformers 5.24 ``Trainer.create_optimizer`` registers ``optim_bits=32`` for every
+    nn.Embedding), 8-bit under torchtune, whose recipe builds bitsandbytes' class itself."""
     spec = parse_model_config(LLAMA, name="llama")
     s = Strategy(method=Method.FULL, optimizer=Optimizer.PAGED_ADAMW8BIT)
     est = estimate_memory(spec, s)
     big = sum(r * c * k for r, c, k in count_trainable(spec, s).matrices
               if r * c >= PAGED_MIN_ELEMENTS)
-    assert est.breakdown.value("optimizer/paged_states") == int(big * (2 + 2 * 4 / 256))
+    embedding = 32000 * 1024
+    assert est.breakdown.value("optimizer/paged_states") == \
+        int((big - embedding) * (2 + 2 * 4 / 256)) + embedding * 8
+    tune = estimate_memory(spec, replace(s, recipe=Recipe.TORCHTUNE, precision=Precision.BF16))
+    assert tune.breakdown.value("optimizer/paged_states") == int(big * (2 + 2 * 4 / 256))

@@ -474,13 +474,37 @@ def _optimizer_term(model: ModelShape, s: Strategy, gpu: GpuSpec,
                             "cpu_basis": basis, "cpu_s": cpu_s, "copy_s": copy_s},
                     source="DeepSpeed CPU Adam on the host's cores, after the backward")
     touched = 2 * w + compute_dtype_bytes(s.precision) + 2 * state
+    # the memory model's state widths: under the HF Trainer an 8-bit optimizer keeps the
+    # token embedding's states in fp32 (core/memory/optimizer.py trainer_fp32_embedding)
+    fp32_embedding = _fp32_embedding(model, s) / shards
+    extra = fp32_embedding * 2 * (STATE_BYTES["adamw"] - state)
     bandwidth = float(gpu.memory_bandwidth_bytes_per_s or 1e12)
-    seconds = (per_rank * touched * a.optimizer_passes
+    seconds = ((per_rank * touched + extra) * a.optimizer_passes
                / (bandwidth * a.optimizer_bandwidth_efficiency))
-    return Term(path="step/optimizer", value=seconds, unit="s",
-                formula="params/rank x (2w + g + 2 x state) bytes x passes / (HBM bw x eff)",
-                inputs={"params_per_rank": per_rank, "bytes_per_param": touched,
-                        "optimizer": s.optimizer.value}, source="memory-bound optimizer step")
+    inputs: dict[str, object] = {"params_per_rank": per_rank, "bytes_per_param": touched,
+                                 "optimizer": s.optimizer.value}
+    formula = "params/rank x (2w + g + 2 x state) bytes x passes / (HBM bw x eff)"
+    if extra:
+        inputs["fp32_state_embedding_per_rank"] = fp32_embedding
+        formula = ("(params/rank x (2w + g + 2 x state) + embedding/rank x 2 x (8 - state)) "
+                   "bytes x passes / (HBM bw x eff)")
+    return Term(path="step/optimizer", value=seconds, unit="s", formula=formula,
+                inputs=inputs, source="memory-bound optimizer step" + (
+                    "; the token embedding's 8-bit state is fp32 (transformers 5.24 "
+                    "Trainer.create_optimizer register_module_override)" if extra else ""))
+
+
+def _fp32_embedding(model: ModelShape, s: Strategy) -> int:
+    """Token-embedding elements whose 8-bit optimizer state is fp32 (the memory model's
+    ``trainer_fp32_embedding``); 0 for methods the memory model does not count."""
+    from tuneplan.core.memory.optimizer import (
+        TRAINER_FP32_EMBEDDING_OPTIMIZERS,
+        trainer_fp32_embedding,
+    )
+
+    if s.optimizer not in TRAINER_FP32_EMBEDDING_OPTIMIZERS or s.method not in ESTIMATED_METHODS:
+        return 0
+    return trainer_fp32_embedding(s, count_trainable(model.spec, s))
 
 
 #: The step term of ``multi_node_efficiency``, the speed model's one fitted flat factor: a

@@ -303,6 +303,9 @@ class Trainable:
     adapter_params: int
     largest_tensor: int
     matrices: tuple[tuple[int, int, int], ...] = ()   # (rows, cols, copies) of 2-D tensors
+    #: elements of the token embedding's weight among ``matrices`` (full, lisa: V·h, once
+    #: when the head is tied to it); 0 where it does not train or is not listed there
+    embedding_matrix: int = 0
 
     @property
     def total(self) -> int:
@@ -344,7 +347,8 @@ def count_trainable(model: ModelSpec, strategy: Strategy) -> Trainable:
     if method is Method.FULL:
         mats = _base_matrices(model, model.layers)
         return Trainable(base_params=count_params(model), adapter_params=0,
-                         largest_tensor=max(r * c for r, c, _ in mats), matrices=mats)
+                         largest_tensor=max(r * c for r, c, _ in mats), matrices=mats,
+                         embedding_matrix=model.vocab_size * model.hidden_size)
     if method is Method.FREEZE:
         return _freeze(model, strategy, extra)
     if method is Method.LISA:
@@ -378,6 +382,24 @@ def _base_matrices(model: ModelSpec,
     return tuple(mats)
 
 
+#: The attribute name of the norm after the last block, beside the block list, in
+#: transformers 5.24's causal LMs: ``model.norm`` (llama, mistral, qwen2, gemma), ``ln_f``
+#: (gpt2, falcon, bloom), ``final_layer_norm`` (gpt-neox), ``final_layernorm`` (phi). Its
+#: parameters are the model's ``final_norm_params``.
+FINAL_NORM_NAMES = ("norm", "ln_f", "final_layer_norm", "final_layernorm")
+
+
+def freeze_selection(strategy: Strategy) -> dict[str, object]:
+    """What ``--method freeze`` trains, as ``_freeze`` counts it, in the words the launch
+    bundle's train.py applies (it imports nothing from here): every parameter frozen, then
+    the last ``last_blocks`` entries of the model's block list (the ``ModuleList`` of
+    ``num_hidden_layers`` blocks), the final norm (the one child of the block list's parent
+    named in ``final_norm``) and every module whose own name is in ``modules``
+    (``--trainable-modules``; a tied head is the embedding's Parameter, trained once)."""
+    return {"last_blocks": strategy.trainable_layers, "final_norm": list(FINAL_NORM_NAMES),
+            "modules": list(strategy.trainable_modules)}
+
+
 def _freeze(model: ModelSpec, strategy: Strategy, extra: int) -> Trainable:
     blocks = sum(layer.count for layer in model.layers)
     n = strategy.trainable_layers
@@ -387,6 +409,10 @@ def _freeze(model: ModelSpec, strategy: Strategy, extra: int) -> Trainable:
         raise UnsupportedError("freeze is estimated only for models with one kind of block")
     layer = model.layers[0]
     mats = tuple((lin.out_features, lin.in_features, lin.copies * n) for lin in layer.linears)
+    named = set(strategy.trainable_modules)
+    if model.tie_word_embeddings and named & EMBED_NAMES and named & HEAD_NAMES:
+        # no PEFT copies here: the tied head's weight is the embedding's Parameter, once
+        extra -= model.vocab_size * model.hidden_size
     params = layer.params * n + model.final_norm_params + extra
     return Trainable(base_params=params, adapter_params=0,
                      largest_tensor=max(r * c for r, c, _ in mats), matrices=mats)
@@ -415,7 +441,8 @@ def _lisa(model: ModelSpec, strategy: Strategy) -> Trainable:
     params = (layer.params * k + model.embedding_params + model.final_norm_params
               + model.head_params)
     return Trainable(base_params=params, adapter_params=0,
-                     largest_tensor=max(r * c for r, c, _ in mats), matrices=mats)
+                     largest_tensor=max(r * c for r, c, _ in mats), matrices=mats,
+                     embedding_matrix=model.vocab_size * model.hidden_size)
 
 
 def _adapter_matrices(model: ModelSpec, strategy: Strategy) -> list[tuple[int, int, int]]:

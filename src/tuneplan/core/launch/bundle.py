@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tuneplan.core.catalog.offers import Offer, offer_record
 from tuneplan.core.cost.estimate import CostAssumptions, checkpoint_bytes
 from tuneplan.core.cost.spot import young_daly_interval_s
-from tuneplan.core.job.methods import Method, peft_lora_targets
+from tuneplan.core.job.methods import Method, freeze_selection, peft_lora_targets
 from tuneplan.core.job.strategy import Loss, Sharding, Strategy
 from tuneplan.core.job.tuners import LAUNCH_REFUSALS, TUNER_METHODS, launch_peft
 from tuneplan.core.models import ModelSpec
@@ -228,6 +228,10 @@ def train_config(spec: LaunchSpec, *, output_dir: str = CHECKPOINT_DIR) -> dict[
         # LISA: the blocks train.py's switch trains at a time, and how often it draws them
         "lisa": {"layers": s.lisa_layers, "interval": s.lisa_interval}
         if s.method is Method.LISA else None,
+        # freeze: what trains, as the estimate counts it (core/job/methods.py)
+        "freeze": freeze_selection(s) if s.method is Method.FREEZE else None,
+        # the plan's count, which train.py compares with what it set to train
+        "trainable_params": spec.trainable_params,
     }
 
 
@@ -339,6 +343,20 @@ def _native_bundle(spec: LaunchSpec, chosen: tuple[Target, ...], native: NativeR
     return files
 
 
+#: The plain optimizer step inside backward (``--optimizer-in-backward`` without GaLore) on
+#: the HF Trainer targets: transformers 5.24 steps a per-parameter optimizer from a
+#: post-accumulate-grad hook only for the ``*_layerwise`` GaLore/APOLLO optimizers
+#: (``trainer_optimizer._get_galore_optimizer`` and its APOLLO twin); ``adamw_torch`` and the
+#: rest keep every gradient until ``optimizer.step()``, which the plan did not count.
+#: axolotl and LLaMA-Factory have no option for it either (``frameworks._common_refusal``).
+_IN_BACKWARD_REFUSAL = (
+    "plan {plan} cannot be launched with train.py (accelerate, deepspeed, skypilot, dstack), "
+    "axolotl or LLaMA-Factory: the HF Trainer has no optimizer step inside backward except "
+    "layer-wise GaLore, so the run would keep the full gradients the plan did not count; "
+    "re-plan without --optimizer-in-backward, or with --recipe torchtune (its "
+    "full_finetune_single_device runs optimizer_in_bwd)")
+
+
 def _hf_bundle(spec: LaunchSpec, chosen: tuple[Target, ...], *, train_script: str,
                sky_catalog: SkyCatalog | None, strict: bool) -> dict[str, str]:
     """train.py's bundle (recipes hf and plain)."""
@@ -348,6 +366,16 @@ def _hf_bundle(spec: LaunchSpec, chosen: tuple[Target, ...], *, train_script: st
     from tuneplan.core.launch import targets as launch_targets
     from tuneplan.core.launch.readme import render_run_md
 
+    if spec.strategy.optimizer_in_backward:
+        # Every target here refuses it, so nothing is left to write even under ``all``.
+        raise InvalidValueError(_IN_BACKWARD_REFUSAL.format(plan=spec.plan_id))
+    if spec.strategy.method is Method.FREEZE and spec.is_fsdp:
+        raise InvalidValueError(
+            f"plan {spec.plan_id} cannot be launched: --method freeze under FSDP: FSDP1 "
+            "flattens the embedding, final norm and head into one flat parameter of one "
+            "dtype, and under mixed precision train.py keeps the trainable norm in fp32 "
+            "beside the frozen half-precision embedding (nor is freeze start-tested under "
+            "FSDP); re-plan with --sharding ddp or a ZeRO stage")
     refused: list[launch_targets.Refusal] = []
 
     def take(got: _T | launch_targets.Refusal) -> _T | None:

@@ -66,6 +66,13 @@ _LLAMAFACTORY_ATTENTION = {Attention.SDPA: "sdpa", Attention.FLASH: "fa2",
 def _common_refusal(spec: LaunchSpec, tool: str) -> Refusal | None:
     """What neither framework expresses (train.py's own limits included)."""
     s = spec.strategy
+    if s.method is Method.FREEZE and tool == LLAMAFACTORY:
+        # LLaMA-Factory model/adapter.py _setup_freeze_tuning keeps a parameter when any of
+        # ".<block>." or a freeze_extra_modules name is a substring of its name
+        return Refusal(tool, "freeze: finetuning_type freeze trains the final norm only "
+                             "through freeze_extra_modules, which match parameter names by "
+                             "substring: `norm` (the final norm of llama, mistral, "
+                             "qwen2, gemma) would also train every block's layernorms")
     if s.method not in _METHODS:
         return Refusal(tool, f"method {s.method.value} is not one this bundle maps (full, "
                              "lora, dora, qlora, lora8bit)")

@@ -2,8 +2,9 @@
 
 torch AdamW keeps exp_avg and exp_avg_sq like each parameter (so bf16 on pure-bf16 models);
 bitsandbytes 8-bit optimizers keep uint8 states with fp32 absmax per 256 elements (tensors under
-4096 elements stay 32-bit); transformers Adafactor keeps factored row+column second moments and
-no first moment by default; SGD momentum and Lion keep one state. GaLore (galore-torch 1.0)
+4096 elements stay 32-bit; under the HF Trainer the token embedding too:
+``trainer_fp32_embedding``); transformers Adafactor keeps factored row+column second moments
+and no first moment by default; SGD momentum and Lion keep one state. GaLore (galore-torch 1.0)
 keeps those states at the projected (rank x max side) shape for the weights it targets, plus
 one projector per targeted weight. Sharding is applied elsewhere.
 """
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from tuneplan.core.job.galore import effective_rank
 from tuneplan.core.job.methods import Trainable
-from tuneplan.core.job.recipes import PrecisionPlan
+from tuneplan.core.job.recipes import PrecisionPlan, Recipe
 from tuneplan.core.job.strategy import Optimizer, Strategy
 from tuneplan.core.job.versions import adamw_impl
 from tuneplan.core.memory.assumptions import MemoryAssumptions
@@ -34,8 +35,35 @@ class OptimizerBytes:
     step_formula: str = ""    # GaLore: what step_temp counts
 
 
+#: The planned optimizers transformers 5.24 builds as a bitsandbytes class with
+#: ``optim_bits=8`` (``trainer_optimizer._get_bitsandbytes_optimizer``: ``adamw_bnb_8bit``,
+#: ``paged_adamw_8bit``; GaLore's 8-bit AdamW is galore-torch's class, no override).
+#: ``Trainer.create_optimizer`` then calls
+#: ``bitsandbytes.optim.GlobalOptimManager.register_module_override(module, "weight",
+#: {"optim_bits": 32})`` for every ``nn.Embedding`` of the model, and bitsandbytes 0.50.2
+#: ``Optimizer2State.init_state`` gives such a weight two fp32 states (8 B per element).
+TRAINER_FP32_EMBEDDING_OPTIMIZERS = frozenset({Optimizer.ADAMW8BIT, Optimizer.PAGED_ADAMW8BIT})
+#: The recipes whose optimizer the HF Trainer builds (train.py runs hf and plain plans).
+#: torchtune 0.6.1 and LitGPT 0.5.13 instantiate bitsandbytes' class themselves, with no
+#: override: their embedding keeps 8-bit states.
+TRAINER_RECIPES = frozenset({Recipe.HF, Recipe.PLAIN})
+
+
+def trainer_fp32_embedding(strategy: Strategy, trainable: Trainable) -> int:
+    """Elements of the token embedding among ``trainable.matrices`` whose 8-bit optimizer
+    state is 32-bit: the HF Trainer's override (``TRAINER_FP32_EMBEDDING_OPTIMIZERS``) on a
+    ``TRAINER_RECIPES`` job, not under ZeRO (DeepSpeed gives the optimizer flat fp32
+    partitions, and bitsandbytes' ``check_overrides`` matches parameters by id: it finds no
+    module weight). A tied head is the same Parameter: counted once. 0 otherwise."""
+    if (strategy.optimizer not in TRAINER_FP32_EMBEDDING_OPTIMIZERS
+            or strategy.recipe not in TRAINER_RECIPES
+            or strategy.sharding.value.startswith("zero")):
+        return 0
+    return trainable.embedding_matrix
+
+
 def _state_elements(opt: Optimizer, trainable: Trainable, width: int,
-                    a: MemoryAssumptions) -> tuple[int, str]:
+                    a: MemoryAssumptions, fp32_embedding: int = 0) -> tuple[int, str]:
     n = trainable.total
     if opt in (Optimizer.ADAMW, Optimizer.PAGED_ADAMW32BIT):
         return 2 * n * width, "2 states (exp_avg, exp_avg_sq) · trainable · state bytes"
@@ -46,11 +74,16 @@ def _state_elements(opt: Optimizer, trainable: Trainable, width: int,
         flat = n - sum(r * c * k for r, c, k in trainable.matrices if r > 1)
         return (mats + flat) * 4, ("factored second moment: (rows + cols)·4 per matrix, "
                                    "4·n for vectors")
-    big = sum(r * c * k for r, c, k in trainable.matrices if r * c >= a.optim8bit_min_size)
+    # one tensor: under the 8-bit minimum it is among the small ones already
+    big = sum(r * c * k for r, c, k in trainable.matrices if r * c >= a.optim8bit_min_size) \
+        - (fp32_embedding if fp32_embedding >= a.optim8bit_min_size else 0)
     small = n - big
     per_big = 2 + 2 * 4 / a.optim8bit_blocksize
-    return int(big * per_big) + small * 2 * 4, ("8-bit: 2 B + 2·4/256 B per element; "
-                                                 "small tensors 8 B")
+    return int(big * per_big) + small * 2 * 4, (
+        "8-bit: 2 B + 2·4/256 B per element; small tensors 8 B" + (
+            "; the token embedding 8 B (transformers 5.24 Trainer.create_optimizer: "
+            "register_module_override(embedding, 'weight', optim_bits=32))"
+            if fp32_embedding else ""))
 
 
 def optimizer_bytes(strategy: Strategy, plan: PrecisionPlan, trainable: Trainable,
@@ -63,7 +96,8 @@ def optimizer_bytes(strategy: Strategy, plan: PrecisionPlan, trainable: Trainabl
     if strategy.optimizer.is_galore:
         return _galore_bytes(strategy, plan, trainable, a, galore, grads)
     width = 4 if plan.master_bytes else plan.state_bytes
-    states, formula = _state_elements(strategy.optimizer, trainable, width, a)
+    states, formula = _state_elements(strategy.optimizer, trainable, width, a,
+                                      trainer_fp32_embedding(strategy, trainable))
     master = trainable.total * plan.master_bytes
     impl = adamw_impl(strategy, a.adamw_impl)
     if (strategy.optimizer is not Optimizer.ADAMW or impl == "fused"
@@ -93,12 +127,16 @@ def paged_state_bytes(strategy: Strategy, plan: PrecisionPlan, trainable: Traina
     """Bytes of a paged optimizer's state that live in CUDA managed memory (``get_paged``,
     cudaMallocManaged): the states of tensors of at least ``PAGED_MIN_ELEMENTS`` elements;
     0 for optimizers that do not page. Those tensors are all over the 8-bit minimum size, so
-    paged-adamw8bit keeps 8-bit states for them."""
+    paged-adamw8bit keeps 8-bit states for them, but for the token embedding under the HF
+    Trainer (``trainer_fp32_embedding``): its two fp32 states are paged too
+    (``get_state_buffer`` pages by size, whatever the dtype)."""
     if not strategy.optimizer.is_paged:
         return 0
     big = sum(r * c * k for r, c, k in trainable.matrices if r * c >= PAGED_MIN_ELEMENTS)
     if strategy.optimizer.is_8bit:
-        return int(big * (2 + 2 * 4 / a.optim8bit_blocksize))
+        fp32 = trainer_fp32_embedding(strategy, trainable)
+        fp32 = fp32 if fp32 >= PAGED_MIN_ELEMENTS else 0  # smaller: not paged at all
+        return int((big - fp32) * (2 + 2 * 4 / a.optim8bit_blocksize)) + fp32 * 2 * 4
     width = 4 if plan.master_bytes else plan.state_bytes
     return 2 * big * width
 

@@ -283,6 +283,7 @@ def build_model(cfg: dict[str, Any]) -> Any:
     half = torch.float16 if precision == "fp16-mixed" else torch.bfloat16
     # Full fine-tuning under mixed precision keeps fp32 weights (the optimizer's masters);
     # adapters train in fp32 over a half-precision base; pure bf16 is bf16 throughout.
+    # freeze loads in half precision and apply_freeze upcasts only what trains.
     dtype = torch.float32 if precision == "fp32" or (
         method in ("full", "lisa") and precision.endswith("mixed")) else half
     kwargs: dict[str, Any] = {"dtype": dtype, "attn_implementation": ATTENTION[cfg["attention"]]}
@@ -302,11 +303,15 @@ def add_adapters(model: Any, cfg: dict[str, Any]) -> Any:
     method = cfg["method"]
     if method in ("full", "lisa"):  # lisa: make_lisa_switch freezes blocks during training
         return model
+    if method == "freeze":
+        return apply_freeze(model, cfg["freeze"], upcast=cfg["precision"].endswith("mixed"),
+                            planned=cfg.get("trainable_params"))
     if cfg.get("peft"):
         return add_tuner(model, cfg["peft"])
     if method not in ("lora", "dora", "qlora", "lora8bit"):
-        raise SystemExit(f"method {method!r}: this entry point trains full, lora, dora, qlora "
-                         "and lora8bit; add the PEFT config for it in add_adapters()")
+        raise SystemExit(f"method {method!r}: this entry point trains full, freeze, lisa, "
+                         "lora, dora, qlora and lora8bit; add the PEFT config for it in "
+                         "add_adapters()")
     import peft
     from peft import LoraConfig, get_peft_model
 
@@ -321,6 +326,50 @@ def add_adapters(model: Any, cfg: dict[str, Any]) -> Any:
         modules_to_save=cfg["trainable_modules"] or None, use_dora=method == "dora",
         task_type="CAUSAL_LM")
     return get_peft_model(model, lora)
+
+
+def apply_freeze(model: Any, freeze: dict[str, Any], *, upcast: bool,
+                 planned: int | None = None) -> Any:
+    """``--method freeze`` as the plan counted it (``freeze`` from train_config.json): every
+    parameter frozen, then the last ``last_blocks`` blocks of the model's block list (its
+    ``ModuleList`` of ``num_hidden_layers`` blocks), the final norm (the child of the block
+    list's parent named in ``final_norm``) and the modules named in ``modules`` trained; under
+    mixed precision those are upcast to fp32 (the frozen rest stays in half precision). A
+    count other than the plan's ``planned`` is logged: the plan's memory did not count it."""
+    import torch
+
+    layers = int(model.config.get_text_config().num_hidden_layers)
+    lists = [(name, m) for name, m in model.named_modules()
+             if isinstance(m, torch.nn.ModuleList) and len(m) == layers]
+    if len(lists) != 1:
+        raise SystemExit(f"[train.py] freeze: {len(lists)} block lists of {layers} blocks in "
+                         f"{type(model).__name__}, expected one")
+    path, blocks = lists[0]
+    parent = model.get_submodule(path.rpartition(".")[0])
+    norms = [getattr(parent, n) for n in freeze["final_norm"]
+             if isinstance(getattr(parent, n, None), torch.nn.Module)]
+    if len(norms) != 1:
+        raise SystemExit("[train.py] freeze: no single final norm ("
+                         f"{', '.join(freeze['final_norm'])}) beside {path}")
+    named = [(name.rsplit(".", 1)[-1], m) for name, m in model.named_modules()
+             if name.rsplit(".", 1)[-1] in freeze["modules"]]
+    missing = set(freeze["modules"]) - {short for short, _ in named}
+    if missing:
+        raise SystemExit(f"[train.py] freeze: no module named {', '.join(sorted(missing))}")
+    model.requires_grad_(False)
+    count = int(freeze["last_blocks"])
+    for module in [*list(blocks)[len(blocks) - count:], *norms, *(m for _, m in named)]:
+        module.requires_grad_(True)
+    trains = [p for p in model.parameters() if p.requires_grad]  # a tied weight once
+    if upcast:
+        for param in trains:
+            param.data = param.data.float()
+    total = sum(p.numel() for p in trains)
+    log(f"freeze: {total} parameters train (the last {count} blocks of {path}, the final "
+        f"norm, {', '.join(freeze['modules']) or 'no other module'})")
+    if planned is not None and total != planned:
+        log(f"WARNING: the plan counted {planned} trainable parameters, this model has {total}")
+    return model
 
 
 def add_tuner(model: Any, spec: dict[str, Any]) -> Any:
