@@ -5,7 +5,8 @@ InternLM2 / InternLM2.5 (``internlm2``) and Kimi-K2 (``kimi_k2``): transformers 
 them without running the repository's code (``trust_remote_code``), which tuneplan never
 does. Their config.json keys are mapped onto the analytic decoder here, the module layout and
 names read from each repository's ``modeling_*.py`` (Hugging Face hub, files named below), so
-adapter targets are the modules' real names (``c_attn``, ``W_pack``, ``query_key_value``, ``wqkv``). Pure.
+adapter targets are the modules' real names (``c_attn``, ``W_pack``, ``query_key_value``,
+``wqkv``). Pure.
 """
 
 from __future__ import annotations
