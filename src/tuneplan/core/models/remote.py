@@ -144,4 +144,7 @@ def parse_kimi_k2(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
         "are one nn.Linear per expert and projection",
         "multi-token-prediction layers (num_nextn_predict_layers) excluded: not built by "
         "the modeling code",
-        "router e_score_correction_bias counted: an nn.Parameter of MoEGate"))
+        "router e_score_correction_bias counted: an nn.Parameter of MoEGate",
+        "the published modeling code does not train as shipped: MoEGate asserts not "
+        "self.training under topk_method noaux_tc and DeepseekV3MoE.forward has no training "
+        "branch; the estimate assumes a patched forward that keeps this module layout"))
