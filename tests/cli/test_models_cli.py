@@ -46,3 +46,21 @@ def test_malformed_config_is_exit_2(run_cli: Run, tmp_path: Path) -> None:
 def test_unknown_command_is_a_usage_error(run_cli: Run) -> None:
     result = run_cli("no-such-command")
     assert result.code == 2
+
+
+def test_kimi_k2_remote_config_plans_lora_and_qlora(run_cli: Run, tmp_path: Path) -> None:
+    """kimi_k2 (remote code) is parsed, not refused; its per-expert nn.Linear experts are
+    quantized, so QLoRA's weights are far below LoRA's bf16 ones."""
+    import json
+
+    from tests.core.test_models_kimi_k2 import KIMI
+
+    (tmp_path / "config.json").write_text(json.dumps(KIMI))
+
+    def weights(method: str) -> int:
+        doc = run_cli("memory", str(tmp_path), "--method", method, "--json").ok_json()
+        assert doc["total_params"] == 1_026_408_232_448
+        return sum(t["bytes"] for t in doc["per_gpu"]["terms"]
+                   if t["name"].startswith("weights/") and t["name"] != "weights/adapters")
+
+    assert weights("qlora") < weights("lora") * 3 // 10

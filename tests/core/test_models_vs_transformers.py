@@ -126,7 +126,7 @@ CASES: dict[str, dict[str, Any]] = {
 
 #: Families whose modeling code lives in their hub repositories (remote code, never run): no
 #: transformers module to compare with; their bundled totals are held to published counts.
-REMOTE_CODE_TYPES = frozenset({"qwen", "baichuan", "chatglm", "internlm2"})
+REMOTE_CODE_TYPES = frozenset({"qwen", "baichuan", "chatglm", "internlm2", "kimi_k2"})
 
 # transformers >= 5 forces tie_word_embeddings=True for t5/mt5 (see T5Config.__post_init__),
 # while the T5 v1.1 / mT5 / T0 / mT0 checkpoints ship a separate lm_head, which tuneplan counts

@@ -217,8 +217,9 @@ def targeted_linears(model: ModelSpec, strategy: Strategy, layer: LayerSpec) -> 
     if strategy.all_linear and model.model_type in PEFT_MOE_CONVERTED and model.num_experts:
         return tuple(lin for lin in layer.linears if lin.role in (
             LinearRole.EXPERT, LinearRole.ROUTER) or _short(lin.name) not in _V4_EXPERT_NAMES)
-    if strategy.all_linear:
-        return tuple(lin for lin in layer.linears if lin.role is not LinearRole.EXPERT and not (
+    if strategy.all_linear:   # per-expert nn.Linear experts (remote code) are wrapped too
+        return tuple(lin for lin in layer.linears if (
+            lin.role is not LinearRole.EXPERT or model.per_expert_linears) and not (
             lin.role is LinearRole.ROUTER and _short(lin.name) in _ROUTER_MODULES))
     return tuple(lin for lin in layer.linears if _matches(lin, peft_lora_targets(model, strategy)))
 

@@ -93,9 +93,10 @@ def hf_eager_clamps_scores(model: ModelSpec, s: Strategy) -> bool:
             and not s.stack.at_least("transformers", HF_LLAMA_NO_SCORE_CLAMP))
 
 
-def experts_are_linear(s: Strategy) -> bool:
-    """Routed experts and routers are ``nn.Linear`` modules (transformers 4.x)."""
-    return not s.stack.at_least("transformers", HF_FUSED_EXPERTS)
+def experts_are_linear(model: ModelSpec, s: Strategy) -> bool:
+    """Routed experts are ``nn.Linear`` modules: transformers 4.x (routers too), or a model
+    whose own modeling code builds one ``nn.Linear`` per expert (``per_expert_linears``)."""
+    return model.per_expert_linears or not s.stack.at_least("transformers", HF_FUSED_EXPERTS)
 
 
 def hf_default_optim(stack: Stack) -> str:
@@ -140,7 +141,8 @@ def check_stack(model: ModelSpec, s: Strategy) -> list[str]:
             "peft", PEFT_4BIT):
         out.append(f"--stack peft={version_text(stack.peft)} has no 4-bit LoRA layer "
                    "(lora.Linear4bit arrived in peft 0.4.0); state peft=0.4 or later")
-    if experts_are_linear(s) and model.num_experts and s.method.is_lora and s.all_linear:
+    if experts_are_linear(model, s) and not model.per_expert_linears and model.num_experts \
+            and s.method.is_lora and s.all_linear:
         out.append(f"--stack transformers={version_text(stack.transformers)} builds one "
                    f"nn.Linear per expert, so all-linear LoRA wraps every expert of "
                    f"{model.name}: not estimated; name the attention linears in --lora-targets")
@@ -167,9 +169,12 @@ def behaviours(model: ModelSpec, s: Strategy, assumed_impl: str | None) -> list[
                    + "; outlier columns subA (data-dependent) not counted")
     if model.num_experts and quant is not None:
         tf = f"transformers {version_text(st.transformers)}"
-        out.append(f"{tf}: routed experts and routers are nn.Linear, quantized with the "
+        out.append(f"{model.name}'s own modeling code: routed experts are one nn.Linear "
+                   "per expert, quantized with the rest; its MoEGate router is a Parameter, "
+                   "left unquantized" if model.per_expert_linears else
+                   f"{tf}: routed experts and routers are nn.Linear, quantized with the "
                    "rest (4.x); expert activations follow transformers 5's grouped layout"
-                   if experts_are_linear(s) else
+                   if experts_are_linear(model, s) else
                    f"{tf}: routed experts are fused parameters and routers custom modules, "
                    "left unquantized (5.0 and later)")
     if s.method.is_lora and s.recipe in (Recipe.HF, Recipe.PLAIN):

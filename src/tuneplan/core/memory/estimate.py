@@ -329,7 +329,7 @@ def _qlora_experts_note(model: ModelSpec, strategy: Strategy, trainable: Any,
                         plan: PrecisionPlan, a: MemoryAssumptions) -> str | None:
     """``experts.qlora_experts_note`` with this job's weights and the same job's as LoRA."""
     if not model.num_experts or effective_quant(strategy) is None or \
-            versions.experts_are_linear(strategy) or not plan.kbit_upcast:
+            versions.experts_are_linear(model, strategy) or not plan.kbit_upcast:
         return None
     lora = replace(strategy, method=Method.LORA)
     ours = total(weight_terms(model, strategy, plan, trainable, a))

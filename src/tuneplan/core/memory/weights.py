@@ -73,9 +73,10 @@ def split_params(model: ModelSpec, experts_quantized: bool = False,
                     cols += lin.in_features * lin.copies * layer.count
                     tensors += lin.copies * layer.count
                 continue
-            if lin.role is LinearRole.ROUTER and not experts_quantized and \
+            if lin.role is LinearRole.ROUTER and (
+                    not experts_quantized or model.per_expert_linears) and \
                     lin.name.rsplit(".", 1)[-1] in ROUTER_MODULES:
-                continue  # transformers 5: a custom router module, not an nn.Linear
+                continue  # transformers 5 or remote code (MoEGate): a module, not nn.Linear
             quant += lin.weight_params * layer.count
             rows += lin.out_features * lin.copies * layer.count
             cols += lin.in_features * lin.copies * layer.count
@@ -109,9 +110,10 @@ def weight_terms(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan,
     """Terms for every stored weight byte on one (unsharded) replica."""
     quant = effective_quant(strategy)
     split = split_params(model, quant is not None and quant is not Quant.GPTQ_INT4
-                         and experts_are_linear(strategy), head_quantized(model, strategy))
+                         and experts_are_linear(model, strategy), head_quantized(model, strategy))
     if quant is not None:
-        terms = _quantized_terms(split, strategy, plan, quant, a, model.num_experts > 0)
+        terms = _quantized_terms(split, strategy, plan, quant, a, model.num_experts > 0,
+                                 experts_are_linear(model, strategy))
     elif strategy.method in (Method.FULL, Method.LISA):
         # LISA: any block may be the next to train, so every weight is loaded as a trainable
         # one (fp32 under mixed precision), not only the blocks training now
@@ -148,16 +150,18 @@ def weight_terms(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan,
 
 
 def _quantized_terms(split: ParamSplit, strategy: Strategy, plan: PrecisionPlan, quant: Quant,
-                     a: MemoryAssumptions, moe: bool = False) -> list[Piece]:
+                     a: MemoryAssumptions, moe: bool = False,
+                     experts_linear: bool = False) -> list[Piece]:
     """Packed block linears, their constants, and everything left unquantized."""
     packed, consts = quantized_bytes(split.quantizable, split.quantizable_rows, quant,
                                      strategy.double_quant, a, split.quantizable_tensors,
                                      split.quantizable_cols)
     src = "auto-gptq QuantLinear" if quant is Quant.GPTQ_INT4 else \
         "bitsandbytes Linear4bit/Linear8bitLt"
-    linear_experts = moe and quant is not Quant.GPTQ_INT4 and experts_are_linear(strategy)
+    linear_experts = moe and quant is not Quant.GPTQ_INT4 and experts_linear
     if moe:
-        src += ("; transformers 4.x: routed experts are nn.Linear, quantized too"
+        src += ("; routed experts are nn.Linear (transformers 4.x or the model's own "
+                "modeling code), quantized too"
                 if linear_experts else "; transformers 5: fused experts stay unquantized")
     rest = split.total - split.quantizable
     width = 4 if plan.kbit_upcast else plan.frozen_weight_bytes

@@ -117,7 +117,7 @@ def _build(model: ModelSpec, s: Strategy, base_width: int, adapter_width: int) -
     m = _Model()
     full = s.method is Method.FULL
     lora = s.method.is_lora
-    fused = not experts_are_linear(s)
+    fused = not experts_are_linear(model, s)
     embed = m.param(model.embedding_params, base_width, not full)
     m.sub([embed])
     block = 0

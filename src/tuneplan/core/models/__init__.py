@@ -67,6 +67,7 @@ def _parsers() -> dict[str, _Parser]:
         parse_baichuan,
         parse_chatglm,
         parse_internlm2,
+        parse_kimi_k2,
         parse_qwen1,
     )
     from tuneplan.core.models.seq2seq import parse_bart
@@ -93,6 +94,7 @@ def _parsers() -> dict[str, _Parser]:
         "baichuan": parse_baichuan,
         "chatglm": parse_chatglm,
         "internlm2": parse_internlm2,
+        "kimi_k2": parse_kimi_k2,
         "bart": parse_bart,
     }
 

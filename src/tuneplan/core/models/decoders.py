@@ -223,6 +223,18 @@ def _mla(r: ConfigReader, d: Dims) -> tuple[tuple[Linear, ...], int, dict[str, A
 def parse_deepseek_v3(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
     """DeepSeek-V3: MLA attention, ``first_k_dense_replace`` dense blocks, then routed + shared
     experts. The multi-token-prediction layer is not part of the transformers model."""
+    return deepseek_v3_spec(r, model_type, name, per_expert_linears=False, notes=(
+        "multi-token-prediction layers (num_nextn_predict_layers) excluded: "
+        "not part of the transformers model",
+        "router e_score_correction_bias not counted: a buffer in transformers "
+        "(extra['e_score_correction_bias_elements'])"))
+
+
+def deepseek_v3_spec(r: ConfigReader, model_type: str, name: str, *, per_expert_linears: bool,
+                     notes: tuple[str, ...]) -> ModelSpec:
+    """The DeepSeek-V3 layout; routed experts fused (transformers 5: 3-D ``gate_up_proj`` and
+    ``down_proj``) or, with ``per_expert_linears``, one ``gate_proj``/``up_proj``/``down_proj``
+    nn.Linear per expert (the repository's own modeling code). Same parameter count."""
     d = read_dims(r, DimKeys(kv_default=128, head_dim=()))
     attn, mla_norms, ranks = _mla(r, d)
     d = dataclasses.replace(d, head_dim=ranks["qk_nope_head_dim"] + ranks["qk_rope_head_dim"])
@@ -235,11 +247,15 @@ def parse_deepseek_v3(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
     r.check(top_k <= experts, ("num_experts_per_tok", "n_routed_experts"),
             f"num_experts_per_tok={top_k} exceeds n_routed_experts={experts}")
     moe_linears = (lin("gate", d.hidden, experts, ROUTER),
-                   *fused_experts(d.hidden, moe_inter, experts),
+                   *(per_expert(d.hidden, moe_inter, experts) if per_expert_linears
+                     else fused_experts(d.hidden, moe_inter, experts)),
                    *(gated_mlp(d.hidden, moe_inter * shared, SHARED) if shared else ()))
+    # The remote code's MoEGate holds e_score_correction_bias as an nn.Parameter: counted.
+    bias_param = {"e_score_correction_bias": experts} if per_expert_linears else {}
     layers = tuple(g for g in (
         block(attn + gated_mlp(d.hidden, d.inter), norms, count=n_dense) if n_dense else None,
-        block(attn + moe_linears, norms, count=d.layers - n_dense, experts=experts, top_k=top_k)
+        block(attn + moe_linears, norms, count=d.layers - n_dense, experts=experts, top_k=top_k,
+              extra=bias_param)
         if d.layers > n_dense else None) if g is not None)
     # e_score_correction_bias: a buffer in transformers (not learned by the optimizer), a
     # Parameter in DeepSeek's own modeling code: reported in ``extra``, not counted.
@@ -254,7 +270,11 @@ def parse_deepseek_v3(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
                   mlp_kind=MlpKind.GATED, act=r.get_str("hidden_act", default="silu"),
                   embedding_params=d.vocab * d.hidden, final_norm_params=d.hidden,
                   moe=_Moe(experts, top_k, moe_inter), num_shared_experts=shared, extra=extra,
-                  notes=("multi-token-prediction layers (num_nextn_predict_layers) excluded: "
-                         "not part of the transformers model",
-                         "router e_score_correction_bias not counted: a buffer in transformers "
-                         "(extra['e_score_correction_bias_elements'])"))
+                  per_expert_linears=per_expert_linears, notes=notes)
+
+
+def per_expert(hidden: int, inter: int, experts: int) -> tuple[Linear, ...]:
+    """Routed experts as a ModuleList of gated MLPs: ``gate_proj``/``up_proj`` (hidden ->
+    inter) and ``down_proj`` (inter -> hidden), one nn.Linear each per expert."""
+    return tuple(dataclasses.replace(x, role=LinearRole.EXPERT, copies=experts)
+                 for x in gated_mlp(hidden, inter))

@@ -1,11 +1,12 @@
 """Parsers for decoder families whose hub repositories ship their own modeling code.
 
-Qwen-1 (``qwen``, QWenLMHeadModel), Baichuan 2 (``baichuan``), ChatGLM2/3 (``chatglm``) and
-InternLM2 / InternLM2.5 (``internlm2``): transformers cannot build them without running the
-repository's code (``trust_remote_code``), which tuneplan never does. Their config.json keys
-are mapped onto the analytic decoder here, the module layout and names read from each
-repository's ``modeling_*.py`` (Hugging Face hub, files named below), so adapter targets are
-the modules' real names (``c_attn``, ``W_pack``, ``query_key_value``, ``wqkv``). Pure.
+Qwen-1 (``qwen``, QWenLMHeadModel), Baichuan 2 (``baichuan``), ChatGLM2/3 (``chatglm``),
+InternLM2 / InternLM2.5 (``internlm2``) and Kimi-K2 (``kimi_k2``): transformers cannot build
+them without running the repository's code (``trust_remote_code``), which tuneplan never
+does. Their config.json keys are mapped onto the analytic decoder here, the module layout and
+names read from each repository's ``modeling_*.py`` (Hugging Face hub, files named below), so
+adapter targets are the modules' real names (``c_attn``, ``W_pack``, ``query_key_value``,
+``wqkv``). Pure.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import dataclasses
 
 from tuneplan.core.models.blocks import MLP, DimKeys, block, lin, read_dims
 from tuneplan.core.models.config import ConfigReader
-from tuneplan.core.models.decoders import finish
+from tuneplan.core.models.decoders import deepseek_v3_spec, finish
 from tuneplan.core.models.spec import MlpKind, ModelSpec, NormKind
 
 _RMS = NormKind.RMSNORM
@@ -127,3 +128,23 @@ def parse_internlm2(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
                   embedding_params=d.vocab * d.hidden, final_norm_params=d.hidden,
                   notes=("InternLM2 (remote code, not run): config keys mapped onto the "
                          "analytic decoder",))
+
+
+def parse_kimi_k2(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
+    """Kimi-K2 (moonshotai/Kimi-K2-Instruct): DeepSeek-V3's own modeling_deepseek.py
+    (``DeepseekV3ForCausalLM`` via auto_map), not transformers' deepseek_v3 module. Same MLA
+    (``q_a_proj``, ``q_a_layernorm``, ``q_b_proj``, ``kv_a_proj_with_mqa``,
+    ``kv_a_layernorm``, ``kv_b_proj``, ``o_proj``) and block plan; the routed experts are an
+    nn.ModuleList of DeepseekV3MLP, each with its own ``gate_proj``/``up_proj``/``down_proj``
+    nn.Linear (so bitsandbytes quantizes them and PEFT wraps each as a lora.Linear); the router
+    ``MoEGate`` holds ``weight`` and ``e_score_correction_bias`` as nn.Parameters (no
+    nn.Linear) and computes its logits in fp32."""
+    return deepseek_v3_spec(r, model_type, name, per_expert_linears=True, notes=(
+        "Kimi-K2 (remote code, not run): DeepSeek-V3's own modeling code; routed experts "
+        "are one nn.Linear per expert and projection",
+        "multi-token-prediction layers (num_nextn_predict_layers) excluded: not built by "
+        "the modeling code",
+        "router e_score_correction_bias counted: an nn.Parameter of MoEGate",
+        "the published modeling code does not train as shipped: MoEGate asserts not "
+        "self.training under topk_method noaux_tc and DeepseekV3MoE.forward has no training "
+        "branch; the estimate assumes a patched forward that keeps this module layout"))

@@ -136,6 +136,9 @@ class ModelSpec:
     vision_layers: tuple[LayerSpec, ...] = ()  # vision tower blocks (Gemma 3 multimodal)
     vision_extra_params: Mapping[str, int] = field(default_factory=dict)  # "vision/embeddings"...
     notes: tuple[str, ...] = ()                # what is and is not counted, in words
+    # Routed experts are one nn.Linear per expert and projection whatever the transformers
+    # version (remote modeling code: Kimi-K2's DeepseekV3MoE ModuleList of DeepseekV3MLP).
+    per_expert_linears: bool = False
 
     @property
     def is_moe(self) -> bool:
