@@ -64,6 +64,8 @@ COMPUTED = {
     "Qwen__Qwen3-1.7B.json": 1_720_574_976,
     "codellama__CodeLlama-7b-hf.json": 6_738_546_688,
     "tiiuae__Falcon3-7B-Instruct.json": 7_455_550_464,
+    # BertForMaskedLM on the meta device; the published 335_141_888 is BertModel (INDEX notes)
+    "google-bert__bert-large-uncased.json": 335_174_458,
 }
 
 

@@ -102,6 +102,8 @@ CASES: dict[str, dict[str, Any]] = {
                          "num_layers": 2, "num_heads": 4, "vocab_size": 128,
                          "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False},
     "bert": _cfg("bert", type_vocab_size=2),
+    # RobertaForMaskedLM: BERT's modules (lm_head for cls.predictions), 514 positions
+    "roberta": _cfg("roberta", type_vocab_size=1, max_position_embeddings=66, pad_token_id=1),
     # multi-query c_attn (hidden + 2 x head_dim), nn.Linear, learned positions, tied
     "gpt_bigcode-mqa": {"model_type": "gpt_bigcode", "n_embd": 64, "n_layer": 2, "n_head": 4,
                         "n_inner": 96, "n_positions": 32, "vocab_size": 128},
@@ -176,6 +178,7 @@ def _build(config: dict[str, Any]) -> Any:
     auto = {"t5": transformers.AutoModelForSeq2SeqLM, "mt5": transformers.AutoModelForSeq2SeqLM,
             "bart": transformers.AutoModelForSeq2SeqLM,
             "bert": transformers.AutoModelForMaskedLM,
+            "roberta": transformers.AutoModelForMaskedLM,
             "gemma3": transformers.Gemma3ForConditionalGeneration}
     with torch.device("meta"):
         factory = auto.get(model_type, transformers.AutoModelForCausalLM)

@@ -87,6 +87,14 @@ def widths(strategy: Strategy, plan: PrecisionPlan, dropout_mask_bytes: int) -> 
                   dropout_mask=dropout_mask_bytes, base=base, norm_weight=stored)
 
 
+def encoder_dropout(model: ModelSpec, key: str) -> float:
+    """A dropout probability of an encoder-only model (the BERT parser keeps
+    ``hidden_dropout_prob``, ``attention_probs_dropout_prob`` and ``classifier_dropout`` in
+    ``extra``; BertConfig's default is 0.1)."""
+    value = model.extra.get(key, 0.1)
+    return float(value) if isinstance(value, int | float) else 0.1
+
+
 def norm_saved(model: ModelSpec, tokens: int, w: Widths) -> int:
     """One norm: RMSNorm saves the fp32 input, rsqrt, and the normalized tensor if it trains."""
     h = model.hidden_size
@@ -119,7 +127,7 @@ def linear_group(lin: Linear) -> str:
         return "o_in" if short in _O_NAMES else mla.LATENT_GROUPS.get(short, "attn_in")
     if lin.role is LinearRole.ROUTER:
         return "mlp_in"
-    if short in _DOWN_NAMES:
+    if short in _DOWN_NAMES or lin.name == "output.dense":   # BERT's BertOutput.dense
         return "shared_down_in" if lin.role is LinearRole.SHARED_EXPERT else "down_in"
     return "mlp_in"
 
@@ -263,7 +271,9 @@ def forward_live(model: ModelSpec, strategy: Strategy, w: Widths, shape: Shape,
     like it T times a per-token size (the estimate makes it once at T = 1 and scales it).
     ``inputs``: ``layer_inputs`` of each of ``model.layers``, if already made."""
     t, h = shape.tokens, model.hidden_size
-    residual = 0 if input_shared_with_norm(model, w, shape) else t * h * w.residual
+    # post-LN (encoder-only): the residual the MLP adds back is its input, the norm output
+    residual = 0 if model.is_encoder_only or input_shared_with_norm(model, w, shape) else (
+        t * h * w.residual)
     out = {"mlp_in": 0, "down_in": 0}
     for index, layer in enumerate(model.layers):
         shared = (inputs[index] if inputs is not None
@@ -335,6 +345,46 @@ def clamped_scores_bytes(model: ModelSpec, strategy: Strategy, w: Widths, shape:
     return shape.batch * model.num_heads * shape.seq_q * shape.seq_kv * width
 
 
+def encoder_scores_saved(model: ModelSpec, w: Widths, shape: Shape) -> int:
+    """BERT's eager scores (transformers 5.24 bert ``eager_attention_forward``): softmax
+    without ``dtype=`` saves its output in the compute dtype (fp32 under CUDA autocast, which
+    runs softmax in fp32), dropout saves its mask, and ``attn @ v`` saves the dropout output
+    (under autocast its compute-dtype cast; with p = 0 the softmax output itself)."""
+    scores = shape.batch * model.num_heads * shape.seq_q * shape.seq_kv
+    soft = 4 if w.autocast else w.compute
+    dropped = encoder_dropout(model, "attention_probs_dropout_prob") > 0
+    saved = scores * soft + (scores * w.dropout_mask if dropped else 0)
+    if w.autocast:
+        return saved + scores * w.compute
+    return saved + (scores * soft if dropped else 0)
+
+
+def encoder_attention_forward(model: ModelSpec, strategy: Strategy, w: Widths,
+                              shape: Shape) -> int:
+    """BERT eager under autocast: bytes alive through a block's forward beyond what it
+    saved. ``eager_attention_forward`` returns the attention weights (the fp32 dropout
+    output; ``attn @ v`` saves its compute-dtype cast, not it) and ``BertLayer.forward``
+    binds them to ``_`` (``self_attention_output, _ = self.attention(...)``), a local that
+    lives until the block returns: B·heads·S·S·4 through the block's MLP. 0 for other models
+    and without autocast (there the dropout output is saved anyway)."""
+    if not (model.is_encoder_only and w.autocast and strategy.attention is Attention.EAGER
+            and encoder_dropout(model, "attention_probs_dropout_prob") > 0):
+        return 0
+    return shape.batch * model.num_heads * shape.seq_q * shape.seq_kv * 4
+
+
+def encoder_forward_held(model: ModelSpec, w: Widths, shape: Shape,
+                         shared: frozenset[str]) -> int:
+    """Encoder-only (post-LN) blocks at the end of a block's forward: the second norm's
+    output T·H being made, and, where q/k/v do not save their input itself (autocast casts
+    it), the block's input (``BertEncoder``'s loop variable) and the embedding output
+    (``BertModel.forward`` holds it through the encoder), T·H each. 0 for other models."""
+    if not model.is_encoder_only:
+        return 0
+    size = block_input_bytes(model, w, shape)
+    return size if "attn_in" in shared else 3 * size
+
+
 def attention_saved(model: ModelSpec, strategy: Strategy, w: Widths, shape: Shape) -> int:
     """SDPA/flash: q, k, v, out + fp32 logsumexp; eager: q, repeated k/v, fp32 softmax + cast.
     Multi-head latent attention: ``mla.attention_saved``."""
@@ -345,6 +395,8 @@ def attention_saved(model: ModelSpec, strategy: Strategy, w: Widths, shape: Shap
     qd = model.num_heads * model.head_dim
     kvd = model.num_kv_heads * model.head_dim
     t_q, t_kv = b * shape.seq_q, b * shape.seq_kv
+    if strategy.attention is Attention.EAGER and model.is_encoder_only:
+        return t_q * qd * c + 2 * t_kv * kvd * c + encoder_scores_saved(model, w, shape)
     if strategy.attention is Attention.EAGER:
         scores = b * model.num_heads * shape.seq_q * shape.seq_kv
         cast = scores * c if c != 4 else 0
@@ -405,8 +457,12 @@ def block_saved(model: ModelSpec, layer: LayerSpec, strategy: Strategy, w: Width
             lin.role is LinearRole.ROUTER and param_wrapped(lin)
             for lin in targeted_linears(model, strategy, layer)))
         mlp += mla.group_router_saved(model, layer, w, shape, router_trains)
+    # BERT's two hidden dropouts (after attention.output.dense and output.dense): T·H masks
+    mask = t * model.hidden_size * w.dropout_mask if model.is_encoder_only and (
+        encoder_dropout(model, "hidden_dropout_prob") > 0) else 0
+    mlp += mask
     parts = {"norms": 2 * norm_saved(model, t, w),
-             "attention": attention_saved(model, strategy, w, shape),
+             "attention": attention_saved(model, strategy, w, shape) + mask,
              "mlp": mlp - tail + mla.shared_expert_saved(layer, w, shape), "mlp_tail": tail}
     parts.update(inputs.at(t))
     return parts
@@ -453,9 +509,19 @@ def backward_transients(model: ModelSpec, strategy: Strategy, w: Widths,
                "MLP backward gradients (3 gated / 2 plain)·T·I·bytes + T·H·bytes"
                + (", or a tuner target's backward temporaries + 2·T·I·bytes + T·H·bytes, "
                   "the larger" if tuner else ""), tokens=t)
-    if strategy.attention is Attention.EAGER:
+    if strategy.attention is Attention.EAGER and model.is_encoder_only and not w.autocast and \
+            encoder_dropout(model, "attention_probs_dropout_prob") > 0:
+        # BERT without autocast: ``attn @ v``'s backward makes the dropout output's gradient
+        # while everything is saved; dropout's backward then frees the dropout output as it
+        # makes the softmax output's gradient, so one score-sized gradient is the excess.
+        size = shape.batch * model.num_heads * shape.seq_q * shape.seq_kv * w.compute + \
+            2 * t * model.hidden_size * c
+        formula = "eager dropout-output gradient B·heads·S·S_kv·bytes + 2·T·H·bytes"
+    elif strategy.attention is Attention.EAGER:
         # softmax backward: its fp32 output gradient and fp32 input gradient (measured).
-        size = 2 * shape.batch * model.num_heads * shape.seq_q * shape.seq_kv * 4 + \
+        # (BERT without autocast softmaxes in the compute dtype, its gradients too)
+        width = w.compute if model.is_encoder_only and not w.autocast else 4
+        size = 2 * shape.batch * model.num_heads * shape.seq_q * shape.seq_kv * width + \
             2 * t * model.hidden_size * c
         formula = "eager softmax gradients 2·B·heads·S·S_kv·4 + 2·T·H·bytes"
     else:
@@ -497,9 +563,20 @@ def forward_transient(model: ModelSpec, strategy: Strategy, w: Widths,
 def input_shared_with_norm(model: ModelSpec, w: Widths, shape: Shape) -> int:
     """Bytes of a block's input that its first norm saves as the very same tensor (fp32
     residual under RMSNorm, or LayerNorm without autocast), so checkpoints do not add them."""
+    if model.is_encoder_only:   # post-LN: the first norm saves the attention sum instead
+        return 0
     shared = (model.norm_kind is NormKind.RMSNORM and w.residual == 4) or (
         model.norm_kind is not NormKind.RMSNORM and not w.autocast)
     return block_input_bytes(model, w, shape) if shared else 0
+
+
+def input_shared_with_linears(model: ModelSpec, w: Widths, shape: Shape,
+                              shared: frozenset[str]) -> int:
+    """Encoder-only (post-LN) blocks: bytes of the block input its q/k/v linears save as the
+    very tensor checkpointing keeps (their input is shared, ``LayerInputs.shared``)."""
+    if not model.is_encoder_only or "attn_in" not in shared:
+        return 0
+    return block_input_bytes(model, w, shape)
 
 
 def block_input_bytes(model: ModelSpec, w: Widths, shape: Shape) -> int:

@@ -28,7 +28,16 @@ from tuneplan.core.job.recipes import PrecisionPlan, Recipe, precision_plan
 from tuneplan.core.job.strategy import Checkpointing, Sharding, Strategy, Task
 from tuneplan.core.job.tuners import tuner_note
 from tuneplan.core.memory import activations as act
-from tuneplan.core.memory import experts, fsdp, litgpt, mla, seq2seq, torchtune, unsloth
+from tuneplan.core.memory import (
+    encoder,
+    experts,
+    fsdp,
+    litgpt,
+    mla,
+    seq2seq,
+    torchtune,
+    unsloth,
+)
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.core.memory.logits import loss_moments
 from tuneplan.core.memory.overheads import device_terms, reserve_term, workspace_term
@@ -285,6 +294,9 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
         # *ForSequenceClassification has no vocabulary head: a H×labels ``score`` instead
         # (tiny, counted with the logits); the embedding stays.
         model = replace(model, tie_word_embeddings=True, head_bias=False)
+        if model.is_encoder_only:   # the pooler + classifier replace the MLM head
+            model = replace(model, head_extra_params=encoder.seq_cls_head_params(
+                model, strategy.num_labels))
     trainable = count_trainable(model, strategy)
     plan = precision_plan(strategy)
     sp = shard_plan(strategy)
@@ -445,6 +457,12 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
             "gradients/current_block", st.block_grads[blocks.when],
             f"the running block's gradients already made ({blocks.when} backward)")
     cast = st.autocast_copies
+    if model.is_encoder_only:   # the embeddings' saved tensors, alive until backward ends
+        held = [*held, *encoder.embedding_terms(model, s, w, shape)]
+        base = Group(total(held), lambda: flatten(held))
+        opt_base: Item = Group(total(held[:-1]), lambda: flatten(held[:-1]))
+    else:
+        opt_base = base
     moments = {
         "forward": [base, *grads_fb, *blocks.kept, *cast["forward"], *loss.kept,
                     *loss.forward_only, *dq],
@@ -463,7 +481,7 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
         moments["backward-recompute"] = [base, *(grads_fb or st.grads_top), *blocks.recompute,
                                          *cast["bottom"], *dq]
     if not s.optimizer_in_backward:
-        moments["optimizer"] = [base, *st.grads, *st.step]
+        moments["optimizer"] = [opt_base, *st.grads, *st.step]
     if fsdp.applies(s):
         fsdp.adjust(moments, model, s, plan, fixed.trainable, st.grads, a.fsdp_version,
                     a.fsdp_sync_each_batch,
@@ -536,6 +554,10 @@ def _block_terms(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
     else:
         one = {k: batch * per + rest for k, per, rest in fixed.one_line} if (
             fixed.one_line is not None) else {k: v // layers for k, v in per_block.items()}
+    if checkpointed and model.is_encoder_only:
+        # post-LN: the recomputed block's q/k/v save the checkpointed input tensor itself
+        one = dict(one, linear_inputs_attn=one["linear_inputs_attn"] - (
+            act.input_shared_with_linears(model, w, shape, fixed.layer_inputs[0].shared)))
     current, transient, when = _current_block(model, s, w, shape, one, checkpointed,
                                               fixed.experts_adapted)
     cos_sin = fixed.rope
@@ -584,6 +606,9 @@ def _forward_moment(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Sha
         parts, temp, when = at_down, t * temps["down_in"], "down"
     tuner, _ = act.tuner_transients(model, s, w, shape.tokens)  # its update being made
     temp += tuner
+    # BERT under autocast: the attention's fp32 dropout output, held to the block's end
+    temp += act.encoder_attention_forward(model, s, w, shape)
+    temp += act.encoder_forward_held(model, w, shape, fixed.layer_inputs[0].shared)
     saved, held, temporaries = _FORWARD_TEXT[when]
     return (_group("activations/running_block/", parts, saved, held),
             part("activations/forward_transient", temp, temporaries, "peft lora.Linear.forward"))
@@ -595,7 +620,8 @@ _FORWARD_TEXT = {when: (
     {"held": f"block at its {when} projection · held unsaved: residual sum, norm output, MLP "
              "product"},
     f"{when} projection temporaries: PEFT input cast + base output + scaled update (T·out "
-    "each), or its T·out output") for when in ("gate/up", "down")}
+    "each), or its T·out output (BERT under autocast: + the attention's fp32 dropout output "
+    "B·heads·S·S·4)") for when in ("gate/up", "down")}
 
 
 def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
@@ -635,6 +661,9 @@ _BACKWARD_TEXT = {when: f"block in {when} backward · saved {{k}}" for when in (
 def _rope(model: ModelSpec, w: act.Widths, shape: act.Shape) -> Piece:
     if model.is_encoder_decoder:   # T5: relative position bias (counted in its blocks)
         return part("activations/rope", 0, "no rotary positions (relative position bias)")
+    if model.is_encoder_only:      # BERT/RoBERTa: learned absolute position embeddings
+        return part("activations/rope", 0, "no rotary positions (absolute position "
+                    "embeddings, saved with activations/embeddings)")
     return part("activations/rope", 2 * shape.seq_kv * mla.rope_dim(model) * w.compute,
                 "RoPE cos and sin 2·S·head_dim·bytes (shared by all blocks; MLA: its "
                 "qk_rope_head_dim)")

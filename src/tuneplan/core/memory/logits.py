@@ -14,6 +14,7 @@ from tuneplan.core.job.methods import outer_targets
 from tuneplan.core.job.recipes import PrecisionPlan, Recipe
 from tuneplan.core.job.strategy import Loss, Strategy, Task
 from tuneplan.core.job.versions import hf_loss_layout, loss_follows_transformers
+from tuneplan.core.memory import encoder
 from tuneplan.core.memory.activations import Shape, Widths, norm_saved, outer_lora_saved
 from tuneplan.core.memory.parts import Piece, part
 from tuneplan.core.models import LinearRole, ModelSpec
@@ -84,6 +85,9 @@ def _logit_bytes(plan: PrecisionPlan, w: Widths, head_trains: bool) -> int:
 def _loss_moments(model: ModelSpec, strategy: Strategy, plan: PrecisionPlan, w: Widths,
                   shape: Shape, head_trains: bool, chunks: int) -> LossMoments:
     t, v = shape.tokens, model.vocab_size
+    if model.is_encoder_only:   # post-LN, no final norm; the head reads the first token
+        head_input, scores = encoder.head_terms(model, strategy, w, shape)
+        return LossMoments(kept=(head_input,), forward_only=(scores,), backward_only=())
     final = 0 if model.is_encoder_decoder and not model.final_norm_params else (
         norm_saved(model, t, w))   # BART has no final norm
     kept = [part("activations/final_norm", final,

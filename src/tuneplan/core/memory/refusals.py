@@ -18,6 +18,7 @@ from tuneplan.core.job.methods import (
 from tuneplan.core.job.recipes import Recipe
 from tuneplan.core.job.strategy import Attention, Offload, Sharding, Strategy
 from tuneplan.core.job.versions import check_stack
+from tuneplan.core.memory import encoder
 from tuneplan.core.models import LinearRole, ModelSpec
 from tuneplan.errors import UnsupportedError
 
@@ -46,6 +47,9 @@ def _problems(model: ModelSpec, s: Strategy) -> list[str]:
     quant = effective_quant(s)
     if quant is not None and quant not in ESTIMATED_QUANTS:
         out.append(f"--quant {quant.value} is not estimated yet; use nf4, fp4, int8 or gptq-int4")
+    task = encoder.task_problem(model, s)
+    if task:
+        out.append(task)
     context = context_problem(model, s)
     if context:
         out.append(context)

@@ -136,7 +136,9 @@ def _autocast_copies(model: ModelSpec, s: Strategy, plan: PrecisionPlan,
     what = "block linears"
     if plan.autocast and s.method.trains_base:
         block = split_params(model).block_linear // layers * plan.compute_bytes
-        head = model.vocab_size * model.hidden_size * plan.compute_bytes
+        # an encoder's seq-cls head (pooler + classifier) replaced the vocabulary head
+        head = (model.head_params if model.is_encoder_only else
+                model.vocab_size * model.hidden_size) * plan.compute_bytes
     elif plan.autocast and s.method.is_lora and plan.adapter_bytes != plan.compute_bytes:
         # not DoRA's m, nor the experts' factors (ParamWrapper casts them itself, counted with
         # the merged expert weights in activations/*/adapters_mlp)
@@ -243,7 +245,13 @@ def _grad_terms(model: ModelSpec, s: Strategy, trainable: Trainable, grads: int,
     layers = sum(layer.count for layer in model.layers)
     width = grads // max(trainable.total, 1)
     embed = model.vocab_size * model.hidden_size * width
-    if s.method in (Method.FULL, Method.LISA):
+    if s.method is Method.FULL and model.is_encoder_only:
+        # BERT/RoBERTa seq-cls: the head (pooler + classifier) back-propagates first; the
+        # embeddings (word, position, token type, LayerNorm) last.
+        head = model.head_params * width
+        pending = model.embedding_params * width
+        block = (grads - head - pending) // layers
+    elif s.method in (Method.FULL, Method.LISA):
         # The head's gradient exists once the head ran backward (for tied weights it is the
         # embedding's); an untied embedding's gradient comes last. LISA's bottom block may be
         # a frozen one: none of its gradients is left out there.

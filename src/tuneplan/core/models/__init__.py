@@ -89,6 +89,7 @@ def _parsers() -> dict[str, _Parser]:
         "t5": parse_t5,
         "mt5": parse_t5,
         "bert": parse_bert,
+        "roberta": parse_bert,
         # remote-code families (their repositories' modeling code is never run)
         "qwen": parse_qwen1,
         "baichuan": parse_baichuan,

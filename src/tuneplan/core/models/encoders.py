@@ -91,15 +91,24 @@ def _stack(kind: str, linears: tuple[Linear, ...], norms: int, count: int,
 
 
 def parse_bert(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
-    """BERT as BertForMaskedLM: word/position/token-type embeddings, post-LN encoder blocks,
-    MLM head (dense + LayerNorm + tied decoder with bias). No pooler."""
+    """BERT / RoBERTa as *ForMaskedLM: word/position/token-type embeddings (+ LayerNorm),
+    post-LN encoder blocks, MLM head (dense + LayerNorm + tied decoder with bias). No pooler.
+
+    RoBERTa (transformers 5.24 ``models/roberta``) has the same modules and counts: its
+    position table is ``max_position_embeddings`` (514 on the hub: padding offset 2) rows and
+    its ``lm_head`` is BERT's ``cls.predictions``. The dropout rates are kept in ``extra``
+    (BertConfig defaults 0.1); ``classifier_dropout`` None means ``hidden_dropout_prob``."""
     d = read_dims(r, DimKeys(kv_heads=(), head_dim=(), max_pos=()))
     positions = r.get_int("max_position_embeddings", default=512, hi=MAX_POSITIONS)
     types = r.get_int("type_vocab_size", default=2, hi=1_000_000)
     d = dataclasses.replace(d, max_pos=positions)
+    hidden_p = _rate(r, "hidden_dropout_prob", 0.1)
+    extra = {"hidden_dropout_prob": hidden_p,
+             "attention_probs_dropout_prob": _rate(r, "attention_probs_dropout_prob", 0.1),
+             "classifier_dropout": _rate(r, "classifier_dropout", hidden_p)}
     linears = (*qkvo(d, qkv_bias=True, o_bias=True, names=("query", "key", "value", "dense")),
-               lin("dense", d.hidden, d.inter, MLP, bias=True),
-               lin("dense", d.inter, d.hidden, MLP, bias=True))
+               lin("intermediate.dense", d.hidden, d.inter, MLP, bias=True),
+               lin("output.dense", d.inter, d.hidden, MLP, bias=True))
     return finish(r, name=name, model_type=model_type, d=d,
                   layers=(block(linears, 4 * d.hidden, kind="encoder", count=d.layers),),
                   tie=r.get_bool("tie_word_embeddings", default=True),
@@ -107,8 +116,21 @@ def parse_bert(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
                   act=r.get_str("hidden_act", default="gelu"),
                   embedding_params=(d.vocab + positions + types) * d.hidden + 2 * d.hidden,
                   final_norm_params=0, head_bias=True,
-                  head_extra_params=d.hidden * d.hidden + 3 * d.hidden,
-                  notes=("counted as BertForMaskedLM (MLM head, no pooler)",))
+                  head_extra_params=d.hidden * d.hidden + 3 * d.hidden, extra=extra,
+                  notes=(f"counted as {'Roberta' if model_type == 'roberta' else 'Bert'}"
+                         "ForMaskedLM (MLM head, no pooler)",))
+
+
+def _rate(r: ConfigReader, key: str, default: float) -> float:
+    """A dropout probability in [0, 1); absent or null -> ``default`` (recorded)."""
+    _, value = r.raw(key)
+    if value is None:
+        r.default(key, default)
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+        r.problem(key, f"must be a number in [0, 1), got {describe(value)}")
+        return default
+    return float(value)
 
 
 def parse_gemma3(r: ConfigReader, model_type: str, name: str) -> ModelSpec:

@@ -145,6 +145,13 @@ class ModelSpec:
         return self.num_experts > 0
 
     @property
+    def is_encoder_only(self) -> bool:
+        """A bidirectional encoder stack alone (BERT, RoBERTa): post-LN blocks, absolute
+        position embeddings, no causal mask, no vocabulary head when fine-tuned."""
+        return not self.is_encoder_decoder and bool(self.layers) and all(
+            layer.kind == "encoder" for layer in self.layers)
+
+    @property
     def head_params(self) -> int:
         """Output head parameters (0 when tied to the embedding, plus its bias if any)."""
         in_features = self.head_in_features or self.hidden_size
