@@ -14,7 +14,7 @@ def test_models_json_lists_every_bundled_model_with_exact_counts(run_cli: Run) -
     result = run_cli("models", "--json")
     assert result.code == 0, result.stderr
     rows = {row["name"]: row for row in result.json()}
-    assert len(rows) == 80
+    assert len(rows) == 81  # with google-bert/bert-large-uncased
     assert rows["meta-llama/Llama-3.1-8B"]["total_params"] == 8_030_261_248
     assert rows["meta-llama/Llama-3.1-8B"]["alias"] == "llama-3.1-8b"
     mixtral = rows["mistralai/Mixtral-8x7B-v0.1"]
