@@ -21,7 +21,7 @@ def test_bundled_name_and_alias_resolve_to_the_same_spec() -> None:
 
 def test_every_bundled_model_resolves() -> None:
     rows = hub.list_bundled_models()
-    assert len(rows) == 80
+    assert len(rows) == 81
     assert {row["name"] for row in rows} >= {"Qwen/Qwen3-30B-A3B", "openai-community/gpt2"}
 
 

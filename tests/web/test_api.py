@@ -123,7 +123,7 @@ def test_api_gpus_mirrors_cli(client: TestClient, run_cli: Run) -> None:
 
 def test_api_models_lists_the_bundled_registry(client: TestClient) -> None:
     rows = {r["name"]: r for r in client.get("/api/models").json()}
-    assert len(rows) == 80
+    assert len(rows) == 81
     assert rows["meta-llama/Llama-3.1-8B"]["total_params"] == 8_030_261_248
 
 

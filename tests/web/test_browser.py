@@ -107,7 +107,7 @@ def test_offers_filter_to_h100_and_sort_by_price(base_url: str, page: Any) -> No
 def test_plan_llama_8b_qlora_shows_ranked_plans_and_both_charts(base_url: str,
                                                                  page: Any) -> None:
     page.goto(f"{base_url}/plan")
-    assert page.locator("#model-names option").count() == 80  # autocomplete from the registry
+    assert page.locator("#model-names option").count() == 81  # autocomplete from the registry
     page.fill("#model", "meta-llama/Llama-3.1-8B")
     page.select_option("#method", "qlora")
     page.fill("#tokens", "50M")
