@@ -29,7 +29,7 @@ from tuneplan.units import GB, HOUR_S
 
 if TYPE_CHECKING:
     from tuneplan.core.launch.native import NativeRun
-    from tuneplan.core.launch.targets import SkyCatalog
+    from tuneplan.core.launch.targets import DstackChoice, Refusal, SkyCatalog, SkyChoice
 
 _T = TypeVar("_T")
 #: Checkpoints kept at least: the newest may be half-written when the machine dies, so the one
@@ -314,28 +314,12 @@ def _native_bundle(spec: LaunchSpec, chosen: tuple[Target, ...], native: NativeR
         assert hf is not None
         refused.append(hf)
 
-    def take(got: _T | launch_targets.Refusal) -> _T | None:
-        if isinstance(got, launch_targets.Refusal):
-            refused.append(got)
-            return None
-        return got
-
-    sky = take(launch_targets.skypilot_choice(
-        spec, sky_catalog or launch_targets.SkyCatalog())) if Target.SKYPILOT in chosen else None
-    dst = take(launch_targets.dstack_choice(spec)) if Target.DSTACK in chosen else None
-    if refused and strict:
-        raise InvalidValueError("; ".join(f"{r.tool} cannot launch plan {spec.plan_id}: "
-                                          f"{r.reason}" for r in refused))
+    sky, dst = _cloud_choices(spec, chosen, sky_catalog, refused)
+    _raise_if_strict(spec, refused, strict)
     files: dict[str, str] = {
         native.config_file: launch_native.render_native(spec, native),
         "requirements.txt": launch_native.native_requirements(native)}
-    if sky is not None:
-        files["sky.yaml"] = launch_clouds.render_skypilot(spec, sky, native=native)
-    if dst is not None:
-        files[".dstack.yml"] = launch_clouds.render_dstack(spec, dst, native=native)
-        files["fleet.dstack.yml"] = launch_clouds.render_dstack_fleet(spec, dst)
-        if dst.storage is launch_targets.Storage.NETWORK_VOLUME:
-            files["volume.dstack.yml"] = launch_clouds.render_dstack_volume(spec, dst)
+    files |= _cloud_files(spec, sky, dst, native)
     if any(c is not None and launch_clouds.needs_store_script(c.storage) for c in (sky, dst)):
         files[launch_clouds.STORE_SCRIPT] = launch_clouds.store_script(spec)
     files["RUN.md"] = render_run_md(spec, tuple(files), chosen, sky=sky, dstack=dst,
@@ -379,15 +363,9 @@ def _hf_bundle(spec: LaunchSpec, chosen: tuple[Target, ...], *, train_script: st
     refused: list[launch_targets.Refusal] = []
 
     def take(got: _T | launch_targets.Refusal) -> _T | None:
-        """``got``, or None with its refusal kept for RUN.md (or the error when strict)."""
-        if isinstance(got, launch_targets.Refusal):
-            refused.append(got)
-            return None
-        return got
+        return _take(got, refused)
 
-    sky = take(launch_targets.skypilot_choice(
-        spec, sky_catalog or launch_targets.SkyCatalog())) if Target.SKYPILOT in chosen else None
-    dst = take(launch_targets.dstack_choice(spec)) if Target.DSTACK in chosen else None
+    sky, dst = _cloud_choices(spec, chosen, sky_catalog, refused)
     framework_files: dict[str, str] = {}
     ax = take(launch_frameworks.axolotl_config(spec)) if Target.AXOLOTL in chosen else None
     if ax is not None:
@@ -400,9 +378,7 @@ def _hf_bundle(spec: LaunchSpec, chosen: tuple[Target, ...], *, train_script: st
             launch_frameworks.render_llamafactory(spec, lf)
         framework_files[launch_frameworks.DATASET_INFO_FILE] = \
             launch_frameworks.llamafactory_dataset_info(spec)
-    if refused and strict:
-        raise InvalidValueError("; ".join(f"{r.tool} cannot launch plan {spec.plan_id}: "
-                                          f"{r.reason}" for r in refused))
+    _raise_if_strict(spec, refused, strict)
     with_ds = spec.zero_stage is not None or Target.DEEPSPEED in chosen
     files: dict[str, str] = {
         "train.py": train_script,
@@ -417,13 +393,7 @@ def _hf_bundle(spec: LaunchSpec, chosen: tuple[Target, ...], *, train_script: st
         files["launch_accelerate.sh"] = launch_clouds.manual_script(spec, "accelerate")
     if Target.DEEPSPEED in chosen:
         files["launch_torchrun.sh"] = launch_clouds.manual_script(spec, "torchrun")
-    if sky is not None:
-        files["sky.yaml"] = launch_clouds.render_skypilot(spec, sky)
-    if dst is not None:
-        files[".dstack.yml"] = launch_clouds.render_dstack(spec, dst)
-        files["fleet.dstack.yml"] = launch_clouds.render_dstack_fleet(spec, dst)
-        if dst.storage is launch_targets.Storage.NETWORK_VOLUME:
-            files["volume.dstack.yml"] = launch_clouds.render_dstack_volume(spec, dst)
+    files |= _cloud_files(spec, sky, dst, None)
     manual = Target.ACCELERATE in chosen or Target.DEEPSPEED in chosen
     if any(c is not None and launch_clouds.needs_store_script(c.storage) for c in (sky, dst)) \
             or (manual and launch_clouds.manual_needs_store_script(spec)):
@@ -432,6 +402,53 @@ def _hf_bundle(spec: LaunchSpec, chosen: tuple[Target, ...], *, train_script: st
     files["RUN.md"] = render_run_md(spec, tuple(files), chosen, sky=sky, dstack=dst,
                                     refused=tuple(refused))
     return files
+
+
+def _take(got: _T | Refusal, refused: list[Refusal]) -> _T | None:
+    """``got``, or None with its refusal kept for RUN.md (or the error when strict)."""
+    from tuneplan.core.launch.targets import Refusal
+
+    if isinstance(got, Refusal):
+        refused.append(got)
+        return None
+    return got
+
+
+def _cloud_choices(spec: LaunchSpec, chosen: tuple[Target, ...],
+                   sky_catalog: SkyCatalog | None,
+                   refused: list[Refusal]) -> tuple[SkyChoice | None, DstackChoice | None]:
+    """The SkyPilot and dstack choices for the chosen targets (refusals kept in ``refused``)."""
+    from tuneplan.core.launch import targets as launch_targets
+
+    sky = _take(launch_targets.skypilot_choice(
+        spec, sky_catalog or launch_targets.SkyCatalog()), refused) \
+        if Target.SKYPILOT in chosen else None
+    dst = _take(launch_targets.dstack_choice(spec), refused) \
+        if Target.DSTACK in chosen else None
+    return sky, dst
+
+
+def _cloud_files(spec: LaunchSpec, sky: SkyChoice | None, dst: DstackChoice | None,
+                 native: NativeRun | None) -> dict[str, str]:
+    """``sky.yaml`` and the dstack files, running train.py or ``native``'s command."""
+    from tuneplan.core.launch import clouds as launch_clouds
+    from tuneplan.core.launch import targets as launch_targets
+
+    files: dict[str, str] = {}
+    if sky is not None:
+        files["sky.yaml"] = launch_clouds.render_skypilot(spec, sky, native=native)
+    if dst is not None:
+        files[".dstack.yml"] = launch_clouds.render_dstack(spec, dst, native=native)
+        files["fleet.dstack.yml"] = launch_clouds.render_dstack_fleet(spec, dst)
+        if dst.storage is launch_targets.Storage.NETWORK_VOLUME:
+            files["volume.dstack.yml"] = launch_clouds.render_dstack_volume(spec, dst)
+    return files
+
+
+def _raise_if_strict(spec: LaunchSpec, refused: list[Refusal], strict: bool) -> None:
+    if refused and strict:
+        raise InvalidValueError("; ".join(f"{r.tool} cannot launch plan {spec.plan_id}: "
+                                          f"{r.reason}" for r in refused))
 
 
 def spec_summary(spec: LaunchSpec) -> dict[str, Any]:
