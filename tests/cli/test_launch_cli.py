@@ -81,6 +81,15 @@ def test_a_tool_that_cannot_run_the_offer_is_exit_2_alone_and_left_out_under_all
     assert not (tmp_path / "a").exists()
     done = run_cli("launch", "--plan", str(moved), "--to", "all", "--out", str(tmp_path / "b"))
     assert done.code == 0, done.stderr
+    # the success line names what was written, and SkyPilot only as left out
+    assert "(accelerate, deepspeed, dstack, axolotl, llamafactory; left out: skypilot " \
+        "(RUN.md says why))" in " ".join(done.stdout.split())
+    as_json = run_cli("launch", "--plan", str(moved), "--to", "all", "--out",
+                      str(tmp_path / "c"), "--json")
+    assert as_json.code == 0, as_json.stderr
+    assert as_json.json()["left_out"] == ["skypilot"]
+    assert "skypilot" not in as_json.json()["targets"]
+    assert "dstack" in as_json.json()["targets"]
     assert not (tmp_path / "b" / "sky.yaml").exists()
     assert (tmp_path / "b" / ".dstack.yml").exists()  # dstack shares one RunPod volume
     assert "SkyPilot: no files written" in (tmp_path / "b" / "RUN.md").read_text()

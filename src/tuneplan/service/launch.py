@@ -64,10 +64,14 @@ def result_bundle(plan: Plan, result: PlanResult, targets: Iterable[str]
 
 def written_document(spec: LaunchSpec, folder: Path, files: dict[str, str],
                      targets: Iterable[str]) -> dict[str, Any]:
-    """``tuneplan launch --json``."""
-    from tuneplan.core.launch.bundle import expand_targets
+    """``tuneplan launch --json``: ``targets`` the ones written, ``left_out`` the ones
+    ``all`` left out (RUN.md says why)."""
+    from tuneplan.core.launch.bundle import expand_targets, written_targets
 
+    chosen = expand_targets(targets)
+    written = written_targets(chosen, files)
     return {"plan_id": spec.plan_id, "out": str(folder),
-            "targets": [t.value for t in expand_targets(targets)], "files": sorted(files),
+            "targets": [t.value for t in written],
+            "left_out": [t.value for t in chosen if t not in written], "files": sorted(files),
             "save_steps": spec.save_steps, "save_total_limit": spec.save_total_limit,
             "checkpoint_interval_s": spec.checkpoint_interval_s}

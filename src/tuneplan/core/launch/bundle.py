@@ -70,6 +70,21 @@ def expand_targets(targets: Iterable[str]) -> tuple[Target, ...]:
     return tuple(t for t in Target if t in out)
 
 
+def written_targets(chosen: Iterable[Target], files: Iterable[str]) -> tuple[Target, ...]:
+    """The chosen targets whose files the bundle holds: under ``all`` a target that cannot
+    run the plan is left out (RUN.md says why), so it is not named as written. A target's
+    mark is the file it runs (accelerate and DeepSpeed both run train.py, which a framework's
+    native run does not have)."""
+    from tuneplan.core.launch import frameworks as launch_frameworks
+
+    mark = {Target.ACCELERATE: "train.py", Target.DEEPSPEED: "train.py",
+            Target.SKYPILOT: "sky.yaml", Target.DSTACK: ".dstack.yml",
+            Target.AXOLOTL: launch_frameworks.AXOLOTL_FILE,
+            Target.LLAMAFACTORY: launch_frameworks.LLAMAFACTORY_FILE}
+    names = set(files)
+    return tuple(t for t in chosen if t is not Target.ALL and mark[t] in names)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LaunchSpec:
     """Everything the bundle needs from a plan, in base units (seconds, bytes): the plan's
