@@ -57,6 +57,12 @@ def _disk_gb(spec: LaunchSpec) -> int:
     return max(100, math.ceil(spec.disk_bytes / GB))
 
 
+#: Written by the task's shell once the training command has exited: the store loop's last
+#: push then waits no longer for train.py's saved-on-SIGTERM flag, which cannot come any more
+#: (a framework's own run never writes it; a train.py that crashed neither).
+EXITED_FILE = "${TUNEPLAN_PREEMPTED_FILE:-$PWD/.tuneplan_preempted}.exited"
+
+
 def sync_every_s(spec: LaunchSpec) -> int:
     """Seconds between pushes of the local checkpoint folder: the checkpoint interval
     (a push right after each save), at least 5 minutes."""
@@ -70,16 +76,18 @@ def launch_lines(spec: LaunchSpec, engine: str, storage: Storage, env: NodeEnv,
     """Shell lines that start training under ``storage``. A mounted bucket or a volume: the
     guard replaces the shell (``exec``). A multi-node host path: the shared-folder check
     first. Local disk + sync: pull, push in the background, run the guard (the shell traps
-    SIGTERM so it lives on), then stop the pusher (its last push) and exit with the guard's
+    SIGTERM so it lives on), then mark the command's exit (``EXITED_FILE``: the pusher makes
+    its last push within a second, not after the grace period) and exit with the guard's
     code. ``native``: the framework's own command (after its prelude) instead of the guard
     and train.py, which a plan of another recipe never runs."""
     argv = guarded_argv(spec, engine, env) if native is None else ["exec", *native.command]
     prelude = list(native.prelude) if native is not None else []
     if storage is Storage.LOCAL_SYNC:
-        return ["trap ':' TERM INT HUP", f"bash {STORE_SCRIPT} pull || exit 2",
+        return ["trap ':' TERM INT HUP", f'rm -f "{EXITED_FILE}"',
+                f"bash {STORE_SCRIPT} pull || exit 2",
                 f"bash {STORE_SCRIPT} loop & pusher=$!", *prelude,
                 f"rc=0; {shell_line(argv[1:])} || rc=$?",
-                'kill -TERM "$pusher" 2>/dev/null; wait "$pusher" || true', 'exit "$rc"']
+                f': > "{EXITED_FILE}"; wait "$pusher" || true', 'exit "$rc"']
     lines = [*prelude, shell_line(argv)]
     if storage is Storage.SHARED_HOST_PATH:
         lines.insert(0, f'bash {STORE_SCRIPT} shared "{env.node_rank}" "{env.num_nodes}"'
@@ -290,9 +298,10 @@ def store_script(spec: LaunchSpec) -> str:
     ``AWS_ENDPOINT_URL``) into the local checkpoint folder before training; refuses to start
     when the URL is unset and ``TUNEPLAN_SYNC_REQUIRED=1`` (a spot run whose checkpoints
     would die with the machine). loop: push the folder every ``TUNEPLAN_SYNC_EVERY_S``
-    seconds; on SIGTERM it waits for train.py's saved-on-SIGTERM flag (or the grace period),
-    pushes once more and exits. A half-pushed checkpoint fails train.py's marker check on
-    resume and an older one is used. shared: every node writes its rank under the checkpoint
+    seconds; on SIGTERM it waits for train.py's saved-on-SIGTERM flag (or the grace
+    period, or until the training command has exited: ``EXITED_FILE``), pushes once more
+    and exits. A half-pushed checkpoint fails train.py's marker check on resume and an
+    older one is used. shared: every node writes its rank under the checkpoint
     folder and waits until it sees all of them: a folder that is not shared stops the run
     before training (ranks would resume from different steps)."""
     return f"""#!/usr/bin/env bash
@@ -302,6 +311,7 @@ dir="${{TUNEPLAN_CHECKPOINT_DIR:-/checkpoints}}"
 url="${{{SYNC_URL_ENV}:-}}"
 every="${{TUNEPLAN_SYNC_EVERY_S:-{sync_every_s(spec)}}}"
 flag="${{TUNEPLAN_PREEMPTED_FILE:-$PWD/.tuneplan_preempted}}"
+exited="$flag.exited"
 say() {{ echo "[{STORE_SCRIPT}] $*" >&2; }}
 push() {{ [ -n "$url" ] && aws s3 sync "$dir" "$url" --delete --only-show-errors; }}
 case "${{1:-}}" in
@@ -323,12 +333,17 @@ case "${{1:-}}" in
     [ -f "$dir/.tuneplan_pulled" ] || {{ say "no successful pull: not pushing"; exit 2; }}
     stop=0
     trap 'stop=1' TERM INT HUP
-    while [ "$stop" = 0 ]; do
-      sleep "$every" & wait $! || true
-      [ "$stop" = 0 ] && {{ push || say "push failed (will retry)"; }}
+    # one-second naps, so a SIGTERM or the training command's exit is seen within a second
+    while [ "$stop" = 0 ] && [ ! -f "$exited" ]; do
+      slept=0
+      while [ "$stop" = 0 ] && [ ! -f "$exited" ] && [ "$slept" -lt "$every" ]; do
+        sleep 1; slept=$((slept + 1))
+      done
+      [ "$stop" = 0 ] && [ ! -f "$exited" ] && {{ push || say "push failed (will retry)"; }}
     done
     waited=0
-    while [ ! -f "$flag" ] && [ "$waited" -lt "${{TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-120}}" ]; do
+    while [ ! -f "$flag" ] && [ ! -f "$exited" ] \
+        && [ "$waited" -lt "${{TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-120}}" ]; do
       sleep 1; waited=$((waited + 1))
     done
     push || say "final push failed" ;;
