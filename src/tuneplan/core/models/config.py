@@ -139,6 +139,17 @@ class ConfigReader:
             return default
         return value
 
+    def get_rate(self, key: str, default: float) -> float:
+        """A dropout probability in [0, 1); ``default`` (recorded) when absent or null."""
+        key, value = self.raw(key)
+        if value is None:
+            self.default(key, default)
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+            self.problem(key, f"must be a number in [0, 1), got {describe(value)}")
+            return default
+        return float(value)
+
     def get_str(self, *keys: str, default: str) -> str:
         """A string; ``default`` when absent (not recorded: strings here are descriptive)."""
         key, value = self.raw(*keys)

@@ -16,7 +16,7 @@ from tuneplan.core.models.blocks import (
     qkvo,
     read_dims,
 )
-from tuneplan.core.models.config import MAX_LAYERS, MAX_POSITIONS, ConfigReader, describe
+from tuneplan.core.models.config import MAX_LAYERS, MAX_POSITIONS, ConfigReader
 from tuneplan.core.models.decoders import finish, parse_llama_like
 from tuneplan.core.models.spec import LayerSpec, Linear, LinearRole, MlpKind, ModelSpec, NormKind
 
@@ -73,14 +73,7 @@ def parse_t5(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
 def _dropout_rate(r: ConfigReader) -> float:
     """``dropout_rate`` in [0, 1): T5Config's default 0.1 (transformers 5.24) when absent;
     the training step keeps a dropout mask wherever it is above 0."""
-    key, value = r.raw("dropout_rate")
-    if value is None:
-        r.default(key, 0.1)
-        return 0.1
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
-        r.problem(key, f"must be a number in [0, 1), got {describe(value)}")
-        return 0.1
-    return float(value)
+    return r.get_rate("dropout_rate", 0.1)
 
 
 def _stack(kind: str, linears: tuple[Linear, ...], norms: int, count: int,
@@ -102,10 +95,10 @@ def parse_bert(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
     positions = r.get_int("max_position_embeddings", default=512, hi=MAX_POSITIONS)
     types = r.get_int("type_vocab_size", default=2, hi=1_000_000)
     d = dataclasses.replace(d, max_pos=positions)
-    hidden_p = _rate(r, "hidden_dropout_prob", 0.1)
+    hidden_p = r.get_rate("hidden_dropout_prob", 0.1)
     extra = {"hidden_dropout_prob": hidden_p,
-             "attention_probs_dropout_prob": _rate(r, "attention_probs_dropout_prob", 0.1),
-             "classifier_dropout": _rate(r, "classifier_dropout", hidden_p)}
+             "attention_probs_dropout_prob": r.get_rate("attention_probs_dropout_prob", 0.1),
+             "classifier_dropout": r.get_rate("classifier_dropout", hidden_p)}
     linears = (*qkvo(d, qkv_bias=True, o_bias=True, names=("query", "key", "value", "dense")),
                lin("intermediate.dense", d.hidden, d.inter, MLP, bias=True),
                lin("output.dense", d.inter, d.hidden, MLP, bias=True))
@@ -119,18 +112,6 @@ def parse_bert(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
                   head_extra_params=d.hidden * d.hidden + 3 * d.hidden, extra=extra,
                   notes=(f"counted as {'Roberta' if model_type == 'roberta' else 'Bert'}"
                          "ForMaskedLM (MLM head, no pooler)",))
-
-
-def _rate(r: ConfigReader, key: str, default: float) -> float:
-    """A dropout probability in [0, 1); absent or null -> ``default`` (recorded)."""
-    _, value = r.raw(key)
-    if value is None:
-        r.default(key, default)
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
-        r.problem(key, f"must be a number in [0, 1), got {describe(value)}")
-        return default
-    return float(value)
 
 
 def parse_gemma3(r: ConfigReader, model_type: str, name: str) -> ModelSpec:

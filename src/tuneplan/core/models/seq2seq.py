@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from tuneplan.core.models.blocks import MLP, DimKeys, block, lin, qkvo, read_dims
-from tuneplan.core.models.config import MAX_LAYERS, MAX_POSITIONS, ConfigReader, describe
+from tuneplan.core.models.config import MAX_LAYERS, MAX_POSITIONS, ConfigReader
 from tuneplan.core.models.decoders import finish
 from tuneplan.core.models.spec import LinearRole, MlpKind, ModelSpec, NormKind
 
@@ -46,7 +46,7 @@ def parse_bart(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
     layers = (block(attn + mlp, 2 * ln, kind="encoder", count=d.layers),
               block(attn + cross + mlp, 3 * ln, kind="decoder-cross", count=dec_layers))
     tie = r.get_bool("tie_word_embeddings", default=True)
-    rates = {key: _rate(r, key, default) for key, default in _RATES.items()}
+    rates = {key: r.get_rate(key, default) for key, default in _RATES.items()}
     # shared token embedding + two position tables + two layernorm_embedding
     embedding = d.vocab * h + 2 * (positions + POSITION_OFFSET) * h + 2 * ln
     notes = ["final_logits_bias is a buffer (not learned): not counted"]
@@ -65,13 +65,3 @@ def parse_bart(r: ConfigReader, model_type: str, name: str) -> ModelSpec:
 _RATES = {"dropout": 0.1, "attention_dropout": 0.0, "activation_dropout": 0.0}
 
 
-def _rate(r: ConfigReader, key: str, default: float) -> float:
-    """A dropout probability in [0, 1) (the default recorded when absent)."""
-    _, value = r.raw(key)
-    if value is None:
-        r.default(key, default)
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
-        r.problem(key, f"must be a number in [0, 1), got {describe(value)}")
-        return default
-    return float(value)
