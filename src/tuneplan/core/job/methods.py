@@ -401,14 +401,20 @@ def freeze_selection(strategy: Strategy) -> dict[str, object]:
             "modules": list(strategy.trainable_modules)}
 
 
-def _freeze(model: ModelSpec, strategy: Strategy, extra: int) -> Trainable:
+def _one_kind_of_block(model: ModelSpec, method: str, flag: str, n: int) -> LayerSpec:
+    """The model's one kind of block, for a method that trains ``n`` of them (``flag``);
+    UnsupportedError when ``n`` is out of range or the blocks differ."""
     blocks = sum(layer.count for layer in model.layers)
-    n = strategy.trainable_layers
     if not 0 < n <= blocks:
-        raise UnsupportedError(f"freeze needs --trainable-layers between 1 and {blocks}")
+        raise UnsupportedError(f"{method} needs {flag} between 1 and {blocks}")
     if len(model.layers) != 1:
-        raise UnsupportedError("freeze is estimated only for models with one kind of block")
-    layer = model.layers[0]
+        raise UnsupportedError(f"{method} is estimated only for models with one kind of block")
+    return model.layers[0]
+
+
+def _freeze(model: ModelSpec, strategy: Strategy, extra: int) -> Trainable:
+    n = strategy.trainable_layers
+    layer = _one_kind_of_block(model, "freeze", "--trainable-layers", n)
     mats = tuple((lin.out_features, lin.in_features, lin.copies * n) for lin in layer.linears)
     named = set(strategy.trainable_modules)
     if model.tie_word_embeddings and named & EMBED_NAMES and named & HEAD_NAMES:
@@ -427,13 +433,8 @@ def _lisa(model: ModelSpec, strategy: Strategy) -> Trainable:
     parameters of ``model.model.layers`` and back to True on ``lisa_activated_layers`` blocks
     drawn at random; the embedding, the final norm and the head are never touched, so they
     always train. Every block is the same size, so which K train changes no count."""
-    blocks = sum(layer.count for layer in model.layers)
     k = strategy.lisa_layers
-    if not 0 < k <= blocks:
-        raise UnsupportedError(f"lisa needs --lisa-layers between 1 and {blocks}")
-    if len(model.layers) != 1:
-        raise UnsupportedError("lisa is estimated only for models with one kind of block")
-    layer = model.layers[0]
+    layer = _one_kind_of_block(model, "lisa", "--lisa-layers", k)
     embed = [(model.vocab_size, model.hidden_size, 1)]
     if not model.tie_word_embeddings:
         embed.append((model.vocab_size, model.hidden_size, 1))
