@@ -28,6 +28,7 @@ from tuneplan.core.job.strategy import (
     Optimizer,
     Precision,
     Sharding,
+    Strategy,
     Task,
 )
 from tuneplan.core.launch.bundle import CHECKPOINT_DIR, LaunchSpec, train_config
@@ -75,6 +76,20 @@ class NativeRun:
 def output_dir(spec: LaunchSpec, tool: str) -> str:
     """The bundle's checkpoint folder with the framework's name (its own checkpoints)."""
     return f"{CHECKPOINT_DIR}/{spec.plan_id}-{tool}"
+
+
+def _targets_refusal(tool: str, s: Strategy, names: set[str], has_no: str,
+                     mlp_whole: str) -> Refusal | None:
+    """A LoRA target set ``tool`` cannot express: a name outside ``names`` (``has_no``: the
+    options it does have), or part of the MLP (``mlp_whole``: why only all of it)."""
+    if s.method is Method.FULL or s.all_linear:
+        return None
+    unknown = sorted(set(s.lora_targets) - names)
+    if unknown:
+        return Refusal(tool, f"LoRA targets {','.join(unknown)} have no {tool} {has_no}")
+    if 0 < len(MLP_TARGETS & set(s.lora_targets)) < len(MLP_TARGETS):
+        return Refusal(tool, f"LoRA on part of the MLP: {mlp_whole}")
+    return None
 
 
 def _common_refusal(spec: LaunchSpec, tool: str) -> Refusal | None:
@@ -196,14 +211,10 @@ def _litgpt_refusal(spec: LaunchSpec) -> Refusal | None:
                                "(finetune/lora.py raises otherwise)")
     if s.trainable_modules:
         return Refusal(LITGPT, "--trainable-modules has no litgpt option")
-    if s.method is not Method.FULL and not s.all_linear:
-        unknown = sorted(set(s.lora_targets) - _LIT_NAMES)
-        if unknown:
-            return Refusal(LITGPT, f"LoRA targets {','.join(unknown)} have no litgpt switch "
-                                   "(lora_query/key/value/projection/mlp/head)")
-        if 0 < len(MLP_TARGETS & set(s.lora_targets)) < len(MLP_TARGETS):
-            return Refusal(LITGPT, "LoRA on part of the MLP: litgpt's lora_mlp wraps all "
-                                   "three MLP linears")
+    if (targets := _targets_refusal(
+            LITGPT, s, _LIT_NAMES, "switch (lora_query/key/value/projection/mlp/head)",
+            "litgpt's lora_mlp wraps all three MLP linears")) is not None:
+        return targets
     if s.optimizer not in _LIT_OPTIMIZERS:
         return Refusal(LITGPT, f"optimizer {s.optimizer.value} is not mapped onto litgpt "
                                "(adamw, sgd)")
@@ -407,14 +418,11 @@ def _torchtune_refusal(spec: LaunchSpec) -> Refusal | None:
                                   "dtype (bf16 or fp32), no autocast")
     if s.trainable_modules:
         return Refusal(TORCHTUNE, "--trainable-modules has no torchtune option")
-    if s.method is not Method.FULL and ALL_LINEAR not in s.lora_targets:
-        unknown = sorted(set(s.lora_targets) - set(_TT_ATTN) - MLP_TARGETS - {"lm_head"})
-        if unknown:
-            return Refusal(TORCHTUNE, f"LoRA targets {','.join(unknown)} have no torchtune "
-                                      "option (lora_attn_modules, apply_lora_to_mlp/output)")
-        if 0 < len(MLP_TARGETS & set(s.lora_targets)) < len(MLP_TARGETS):
-            return Refusal(TORCHTUNE, "LoRA on part of the MLP: apply_lora_to_mlp wraps w1, "
-                                      "w2 and w3 together")
+    if (targets := _targets_refusal(
+            TORCHTUNE, s, {*_TT_ATTN, *MLP_TARGETS, "lm_head"},
+            "option (lora_attn_modules, apply_lora_to_mlp/output)",
+            "apply_lora_to_mlp wraps w1, w2 and w3 together")) is not None:
+        return targets
     if s.optimizer not in _TT_OPTIMIZERS:
         return Refusal(TORCHTUNE, f"optimizer {s.optimizer.value} is not mapped onto "
                                   "torchtune (adamw, adamw8bit, paged-adamw8bit, sgd)")
