@@ -111,8 +111,10 @@ def test_throughput_without_gpu_is_bad_input() -> None:
 
 def test_cost_sizes_moe_lora_checkpoints_from_the_memory_models_count() -> None:
     """Qwen3-30B-A3B all-linear LoRA trains 996,507,648 parameters (routers and fused experts
-    as PEFT 0.21 wraps them): the checkpoint holds them in fp32 plus AdamW's 8 B each, as
-    ``tuneplan plan`` sizes it; the speed model's adapter FLOPs read the same targets."""
+    as PEFT 0.21 wraps them): on 8 x H100 under ZeRO-3 the checkpoint holds them as the bf16
+    module holds them (2 B), DeepSpeed's fp32 master copy (4 B) and AdamW's two fp32 moments
+    (8 B), as ``tuneplan plan`` sizes it; the speed model's adapter FLOPs read the same
+    targets."""
     from tuneplan.adapters.store import CatalogStore
     from tuneplan.core.catalog.offers import OfferFilter
 
@@ -123,8 +125,9 @@ def test_cost_sizes_moe_lora_checkpoints_from_the_memory_models_count() -> None:
     result = runner.invoke(app, ["cost", "Qwen/Qwen3-30B-A3B", "--offer", offer.id,
                                  "--method", "lora", "--tokens", "20M", "--json"])
     assert result.exit_code == 0, result.output
-    checkpoint = json.loads(result.stdout)["checkpoint"]
-    assert checkpoint["bytes_with_optimizer"] == trainable * (4 + 8)
+    doc = json.loads(result.stdout)
+    assert doc["strategy"]["sharding"] == "zero3"
+    assert doc["checkpoint"]["bytes_with_optimizer"] == trainable * (2 + 4 + 8)
     speed = runner.invoke(app, ["throughput", "Qwen/Qwen3-30B-A3B", "--gpu", "H100 SXM",
                                 "--method", "lora", "--json"])
     assert speed.exit_code == 0, speed.output
@@ -139,3 +142,23 @@ def test_throughput_on_cards_whose_rates_were_filled_in(gpu: str) -> None:
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     assert document["tokens_per_second"] > 0 and 0 < document["mfu"] < 1
+
+
+def test_cost_sizes_a_zero3_full_fine_tuning_checkpoint_as_deepspeed_writes_it() -> None:
+    """Full fine-tuning of Llama-3.1-8B on 8 x H100 (ZeRO-3, bf16): DeepSpeed saves the bf16
+    module weights (2 B), its fp32 master copy (4 B) and AdamW's two fp32 moments (8 B) per
+    parameter (the HF Trainer's own 12 B without DeepSpeed, fp32 params and moments, is
+    pinned in ``tests/core/memory/test_checkpoint_size.py``)."""
+    from tuneplan.adapters.store import CatalogStore
+    from tuneplan.core.catalog.offers import OfferFilter
+
+    with CatalogStore.open() as store:
+        offers = store.offers(OfferFilter(gpu="H100", gpu_count=8))
+    offer = next(o for o in offers if o.price_per_hour is not None)
+    result = runner.invoke(app, ["cost", "meta-llama/Llama-3.1-8B", "--offer", offer.id,
+                                 "--method", "full", "--tokens", "20M", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["strategy"]["sharding"] == "zero3"
+    assert doc["checkpoint"]["bytes_with_optimizer"] == 8_030_261_248 * 14
+    assert doc["checkpoint"]["bytes_without_optimizer"] == 8_030_261_248 * 2

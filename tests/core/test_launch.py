@@ -69,8 +69,9 @@ def test_without_a_spot_interval_young_daly_is_computed_from_the_checkpoint_size
     plan = _plan("plan_llama8b_qlora_aws.json")
     plan["cost"] = {**plan["cost"], "spot": None}
     spec = _spec(plan)
-    # QLoRA: fp32 adapters (4 B) + AdamW state (8 B) per trainable parameter; 1 GB/s writes,
-    # MTBF 10 h (CostAssumptions' stated defaults).
+    # QLoRA: fp32 adapters (4 B) + AdamW state (8 B) per trainable parameter (the fixture
+    # predates memory.checkpoint_bytes: the rule of thumb); 1 GB/s writes, MTBF 10 h
+    # (CostAssumptions' stated defaults).
     ckpt = plan["memory"]["trainable_params"] * 12
     assert spec.checkpoint_bytes == ckpt
     assert spec.checkpoint_interval_s == pytest.approx(young_daly_interval_s(ckpt / 1e9, 36_000))

@@ -123,6 +123,11 @@ def _text_list(value: Any, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+#: The largest checkpoint a plan file may state: 2^60 bytes (an exbibyte), far above any
+#: model's and small enough to stay exact as a float.
+MAX_CHECKPOINT_BYTES = 2**60
+
+
 def saved_plan_from_entry(entry: Mapping[str, Any]) -> SavedPlan:
     """A ``tuneplan plan --json`` entry (``plans[i]`` with the document's ``job`` and
     ``model``) back as a typed ``SavedPlan``: the job and strategy through their ``from_dict``,
@@ -157,6 +162,12 @@ def saved_plan_from_entry(entry: Mapping[str, Any]) -> SavedPlan:
     spot: Mapping[str, Any] = raw_spot if isinstance(raw_spot, Mapping) else {}
     minutes = _number(spot.get("checkpoint_interval_minutes"))
     model = entry.get("model")
+    raw_memory = entry.get("memory")
+    ckpt = raw_memory.get("checkpoint_bytes") if isinstance(raw_memory, Mapping) else None
+    if ckpt is not None and (isinstance(ckpt, bool) or not isinstance(ckpt, int)
+                             or not 0 < ckpt <= MAX_CHECKPOINT_BYTES):
+        raise InvalidValueError("plan cannot be read: memory.checkpoint_bytes is not a "
+                                f"whole number of bytes from 1 to {MAX_CHECKPOINT_BYTES:,}")
     return SavedPlan(
         id=plan_id, model_id=model if isinstance(model, str) and model else job.model,
         job=job, strategy=strategy, offer=offer, link=link, step_s=float(step_s),
@@ -165,7 +176,7 @@ def saved_plan_from_entry(entry: Mapping[str, Any]) -> SavedPlan:
         spot_usd=_usd(spot.get("expected_usd")), uses_spot=cost.get("uses_spot") is True,
         spot_interval_s=minutes * 60 if minutes else None,
         why=_text_list(entry.get("why", []), "why"),
-        warnings=_text_list(entry.get("warnings", []), "warnings"))
+        warnings=_text_list(entry.get("warnings", []), "warnings"), checkpoint_bytes=ckpt)
 
 
 def _number(value: Any) -> float | None:

@@ -81,6 +81,10 @@ def plan_entry(p: Plan, result: PlanResult, job: Job | None = None) -> dict[str,
                    "paged_out_bytes": c.paged_out_bytes,
                    "exact_for_gpu": c.exact, "trainable_params": c.memory.trainable_params,
                    "total_params": c.memory.total_params,
+                   # one resumable checkpoint, all ranks together: with the optimizer's
+                   # state, and its saved weights alone
+                   "checkpoint_bytes": c.memory.checkpoint_bytes,
+                   "checkpoint_weights_bytes": c.memory.checkpoint_weights_bytes,
                    # per GPU, term by term (they sum to device_total_bytes): only for plans
                    # whose estimate is this strategy's own on this GPU generation
                    "terms": [{"name": t.path, "bytes": int(t.value), "formula": t.formula}

@@ -121,7 +121,9 @@ def startup_seconds(*, model_bytes: int, dataset_bytes: int, a: CostAssumptions)
 
 def checkpoint_bytes(*, method: str, precision: str, optimizer: str, total_params: int,
                      trainable_params: int) -> tuple[int, int]:
-    """(with optimizer state, without) bytes of one resumable checkpoint.
+    """(with optimizer state, without) bytes of one resumable checkpoint, by a rule of thumb:
+    only for a plan file written before plans carried the memory estimate's own count
+    (``MemoryEstimate.checkpoint_bytes``, which the planner and the cost model use).
 
     Full fine-tuning, freeze and lisa save every weight in bf16 (2 B each); PEFT methods save only
     their fp32 trainable weights (4 B each). The optimizer state adds ``STATE_BYTES`` per

@@ -191,9 +191,11 @@ def launch_spec(plan: SavedPlan, model: ModelSpec | None = None) -> LaunchSpec:
         raise InvalidValueError(f"plan {plan.id} cannot be launched: step time "
                                 f"{plan.step_s} s, {plan.total_params} parameters")
     total = plan.total_params
-    ckpt, _ = checkpoint_bytes(
+    # the memory estimate's own count of what a checkpoint holds; a plan file written before
+    # plans carried it gets the per-parameter rule of thumb
+    ckpt = plan.checkpoint_bytes if plan.checkpoint_bytes is not None else checkpoint_bytes(
         method=s.method, precision=s.precision, optimizer=s.optimizer,
-        total_params=total, trainable_params=plan.trainable_params)
+        total_params=total, trainable_params=plan.trainable_params)[0]
     interval_s, source = _interval(plan, ckpt)
     disk = plan.offer.disk_bytes
     weights = total * 2

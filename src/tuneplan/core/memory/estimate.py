@@ -77,6 +77,14 @@ class MemoryEstimate:
     #: peaks below the step (weights only: full, LoRA) or is not modelled (sharded params)
     loading_peak_bytes: int = 0
     loading: Breakdown | None = None
+    #: one resumable checkpoint, all ranks' parts together: the weights it saves (every
+    #: weight, as held in training, when the base trains: HF ``save_model`` writes the fp32
+    #: params of mixed precision, DeepSpeed its bf16 module weights; else the trainable
+    #: tensors only, adapters and ``modules_to_save``, as PEFT saves them) and with the
+    #: optimizer's state beside them (states, fp32 master copy, GaLore projectors: what
+    #: ``optimizer.pt`` or DeepSpeed's optimizer shards hold), unsharded
+    checkpoint_weights_bytes: int = 0
+    checkpoint_bytes: int = 0
 
     @property
     def peak_bytes(self) -> int:
@@ -121,7 +129,9 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
             phases=dict(phases), host_ram_bytes=est.host_ram_bytes, host=est.host,
             trainable_params=est.trainable_params, total_params=est.total_params,
             notes=est.notes, behaviours=est.behaviours,
-            loading_peak_bytes=est.loading_peak_bytes, loading=est.loading)
+            loading_peak_bytes=est.loading_peak_bytes, loading=est.loading,
+            checkpoint_weights_bytes=est.checkpoint_weights_bytes,
+            checkpoint_bytes=est.checkpoint_bytes)
     fixed = _fixed(model, strategy, a)
     model, plan, static = fixed.model, fixed.plan, fixed.static
     moments = _moments(model, strategy, plan, static, a, fixed)
@@ -149,7 +159,9 @@ def estimate_memory(model: ModelSpec, strategy: Strategy,
         phases=phases, host_ram_bytes=int(host.total),
         host=host, trainable_params=fixed.trainable.total, total_params=static.total_params,
         notes=fixed.notes, behaviours=fixed.behaviours,
-        loading_peak_bytes=0 if loading is None else int(loading.total), loading=loading)
+        loading_peak_bytes=0 if loading is None else int(loading.total), loading=loading,
+        checkpoint_weights_bytes=static.checkpoint_weights_bytes,
+        checkpoint_bytes=static.checkpoint_weights_bytes + static.checkpoint_state_bytes)
     # the entry keeps its own copy of the phases: the caller may do what it likes with its own
     done[:] = [(fixed.source, est, dict(phases))]
     return est

@@ -53,6 +53,10 @@ class Static:
     weights_bytes: int
     largest_linear: int
     total_params: int
+    #: one resumable checkpoint (unsharded, every rank's part together): the weights it saves
+    #: and the optimizer's state (``checkpoint_terms``)
+    checkpoint_weights_bytes: int = 0
+    checkpoint_state_bytes: int = 0
 
 
 def static_terms(model: ModelSpec, s: Strategy, plan: PrecisionPlan, trainable: Trainable,
@@ -118,7 +122,9 @@ def static_terms(model: ModelSpec, s: Strategy, plan: PrecisionPlan, trainable: 
                   block_grads=block_gradients(model, s, plan, sp.grads_div),
                   step=step, autocast_copies=autocast, outside=outside, host=host,
                   weights_bytes=wbytes, largest_linear=split.largest_linear,
-                  total_params=split.total)
+                  total_params=split.total,
+                  checkpoint_weights_bytes=wbytes if s.method.trains_base else ob.grads,
+                  checkpoint_state_bytes=ob.states + ob.master + ob.projectors)
 
 
 def _autocast_copies(model: ModelSpec, s: Strategy, plan: PrecisionPlan,

@@ -22,7 +22,6 @@ from tuneplan.core.cost.estimate import (
     CostEstimate,
     CostInputs,
     billed_total,
-    checkpoint_bytes,
     estimate_cost,
 )
 from tuneplan.core.job.recipes import Recipe
@@ -79,9 +78,7 @@ def cost_inputs(c: Candidate, offer: Offer, provider: Provider | None, job: Job,
     one builder, used by the planner and by ``tuneplan cost``."""
     o = options or CostOptions()
     s, mem = c.strategy, c.memory
-    with_opt, without = checkpoint_bytes(
-        method=s.method, precision=s.precision, optimizer=s.optimizer,
-        total_params=mem.total_params, trainable_params=mem.trainable_params)
+    with_opt, without = mem.checkpoint_bytes, mem.checkpoint_weights_bytes
     tokens = job.tokens_per_epoch or 0
     nodes = Decimal(s.nodes)
     granularity = provider.billing_granularity_s if provider else None

@@ -25,7 +25,6 @@ from tuneplan.core.cost.estimate import (
     CostAssumptions,
     CostEstimate,
     billed_total,
-    checkpoint_bytes,
 )
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.strategy import (
@@ -599,11 +598,7 @@ def plan_risk(p: Plan, provider: Provider | None, a: CostAssumptions) -> Risk:
     notice = provider.spot_notice_s if provider else None
     saves = False
     if notice:
-        s, mem = c.strategy, c.memory
-        with_opt, _ = checkpoint_bytes(method=s.method, precision=s.precision,
-                                       optimizer=s.optimizer, total_params=mem.total_params,
-                                       trainable_params=mem.trainable_params)
-        saves = notice >= with_opt / a.checkpoint_write_bytes_per_s
+        saves = notice >= c.memory.checkpoint_bytes / a.checkpoint_write_bytes_per_s
     return assess(c, link=p.link, capacity_bytes=p.capacity_bytes,
                   on_spot=p.uses_spot, spot_extra=extra, spot_notice=saves)
 

@@ -41,6 +41,9 @@ class SavedPlan:
     spot_interval_s: float | None = None
     why: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    #: one resumable checkpoint with its optimizer state, as the memory estimate counts it
+    #: (``MemoryEstimate.checkpoint_bytes``); None in a plan file written without it
+    checkpoint_bytes: int | None = None
 
 
 def saved_plan(plan: Plan, result: PlanResult) -> SavedPlan:
@@ -55,4 +58,4 @@ def saved_plan(plan: Plan, result: PlanResult) -> SavedPlan:
         hours=plan.hours,
         on_demand_usd=plan.cost_usd, spot_usd=plan.spot_usd,
         uses_spot=plan.uses_spot, spot_interval_s=None if minutes is None else minutes * 60,
-        why=plan.why, warnings=plan.warnings)
+        why=plan.why, warnings=plan.warnings, checkpoint_bytes=c.memory.checkpoint_bytes)
