@@ -70,3 +70,39 @@ def test_the_time_models_optimizer_step_reads_the_same_fp32_embedding_state() ->
     rate = float(gpu.memory_bandwidth_bytes_per_s or 0) * a.optimizer_bandwidth_efficiency
     assert step.value - tune.value == pytest.approx(
         embedding * 2 * (8 - 2) * a.optimizer_passes / rate, rel=1e-9)
+
+
+def test_peft_modules_to_save_copies_get_the_trainers_8bit_state_rules(tmp_path) -> None:
+    """LoRA with ``modules_to_save`` embedding and head: PEFT's trainable copies are an
+    ``nn.Embedding`` (the Trainer's override: two fp32 states) and an ``nn.Linear`` (uint8
+    states with fp32 absmax), sized like any trained matrix, not 8 B per element flat."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    pytest.importorskip("bitsandbytes")
+    torch.manual_seed(0)
+    base = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(**TINY), dtype=torch.float32)
+    model = peft.get_peft_model(base, peft.LoraConfig(
+        r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
+        modules_to_save=["embed_tokens", "lm_head"]))
+    rows = [{"input_ids": torch.arange(8) % 256, "labels": torch.arange(8) % 256}] * 2
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), optim="adamw_bnb_8bit", max_steps=1,
+        per_device_train_batch_size=2, use_cpu=True, report_to=[], save_strategy="no",
+        logging_strategy="no", disable_tqdm=True)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=rows)
+    trainer.train()
+    state = trainer.optimizer.optimizer.state if hasattr(trainer.optimizer, "optimizer") \
+        else trainer.optimizer.state
+    held = sum(t.numel() * t.element_size() for s in state.values() for k, t in s.items()
+               if torch.is_tensor(t) and not k.startswith("qmap"))
+    copies = {n: state[p]["state1"].dtype for n, p in model.named_parameters()
+              if p in state and p.numel() == 256 * 32}
+    assert sorted((n.split(".")[-4], str(d)) for n, d in copies.items()) == [
+        ("embed_tokens", "torch.float32"), ("lm_head", "torch.uint8")], copies
+    est = estimate_memory(parse_model_config(TINY, name="tiny"), Strategy(
+        method=Method.LORA, lora_rank=8, lora_alpha=16, lora_targets=("q_proj", "v_proj"),
+        trainable_modules=("embed_tokens", "lm_head"), optimizer=Optimizer.ADAMW8BIT,
+        precision=Precision.FP32, seq_len=8, checkpointing=Checkpointing.NONE))
+    assert est.breakdown.value("optimizer/states") == held

@@ -304,13 +304,23 @@ class Trainable:
     adapter_params: int
     largest_tensor: int
     matrices: tuple[tuple[int, int, int], ...] = ()   # (rows, cols, copies) of 2-D tensors
-    #: elements of the token embedding's weight among ``matrices`` (full, lisa: V·h, once
-    #: when the head is tied to it); 0 where it does not train or is not listed there
+    #: elements of the token embedding's weight among the trained 2-D tensors (full, lisa:
+    #: V·h, once when the head is tied to it; a ``modules_to_save`` or freeze-named
+    #: embedding); 0 where it does not train
     embedding_matrix: int = 0
+    #: the 2-D weights of ``--trainable-modules`` beside an adapter or a frozen base (PEFT's
+    #: ``modules_to_save`` copies, freeze's named embedding/head): trained whole, so an
+    #: optimizer sizes their states as any other matrix (8-bit, factored), but no adapter
+    saved_matrices: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def total(self) -> int:
         return self.base_params + self.adapter_params
+
+    @property
+    def state_matrices(self) -> tuple[tuple[int, int, int], ...]:
+        """Every trained 2-D tensor, as an optimizer's state sees them."""
+        return self.matrices + self.saved_matrices
 
 
 #: Encoder-decoder model types whose blocks the memory model estimates (core/memory/seq2seq.py).
@@ -362,7 +372,9 @@ def count_trainable(model: ModelSpec, strategy: Strategy) -> Trainable:
     adapter_params = sum(r * c * n for r, c, n in adapters)
     sizes = [r * c for r, c, _ in adapters] + [extra]
     return Trainable(base_params=extra, adapter_params=adapter_params,
-                     largest_tensor=max(sizes), matrices=tuple(adapters))
+                     largest_tensor=max(sizes), matrices=tuple(adapters),
+                     saved_matrices=_named_matrices(model, strategy),
+                     embedding_matrix=_named_embedding(model, strategy))
 
 
 def count_params(model: ModelSpec) -> int:
@@ -421,8 +433,11 @@ def _freeze(model: ModelSpec, strategy: Strategy, extra: int) -> Trainable:
         # no PEFT copies here: the tied head's weight is the embedding's Parameter, once
         extra -= model.vocab_size * model.hidden_size
     params = layer.params * n + model.final_norm_params + extra
+    named_mats = _named_matrices(model, strategy, tied_once=True)
     return Trainable(base_params=params, adapter_params=0,
-                     largest_tensor=max(r * c for r, c, _ in mats), matrices=mats)
+                     largest_tensor=max(r * c for r, c, _ in mats + named_mats), matrices=mats,
+                     saved_matrices=named_mats,
+                     embedding_matrix=_named_embedding(model, strategy))
 
 
 def _lisa(model: ModelSpec, strategy: Strategy) -> Trainable:
@@ -504,6 +519,25 @@ def _check_targets(model: ModelSpec, strategy: Strategy) -> None:
                                f"{','.join(unknown)} (PEFT skips such a name silently when "
                                f"another matches); its linears: {', '.join(known[:12])}, "
                                "or lm_head / embed_tokens")
+
+
+def _named_matrices(model: ModelSpec, strategy: Strategy, *, tied_once: bool = False
+                    ) -> tuple[tuple[int, int, int], ...]:
+    """The V·h weights of ``--trainable-modules`` (embedding and/or head; a head's bias is a
+    vector, counted with the small tensors). ``tied_once``: a tied head named beside the
+    embedding is the embedding's Parameter (freeze trains it in place), so one matrix."""
+    named = [n for n in strategy.trainable_modules if n in EMBED_NAMES or n in HEAD_NAMES]
+    if (tied_once and model.tie_word_embeddings and any(n in EMBED_NAMES for n in named)
+            and any(n in HEAD_NAMES for n in named)):
+        named = [n for n in named if n in EMBED_NAMES]
+    return tuple((model.vocab_size, model.hidden_size, 1) for _ in named)
+
+
+def _named_embedding(model: ModelSpec, strategy: Strategy) -> int:
+    """V·h when ``--trainable-modules`` names the token embedding (an ``nn.Embedding`` that
+    trains: what the HF Trainer's 8-bit override keeps 32-bit), else 0."""
+    named = any(n in EMBED_NAMES for n in strategy.trainable_modules)
+    return model.vocab_size * model.hidden_size if named else 0
 
 
 def _modules_to_save(model: ModelSpec, strategy: Strategy) -> int:

@@ -70,12 +70,13 @@ def _state_elements(opt: Optimizer, trainable: Trainable, width: int,
     if opt in (Optimizer.SGD, Optimizer.LION):
         return n * width, "1 state (momentum / exp_avg) · trainable · state bytes"
     if opt is Optimizer.ADAFACTOR:
-        mats = sum((r + c) * k for r, c, k in trainable.matrices if r > 1)
-        flat = n - sum(r * c * k for r, c, k in trainable.matrices if r > 1)
+        mats = sum((r + c) * k for r, c, k in trainable.state_matrices if r > 1)
+        flat = n - sum(r * c * k for r, c, k in trainable.state_matrices if r > 1)
         return (mats + flat) * 4, ("factored second moment: (rows + cols)·4 per matrix, "
                                    "4·n for vectors")
     # one tensor: under the 8-bit minimum it is among the small ones already
-    big = sum(r * c * k for r, c, k in trainable.matrices if r * c >= a.optim8bit_min_size) \
+    big = sum(r * c * k for r, c, k in trainable.state_matrices
+              if r * c >= a.optim8bit_min_size) \
         - (fp32_embedding if fp32_embedding >= a.optim8bit_min_size else 0)
     small = n - big
     per_big = 2 + 2 * 4 / a.optim8bit_blocksize
@@ -132,7 +133,7 @@ def paged_state_bytes(strategy: Strategy, plan: PrecisionPlan, trainable: Traina
     (``get_state_buffer`` pages by size, whatever the dtype)."""
     if not strategy.optimizer.is_paged:
         return 0
-    big = sum(r * c * k for r, c, k in trainable.matrices if r * c >= PAGED_MIN_ELEMENTS)
+    big = sum(r * c * k for r, c, k in trainable.state_matrices if r * c >= PAGED_MIN_ELEMENTS)
     if strategy.optimizer.is_8bit:
         fp32 = trainer_fp32_embedding(strategy, trainable)
         fp32 = fp32 if fp32 >= PAGED_MIN_ELEMENTS else 0  # smaller: not paged at all
