@@ -464,3 +464,29 @@ def test_short_samples_are_packed_unless_the_person_says_no() -> None:
     assert packed.best_hours < 0.6 * unpacked.best_hours
     full = run(LLAMA8B, "qlora", market, avg_tokens=4096).plans[0]   # no padding to save
     assert not full.strategy.packing
+
+
+def test_unsloths_offloaded_checkpoints_are_host_traffic_priced_and_said() -> None:
+    """Unsloth's offloaded activation checkpoints cross PCIe twice per layer per micro-batch:
+    the plan's host GB per step and its streaming risk count them, and the risk line says so
+    (they used to be called hidden and left out)."""
+    from tuneplan.core.job.recipes import Recipe
+
+    every = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    result = run(LLAMA8B, "lora", [offer("RTX 4090", 1, "0.69")], strategy=Strategy(
+        method=Method.LORA, recipe=Recipe.UNSLOTH, checkpointing=Checkpointing.OFFLOAD,
+        lora_targets=every, lora_dropout=0.0))
+    plan = result.plans[0]
+    assert plan.risk is not None
+    term = plan.candidate.throughput.step.get("micro-batch/unsloth-checkpoint-offload-exposed")
+    assert term is not None
+    layers = term.inputs["offloaded_layers"]
+    tokens = plan.strategy.batch_size * plan.strategy.seq_len
+    per_step = 2 * layers * tokens * 4096 * 2 * plan.strategy.grad_accum  # bf16 T·H, down+up
+    assert plan.risk.host_gb_per_step == pytest.approx(per_step / GB, rel=1e-9)
+    copies_s = per_step / term.inputs["host_link_bytes_per_s"]
+    assert plan.risk.streaming == pytest.approx(
+        min(1.0, copies_s / plan.candidate.throughput.step_seconds) * 0.5, rel=1e-6)
+    risks = next(line for line in plan.why if line.startswith("risks:"))
+    assert (f"activation checkpoints offloaded to host RAM (Unsloth): "
+            f"{plan.risk.host_gb_per_step:,.1f} GB per GPU per step over PCIe") in risks

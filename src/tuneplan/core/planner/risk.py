@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
+from tuneplan.core.compute.unsloth import OFFLOAD_TERM as UNSLOTH_OFFLOAD_TERM
 from tuneplan.core.job.strategy import Checkpointing, Offload, Precision, Sharding
 from tuneplan.units import GB
 
@@ -108,24 +109,40 @@ def memory_penalty(fill: float) -> float:
 PARAM_OFFLOAD_TERM = "micro-batch/param-offload-exposed"
 #: The planner's term for a paged optimizer's paging (``search.with_paging``).
 PAGED_TERM = "step/paged-optimizer"
+def checkpoint_offload(c: Candidate) -> tuple[float, float]:
+    """(bytes, copy seconds) per GPU per optimizer step of Unsloth's offloaded activation
+    checkpoints over the host link, as the step model's term counts them (``compute.unsloth.
+    offload_term``: each offloaded layer input down and back up per micro-batch; its
+    ``bytes`` input is one micro-batch's); (0, 0) without them."""
+    term = c.throughput.step.get(UNSLOTH_OFFLOAD_TERM)
+    if term is None:
+        return 0.0, 0.0
+    inputs = term.inputs
+    accum = float(inputs.get("grad_accum", 1))
+    copies = 2 * float(inputs.get("offloaded_layers", 0))
+    return (float(inputs.get("bytes", 0.0)) * accum,
+            copies * float(inputs.get("copy_s_per_layer", 0.0)) * accum)
 
 
 def host_bytes_per_step(c: Candidate) -> float:
     """Bytes per GPU per optimizer step that cross the host link: the weights streamed each
     pass under ``--offload optimizer+params`` (the step model's own term), under optimizer
     offload bf16 gradients down and updated bf16 weights up once per step, or a paged
-    optimizer's paged-out state in and out."""
+    optimizer's paged-out state in and out; plus Unsloth's offloaded activation checkpoints
+    (``checkpoint_offload``)."""
     s = c.strategy
+    checkpoints, _ = checkpoint_offload(c)
     if s.offload is Offload.OPTIMIZER_PARAMS:
         term = c.throughput.step.get(PARAM_OFFLOAD_TERM)
         if term is not None:
             inputs = term.inputs
-            return float(inputs.get("bytes", 0.0)) * float(inputs.get("grad_accum", 1))
+            return float(inputs.get("bytes", 0.0)) * float(inputs.get("grad_accum", 1)) \
+                + checkpoints
     if s.offload is not Offload.NONE:
-        return 2.0 * 2 * c.memory.trainable_params / s.world_size
+        return 2.0 * 2 * c.memory.trainable_params / s.world_size + checkpoints
     # a paged optimizer's paged-out state: back in for the update, out again (``search.
     # with_paging``)
-    return 2.0 * c.paged_out_bytes
+    return 2.0 * c.paged_out_bytes + checkpoints
 
 
 def assess(c: Candidate, *, link: str, capacity_bytes: int, on_spot: bool,
@@ -154,17 +171,18 @@ def assess(c: Candidate, *, link: str, capacity_bytes: int, on_spot: bool,
                   else f"{exposed_s:.1f} s of the {step_s:.1f} s step not hidden ({share:.0%})")
         reasons.append(f"{s.sharding.value} all-gathers {gb:,.1f} GB per GPU per step over "
                        f"{over}: {t.comm_seconds_per_step:.1f} s of traffic, {hidden}")
+    ckpt_bytes, ckpt_s = checkpoint_offload(c)
     host = host_bytes_per_step(c)
     streaming = 0.0
     paging = t.step.get(PAGED_TERM)
-    if host and paging is not None:
+    if host - ckpt_bytes and paging is not None:
         paged_s = float(paging.value)
         streaming = min(1.0, paged_s / step_s) * LINK_RISK_SHARE
         reasons.append(f"paged optimizer state to and from host RAM: {host / GB:,.1f} GB per "
                        f"GPU per step, {paged_s:.1f} s of the {step_s:.1f} s step (the "
                        "driver's eviction rate is an assumption; a spike pages more out "
                        "instead of running out of memory)")
-    elif host:
+    elif host - ckpt_bytes:
         term = t.step.get(PARAM_OFFLOAD_TERM)
         moved_s = float(term.value) if term is not None else 0.0  # the part not hidden
         # At stake is the whole copy time, not only the part the estimate leaves exposed:
@@ -175,9 +193,20 @@ def assess(c: Candidate, *, link: str, capacity_bytes: int, on_spot: bool,
         what = ("weights streamed from host RAM every forward and backward pass"
                 if s.offload is Offload.OPTIMIZER_PARAMS
                 else "gradients to host and updated weights back (optimizer on the CPU)")
-        reasons.append(f"{what}: {host / GB:,.1f} GB per GPU per step over PCIe"
-                       + (f", {moved_s:.1f} s of the {step_s:.1f} s step" if moved_s else ""))
-    if s.checkpointing is Checkpointing.OFFLOAD:
+        reasons.append(f"{what}: {(host - ckpt_bytes) / GB:,.1f} GB per GPU per step over "
+                       "PCIe" + (f", {moved_s:.1f} s of the {step_s:.1f} s step"
+                                 if moved_s else ""))
+    if ckpt_bytes:
+        # as for streamed weights, the whole copy time is at stake: the side-stream overlap
+        # the estimate assumes is what fails first (pinned buffers, a shared PCIe switch)
+        streaming += min(1.0, ckpt_s / step_s) * LINK_RISK_SHARE
+        exposed = t.step.get(UNSLOTH_OFFLOAD_TERM)
+        shown = float(exposed.value) if exposed is not None else 0.0
+        reasons.append(f"activation checkpoints offloaded to host RAM (Unsloth): "
+                       f"{ckpt_bytes / GB:,.1f} GB per GPU per step over PCIe, {ckpt_s:.1f} s "
+                       f"of copies in the {step_s:.1f} s step, {shown:.1f} s of them not "
+                       "hidden by its side stream")
+    elif s.checkpointing is Checkpointing.OFFLOAD:
         reasons.append("activation checkpoints kept in host RAM: their copies are assumed "
                        "hidden behind compute")
     spot = 0.0
