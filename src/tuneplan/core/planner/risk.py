@@ -22,9 +22,12 @@ if TYPE_CHECKING:  # the search imports this module's memory_penalty
     from tuneplan.core.planner.search import Candidate
 
 #: Below this share of usable memory a peak is comfortable: the memory estimate's held-out
-#: median |error| is 6.1 % over 87 published peaks (benchmarks/README.md, accuracy.py), and
-#: allocator fragmentation and a long sample add to it.
+#: median |error| (``HELD_OUT_MEDIAN_ERROR``), allocator fragmentation and a long sample add
+#: to a peak.
 MEMORY_COMFORT = 0.80
+#: The memory estimate's leave-one-source-out median |error| over the 96 published peaks of
+#: ``benchmarks/calibration`` (``benchmarks/accuracy.py``, run 2026-12-03; benchmarks/README.md).
+HELD_OUT_MEDIAN_ERROR = 0.064
 #: Penalty per unit of fill above ``MEMORY_COMFORT`` (0.28 at 94 % of usable): the chance
 #: that an out-of-memory error at step N costs a restart and a smaller micro-batch.
 MEMORY_PENALTY_SLOPE = 2.0
@@ -156,7 +159,8 @@ def assess(c: Candidate, *, link: str, capacity_bytes: int, on_spot: bool,
     memory = memory_penalty(fill)
     if memory > 0:
         reasons.append(f"memory at {fill:.0%} of usable: little headroom for fragmentation "
-                       "or a longer sample (the estimate's held-out median error is 6.1 %)")
+                       "or a longer sample (the estimate's held-out median error is "
+                       f"{HELD_OUT_MEDIAN_ERROR * 100:.1f} %)")
     step_s = t.step_seconds or 1.0
     fabric = gb = share = 0.0
     over = "PCIe" if link == "pcie" else "the inter-node fabric" if s.nodes > 1 else None
