@@ -126,6 +126,39 @@ def test_trainer_default_optim_by_transformers_and_torch() -> None:
         16 * INTER * 4 - trainable * 4
 
 
+def test_torch_before_2_0_keeps_the_gradients_allocated_between_steps() -> None:
+    """torch 1.13's ``zero_grad()`` zeroes in place (``set_to_none=False`` before 2.0): from
+    the second step on, full fine-tuning holds every fp32 gradient through forward and
+    backward, as a later micro-batch of gradient accumulation does at any version."""
+    s = Strategy(method=Method.FULL, checkpointing=Checkpointing.FULL)
+    old, new = _pair(s, "transformers=4.32,torch=1.13", "transformers=4.32,torch=2.0")
+    grads = 8_030_261_248 * 4                       # fp32 params under bf16 autocast
+    assert old.phases["forward"] - new.phases["forward"] == grads
+    assert old.breakdown.value("gradients/trainable") == grads
+    assert any(b.startswith("torch 1.13: zero_grad() zeroes the gradients in place")
+               for b in old.behaviours)
+    assert not any("zero_grad" in b for b in new.behaviours)
+    # with accumulation the gradients are alive anyway: the version changes nothing there
+    acc = replace(s, grad_accum=4)
+    assert _phase_gain(acc, "transformers=4.32,torch=1.13", "transformers=4.32,torch=2.0",
+                       "forward") == 0
+    # ZeRO keeps its own gradient buffers: not the loop's zero_grad
+    from tuneplan.core.job.strategy import Sharding
+
+    zero = replace(s, sharding=Sharding.ZERO2, gpus=8)
+    assert _phase_gain(zero, "torch=1.13", "torch=2.0", "forward") == 0
+
+
+def test_torch_adamw_before_2_0_is_the_single_tensor_loop() -> None:
+    """torch 1.13 turns AdamW's ``foreach=None`` into False: the Trainer's adamw_torch (4.32
+    on) steps one tensor at a time, two temporaries of the largest (16 x 14336 LoRA B) instead
+    of foreach's fp32 copy of every trainable tensor."""
+    s = Strategy(method=Method.LORA)
+    trainable = 41_943_040
+    assert _phase_gain(s, "transformers=4.32,torch=2.0", "transformers=4.32,torch=1.13",
+                       "optimizer") == trainable * 4 - 2 * 16 * INTER * 4
+
+
 def test_peft_before_0_4_has_no_4bit_layer() -> None:
     why = re.escape("--stack peft=0.3 has no 4-bit LoRA layer")
     with pytest.raises(UnsupportedError, match=why):
@@ -153,6 +186,7 @@ def test_the_default_stack_is_the_pip_default_and_said_so() -> None:
     ("transformers=6.0", "outside the versions the estimate models (4.30 to 5.24)"),
     ("vllm=0.6", "unknown library 'vllm'"),
     ("torch=2.x", "not a version"),
+    ("torch=1.12", "torch 1.12 is outside the versions the estimate models (1.13 to 2.13)"),
     ("torch", "not library=version"),
     ("peft=0.4,peft=0.5", "peft is given twice"),
 ])

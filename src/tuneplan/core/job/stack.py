@@ -31,7 +31,7 @@ MODELLED: Mapping[str, tuple[Version, Version]] = {
     "bitsandbytes": ((0, 39), (0, 50, 2)),
     "accelerate": ((0, 20), (1, 15)),
     "deepspeed": ((0, 9), (0, 19, 8)),
-    "torch": ((2, 0), (2, 13)),
+    "torch": ((1, 13), (2, 13)),
 }
 
 

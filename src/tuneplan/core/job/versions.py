@@ -13,7 +13,7 @@ from functools import cache
 from tuneplan.core.job.methods import Quant, effective_quant
 from tuneplan.core.job.recipes import PEFT_BASE_DTYPE, Recipe
 from tuneplan.core.job.stack import Stack, version_text
-from tuneplan.core.job.strategy import Attention, Loss, Optimizer, Strategy, Task
+from tuneplan.core.job.strategy import Attention, Loss, Optimizer, Sharding, Strategy, Task
 from tuneplan.core.models import ModelSpec
 
 #: bitsandbytes ``autograd/_functions.py`` MatMul4Bit.forward: up to 0.43.1 it keeps
@@ -35,6 +35,15 @@ PEFT_4BIT = (0, 4)
 HF_ADAMW_TORCH = (4, 32)
 HF_ADAMW_FUSED = (4, 54)
 TORCH_FUSED_DEFAULT = (2, 8)
+#: torch 2.0 made ``set_to_none=True`` the default of ``Module.zero_grad`` and
+#: ``Optimizer.zero_grad`` (torch/nn/modules/module.py, torch/optim/optimizer.py). Up to 1.13
+#: ``zero_grad()`` zeroes each ``.grad`` in place, so after the first optimizer step every
+#: gradient stays allocated through the next step's forward and backward: the HF Trainer calls
+#: ``model.zero_grad()`` after each step (``_inner_training_loop``), a plain loop
+#: ``optimizer.zero_grad()``. The same torch 2.0 change made AdamW default to its foreach
+#: kernels on CUDA (``_default_to_fused_or_foreach``); 1.13's ``adamw`` turns
+#: ``foreach=None`` into False, the single-tensor loop.
+TORCH_GRADS_TO_NONE = (2, 0)
 #: transformers 5 builds routed experts as fused 3-D ``nn.Parameter``s (mixtral
 #: ``MixtralExperts.gate_up_proj``) and routers as custom modules (``MixtralTopKRouter``), which
 #: bitsandbytes' ``replace_with_bnb_linear`` leaves alone; transformers 4.x (4.48 mixtral
@@ -118,12 +127,25 @@ _IMPL = {"adamw_hf": "hf", "adamw_torch": "foreach", "adamw_torch_fused": "fused
 
 def adamw_impl(s: Strategy, assumed: str | None) -> str:
     """The AdamW implementation the step temporaries follow: ``assumed`` when set, else the HF
-    Trainer's default for the stack (recipe hf), else fused (torchtune configs, as before)."""
+    Trainer's default for the stack (recipe hf; torch AdamW is the single-tensor loop before
+    torch 2.0), else fused (torchtune configs, as before)."""
     if assumed:
         return assumed
     if s.recipe is Recipe.HF:
-        return _IMPL[hf_default_optim(s.stack)]
+        impl = _IMPL[hf_default_optim(s.stack)]
+        if impl == "foreach" and not s.stack.at_least("torch", TORCH_GRADS_TO_NONE):
+            return "single"
+        return impl
     return "fused"
+
+
+def grads_kept_between_steps(s: Strategy) -> bool:
+    """Gradients stay allocated from one optimizer step into the next (torch before 2.0:
+    ``zero_grad()`` zeroes them in place), for the loops that own them: the HF Trainer's and a
+    plain one, on one GPU or under DDP (ZeRO and FSDP hold their own gradient buffers)."""
+    return (not s.stack.at_least("torch", TORCH_GRADS_TO_NONE)
+            and s.recipe in (Recipe.HF, Recipe.PLAIN)
+            and s.sharding is Sharding.DDP and not s.optimizer_in_backward)
 
 
 def loss_follows_transformers(s: Strategy) -> bool:
@@ -188,6 +210,10 @@ def behaviours(model: ModelSpec, s: Strategy, assumed_impl: str | None) -> list[
                        "a quantized base weight has no float dtype)")
         else:
             out.append(f"{peft} the base dtype (cast to the base weight's dtype, 0.6 to 0.11)")
+    if grads_kept_between_steps(s):
+        out.append(f"torch {version_text(st.torch)}: zero_grad() zeroes the gradients in "
+                   "place (set_to_none=False before 2.0), so they stay allocated through "
+                   "every step's forward and backward")
     if hf_eager_clamps_scores(model, s):
         out.append(f"transformers {version_text(st.transformers)}: LLaMA eager attention "
                    "clamps the masked scores with torch.max, which saves them "

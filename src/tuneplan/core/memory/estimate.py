@@ -458,7 +458,9 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
     shape = _shape(s, s.batch_size)
     blocks = _block_terms(model, s, w, shape, a, fixed)
     loss = loss_moments(model, s, plan, w, shape, fixed.head_trains, a.loss_chunks)
-    grads_fb = st.grads if s.grad_accum > 1 else []
+    # gradients alive through forward and backward: a later micro-batch's accumulation, or
+    # every step's where zero_grad() keeps them (torch before 2.0)
+    grads_fb = st.grads if s.grad_accum > 1 or versions.grads_kept_between_steps(s) else []
     dq = fixed.dequant
     # what every moment holds (weights, states, inputs), summed once
     held: list[Item] = [fixed.resident, *_inputs(model, s, w, shape)]
