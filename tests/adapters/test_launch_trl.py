@@ -59,6 +59,22 @@ def _bundle(tmp_path: Path, name: str) -> tuple[dict[str, Any], dict[str, Any], 
     return entry["strategy"], cfg, _module(tmp_path / name)
 
 
+def _tokenizer_and_rows(tmp_path: Path, rows: int) -> Path:
+    """A word-level tokenizer of eight letters saved at ``tmp_path/tok`` and ``rows`` JSONL
+    texts of seven of them at ``tmp_path/train.jsonl`` (returned): what a tiny run trains on."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["[UNK]", "</s>", *"abcdefgh"]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=core, eos_token="</s>",
+                            unk_token="[UNK]").save_pretrained(str(tmp_path / "tok"))
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": "a b c d e f g"}) + "\n" for _ in range(rows)))
+    return data
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_plan_maps_onto_sftconfig(name: str, tmp_path: Path) -> None:
     from trl import SFTConfig
@@ -124,17 +140,9 @@ def test_sfttrainer_takes_the_memory_mapped_rows_as_they_are(tmp_path: Path) -> 
     """Tokenised JSONL rows reach SFTTrainer as the same Arrow-backed dataset (no
     ``Dataset.map`` copy in each process), and its batches keep the sample ids."""
     from datasets.table import MemoryMappedTable
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     _, cfg, train = _bundle(tmp_path, "qlora-fp16-packed-paged")
-    words = ["[UNK]", "</s>", *"abcdefgh"]
-    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=core, eos_token="</s>",
-                            unk_token="[UNK]").save_pretrained(str(tmp_path / "tok"))
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"text": "a b c d e f g"}) + "\n" for _ in range(6)))
+    data = _tokenizer_and_rows(tmp_path, 6)
     cfg |= {"model_name_or_path": str(tmp_path / "tok"), "model_config": TINY_LLAMA,
             "method": "lora", "precision": "fp32", "optimizer": "adamw", "seq_len": 4,
             "batch_size": 2, "grad_accum": 1, "gradient_checkpointing": False,
@@ -189,17 +197,9 @@ def test_a_galore_plan_starts_galore_torch_and_resumes_its_state(tmp_path: Path)
     pytest.importorskip("galore_torch")
     import torch
     from galore_torch import GaLoreAdamW
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     _, cfg, train = _bundle(tmp_path, "full-galore")
-    words = ["[UNK]", "</s>", *"abcdefgh"]
-    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=core, eos_token="</s>",
-                            unk_token="[UNK]").save_pretrained(str(tmp_path / "tok"))
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"text": "a b c d e f g"}) + "\n" for _ in range(4)))
+    data = _tokenizer_and_rows(tmp_path, 4)
     cfg |= {"model_name_or_path": str(tmp_path / "tok"), "model_config": TINY_LLAMA,
             "precision": "fp32", "seq_len": 4, "batch_size": 2, "grad_accum": 1,
             "gradient_checkpointing": False, "save_steps": 1, "max_steps": 1,
@@ -246,8 +246,6 @@ def test_a_lisa_plan_trains_k_blocks_and_keeps_only_their_optimizer_state(
     head require grad and hold AdamW state, and those state bytes are the estimate's
     ``optimizer/states`` for the same job."""
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     from tuneplan.core.job.methods import Method
     from tuneplan.core.job.recipes import Recipe
@@ -257,13 +255,7 @@ def test_a_lisa_plan_trains_k_blocks_and_keeps_only_their_optimizer_state(
 
     _, cfg, train = _bundle(tmp_path, "lisa")
     assert cfg["lisa"] == {"layers": 1, "interval": 2}
-    words = ["[UNK]", "</s>", *"abcdefgh"]
-    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=core, eos_token="</s>",
-                            unk_token="[UNK]").save_pretrained(str(tmp_path / "tok"))
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"text": "a b c d e f g"}) + "\n" for _ in range(8)))
+    data = _tokenizer_and_rows(tmp_path, 8)
     four = TINY_LLAMA | {"num_hidden_layers": 4, "architectures": ["LlamaForCausalLM"]}
     cfg |= {"model_name_or_path": str(tmp_path / "tok"), "model_config": four,
             "precision": "fp32", "seq_len": 4, "batch_size": 1, "grad_accum": 1,
@@ -311,8 +303,6 @@ def test_a_freeze_plan_trains_the_blocks_norm_and_modules_the_estimate_counts(
     two steps only they hold AdamW state. Under bf16-mixed the trainable ones are fp32 and
     the frozen rest bf16 (the estimate's trainable and frozen weight widths)."""
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     from tuneplan.core.job.methods import Method
     from tuneplan.core.job.recipes import Recipe
@@ -332,13 +322,7 @@ def test_a_freeze_plan_trains_the_blocks_norm_and_modules_the_estimate_counts(
                              "final_norm": ["norm", "ln_f", "final_layer_norm",
                                             "final_layernorm"]}
     train = _module(tmp_path / "freeze")
-    words = ["[UNK]", "</s>", *"abcdefgh"]
-    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=core, eos_token="</s>",
-                            unk_token="[UNK]").save_pretrained(str(tmp_path / "tok"))
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"text": "a b c d e f g"}) + "\n" for _ in range(4)))
+    data = _tokenizer_and_rows(tmp_path, 4)
     four = TINY_LLAMA | {"num_hidden_layers": 4, "architectures": ["LlamaForCausalLM"]}
     strategy = Strategy(method=Method.FREEZE, recipe=Recipe.PLAIN, precision=Precision.FP32,
                         trainable_layers=2, trainable_modules=("lm_head",), seq_len=4,
