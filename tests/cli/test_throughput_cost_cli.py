@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -109,23 +110,30 @@ def test_throughput_without_gpu_is_bad_input() -> None:
     assert isinstance(result.exception, InvalidValueError)
 
 
+def _cost_on_8_h100(model: str, method: str) -> dict[str, Any]:
+    """``tuneplan cost --json`` of 20M tokens of ``method`` on the first priced 8 x H100
+    offer of the bundled catalog."""
+    from tuneplan.adapters.store import CatalogStore
+    from tuneplan.core.catalog.offers import OfferFilter
+
+    with CatalogStore.open() as store:
+        offers = store.offers(OfferFilter(gpu="H100", gpu_count=8))
+    offer = next(o for o in offers if o.price_per_hour is not None)
+    result = runner.invoke(app, ["cost", model, "--offer", offer.id, "--method", method,
+                                 "--tokens", "20M", "--json"])
+    assert result.exit_code == 0, result.output
+    doc: dict[str, Any] = json.loads(result.stdout)
+    return doc
+
+
 def test_cost_sizes_moe_lora_checkpoints_from_the_memory_models_count() -> None:
     """Qwen3-30B-A3B all-linear LoRA trains 996,507,648 parameters (routers and fused experts
     as PEFT 0.21 wraps them): on 8 x H100 under ZeRO-3 the checkpoint holds them as the bf16
     module holds them (2 B), DeepSpeed's fp32 master copy (4 B) and AdamW's two fp32 moments
     (8 B), as ``tuneplan plan`` sizes it; the speed model's adapter FLOPs read the same
     targets."""
-    from tuneplan.adapters.store import CatalogStore
-    from tuneplan.core.catalog.offers import OfferFilter
-
     trainable = 996_507_648
-    with CatalogStore.open() as store:
-        offers = store.offers(OfferFilter(gpu="H100", gpu_count=8))
-    offer = next(o for o in offers if o.price_per_hour is not None)
-    result = runner.invoke(app, ["cost", "Qwen/Qwen3-30B-A3B", "--offer", offer.id,
-                                 "--method", "lora", "--tokens", "20M", "--json"])
-    assert result.exit_code == 0, result.output
-    doc = json.loads(result.stdout)
+    doc = _cost_on_8_h100("Qwen/Qwen3-30B-A3B", "lora")
     assert doc["strategy"]["sharding"] == "zero3"
     assert doc["checkpoint"]["bytes_with_optimizer"] == trainable * (2 + 4 + 8)
     speed = runner.invoke(app, ["throughput", "Qwen/Qwen3-30B-A3B", "--gpu", "H100 SXM",
@@ -149,16 +157,7 @@ def test_cost_sizes_a_zero3_full_fine_tuning_checkpoint_as_deepspeed_writes_it()
     module weights (2 B), its fp32 master copy (4 B) and AdamW's two fp32 moments (8 B) per
     parameter (the HF Trainer's own 12 B without DeepSpeed, fp32 params and moments, is
     pinned in ``tests/core/memory/test_checkpoint_size.py``)."""
-    from tuneplan.adapters.store import CatalogStore
-    from tuneplan.core.catalog.offers import OfferFilter
-
-    with CatalogStore.open() as store:
-        offers = store.offers(OfferFilter(gpu="H100", gpu_count=8))
-    offer = next(o for o in offers if o.price_per_hour is not None)
-    result = runner.invoke(app, ["cost", "meta-llama/Llama-3.1-8B", "--offer", offer.id,
-                                 "--method", "full", "--tokens", "20M", "--json"])
-    assert result.exit_code == 0, result.output
-    doc = json.loads(result.stdout)
+    doc = _cost_on_8_h100("meta-llama/Llama-3.1-8B", "full")
     assert doc["strategy"]["sharding"] == "zero3"
     assert doc["checkpoint"]["bytes_with_optimizer"] == 8_030_261_248 * 14
     assert doc["checkpoint"]["bytes_without_optimizer"] == 8_030_261_248 * 2

@@ -21,14 +21,12 @@ TINY = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_siz
         "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
 
 
-@pytest.mark.parametrize("recipe", [Recipe.HF, Recipe.PLAIN])
-def test_the_trainers_8bit_adamw_keeps_the_embedding_state_in_fp32(tmp_path, recipe) -> None:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("bitsandbytes")
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(
-        transformers.AutoConfig.for_model(**TINY), dtype=torch.float32)
+def _one_step_state(model, tmp_path):  # type: ignore[no-untyped-def]
+    """One HF Trainer step of ``model`` with adamw_bnb_8bit on the CPU: (its optimizer state
+    by parameter, the bytes it holds without the shared quantization maps)."""
+    import torch
+    import transformers
+
     rows = [{"input_ids": torch.arange(8) % 256, "labels": torch.arange(8) % 256}] * 2
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path), optim="adamw_bnb_8bit", max_steps=1,
@@ -40,6 +38,18 @@ def test_the_trainers_8bit_adamw_keeps_the_embedding_state_in_fp32(tmp_path, rec
         else trainer.optimizer.state
     held = sum(t.numel() * t.element_size() for s in state.values() for k, t in s.items()
                if torch.is_tensor(t) and not k.startswith("qmap"))  # qmaps: shared tables
+    return state, held
+
+
+@pytest.mark.parametrize("recipe", [Recipe.HF, Recipe.PLAIN])
+def test_the_trainers_8bit_adamw_keeps_the_embedding_state_in_fp32(tmp_path, recipe) -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("bitsandbytes")
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(**TINY), dtype=torch.float32)
+    state, held = _one_step_state(model, tmp_path)
     assert state[model.model.embed_tokens.weight]["state1"].dtype == torch.float32
     assert state[model.lm_head.weight]["state1"].dtype == torch.uint8
     est = estimate_memory(parse_model_config(TINY, name="tiny"), Strategy(
@@ -86,17 +96,7 @@ def test_peft_modules_to_save_copies_get_the_trainers_8bit_state_rules(tmp_path)
     model = peft.get_peft_model(base, peft.LoraConfig(
         r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
         modules_to_save=["embed_tokens", "lm_head"]))
-    rows = [{"input_ids": torch.arange(8) % 256, "labels": torch.arange(8) % 256}] * 2
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path), optim="adamw_bnb_8bit", max_steps=1,
-        per_device_train_batch_size=2, use_cpu=True, report_to=[], save_strategy="no",
-        logging_strategy="no", disable_tqdm=True)
-    trainer = transformers.Trainer(model=model, args=args, train_dataset=rows)
-    trainer.train()
-    state = trainer.optimizer.optimizer.state if hasattr(trainer.optimizer, "optimizer") \
-        else trainer.optimizer.state
-    held = sum(t.numel() * t.element_size() for s in state.values() for k, t in s.items()
-               if torch.is_tensor(t) and not k.startswith("qmap"))
+    state, held = _one_step_state(model, tmp_path)
     copies = {n: state[p]["state1"].dtype for n, p in model.named_parameters()
               if p in state and p.numel() == 256 * 32}
     assert sorted((n.split(".")[-4], str(d)) for n, d in copies.items()) == [
