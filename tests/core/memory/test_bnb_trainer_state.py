@@ -5,6 +5,9 @@ states while the head and other large matrices keep uint8 states with fp32 absma
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from tuneplan.core.job.methods import Method
@@ -21,7 +24,7 @@ TINY = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_siz
         "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
 
 
-def _one_step_state(model, tmp_path):  # type: ignore[no-untyped-def]
+def _one_step_state(model: Any, tmp_path: Path) -> tuple[Any, int]:
     """One HF Trainer step of ``model`` with adamw_bnb_8bit on the CPU: (its optimizer state
     by parameter, the bytes it holds without the shared quantization maps)."""
     import torch
