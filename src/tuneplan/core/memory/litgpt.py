@@ -31,6 +31,7 @@ from tuneplan.core.job.strategy import (
     Strategy,
     Task,
 )
+from tuneplan.core.memory.dims import BlockDims, block_dims
 from tuneplan.core.memory.parts import Item, part
 from tuneplan.core.models import MlpKind, ModelSpec, NormKind
 
@@ -108,18 +109,7 @@ def lit_targets(s: Strategy) -> LitTargets:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class _Dims:
-    t: int          # tokens B·S
-    b: int
-    s: int
-    h: int
-    qd: int
-    kvd: int
-    inter: int
-    vocab: int
-    heads: int
-    layers: int
-    c: int          # compute bytes
+class _Dims(BlockDims):
     r: int          # residual / norm-output bytes (the module dtype)
     mixed: bool
     full: bool
@@ -131,10 +121,7 @@ class _Dims:
 def _dims(model: ModelSpec, s: Strategy, mask_bytes: int = 1) -> _Dims:
     mixed = s.precision is Precision.BF16_MIXED
     c = s.precision.compute_bytes
-    return _Dims(t=s.batch_size * s.seq_len, b=s.batch_size, s=s.seq_len, h=model.hidden_size,
-                 qd=model.num_heads * model.head_dim, kvd=model.num_kv_heads * model.head_dim,
-                 inter=model.intermediate_size, vocab=model.vocab_size, heads=model.num_heads,
-                 layers=model.num_layers, c=c, r=4 if (mixed or c == 4) else c, mixed=mixed,
+    return _Dims(**block_dims(model, s), r=4 if (mixed or c == 4) else c, mixed=mixed,
                  full=s.method.trains_base, rank=s.lora_rank,
                  dropout=s.method in _LORA and s.lora_dropout > 0, mask=mask_bytes)
 

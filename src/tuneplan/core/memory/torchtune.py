@@ -36,6 +36,7 @@ from tuneplan.core.job.strategy import (
     Strategy,
     Task,
 )
+from tuneplan.core.memory.dims import BlockDims, block_dims
 from tuneplan.core.memory.parts import Item, part
 from tuneplan.core.models import MlpKind, ModelSpec, NormKind
 
@@ -76,17 +77,7 @@ def uncovered(model: ModelSpec, s: Strategy) -> str | None:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class _Dims:
-    t: int
-    b: int
-    s: int
-    h: int
-    qd: int
-    inter: int
-    vocab: int
-    heads: int
-    layers: int
-    c: int
+class _Dims(BlockDims):
     full: bool
     rank: int
     attn: tuple[bool, bool, bool, bool]   # LoRA on q, k, v, output_proj
@@ -97,10 +88,7 @@ def _dims(model: ModelSpec, s: Strategy) -> _Dims:
     lora = s.method is Method.LORA
     names = set(_ATTN) if s.all_linear else set(s.lora_targets)
     attn = tuple(lora and n in names for n in _ATTN)
-    return _Dims(t=s.batch_size * s.seq_len, b=s.batch_size, s=s.seq_len, h=model.hidden_size,
-                 qd=model.num_heads * model.head_dim, inter=model.intermediate_size,
-                 vocab=model.vocab_size, heads=model.num_heads, layers=model.num_layers,
-                 c=s.precision.compute_bytes, full=s.method.trains_base, rank=s.lora_rank,
+    return _Dims(**block_dims(model, s), full=s.method.trains_base, rank=s.lora_rank,
                  attn=(attn[0], attn[1], attn[2], attn[3]),
                  mlp=lora and (s.all_linear or bool(MLP_TARGETS & names)))
 

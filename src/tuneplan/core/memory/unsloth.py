@@ -35,7 +35,6 @@ QLoRA weights are bitsandbytes 4-bit, as in the hf layout (``core.memory.weights
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.strategy import (
@@ -47,6 +46,7 @@ from tuneplan.core.job.strategy import (
     Strategy,
     Task,
 )
+from tuneplan.core.memory.dims import BlockDims, block_dims
 from tuneplan.core.memory.parts import Item, part
 from tuneplan.core.models import MlpKind, ModelSpec, NormKind
 
@@ -117,36 +117,17 @@ def offloaded_layers(model: ModelSpec, s: Strategy) -> tuple[int, str]:
                           "stays on the device from the second step on)")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Dims:
-    t: int
-    b: int
-    s: int
-    h: int
-    qd: int
-    kvd: int
-    inter: int
-    vocab: int
-    heads: int
-    layers: int
-    c: int
+def dims(model: ModelSpec, s: Strategy) -> BlockDims:
+    return BlockDims(**block_dims(model, s))
 
 
-def dims(model: ModelSpec, s: Strategy) -> Dims:
-    return Dims(t=s.batch_size * s.seq_len, b=s.batch_size, s=s.seq_len, h=model.hidden_size,
-                qd=model.num_heads * model.head_dim,
-                kvd=model.num_kv_heads * model.head_dim, inter=model.intermediate_size,
-                vocab=model.vocab_size, heads=model.num_heads, layers=model.num_layers,
-                c=s.precision.compute_bytes)
-
-
-def norm_saved(d: Dims) -> int:
+def norm_saved(d: BlockDims) -> int:
     """``Fast_RMS_Layernorm.forward``: ``ctx.save_for_backward(X, W, r)``: X in the compute
     dtype, r fp32 per row (W is the weight)."""
     return d.t * d.h * d.c + d.t * 4
 
 
-def block_saved(d: Dims) -> dict[str, int]:
+def block_saved(d: BlockDims) -> dict[str, int]:
     """One decoder layer's tensors kept for backward (no checkpointing), by component."""
     t, c = d.t, d.c
     return {
@@ -161,7 +142,7 @@ def block_saved(d: Dims) -> dict[str, int]:
     }
 
 
-def chunks(d: Dims, target_gib: float = CHUNK_TARGET_GIB) -> int:
+def chunks(d: BlockDims, target_gib: float = CHUNK_TARGET_GIB) -> int:
     """unsloth-zoo ``get_chunk_size(bsz, qlen, vocab, target_gb)``, exactly."""
     multiplier = (d.vocab * 4 / 1024 / 1024 / 1024) / target_gib / 4
     exact = d.t * multiplier * 4
@@ -170,7 +151,7 @@ def chunks(d: Dims, target_gib: float = CHUNK_TARGET_GIB) -> int:
     return math.ceil(exact / 4 - 1e-9) * 4
 
 
-def loss_transient(d: Dims) -> int:
+def loss_transient(d: BlockDims) -> int:
     """The running chunk inside ``torch.func.grad_and_value``: its logits in the compute dtype,
     their fp32 upcast and the fp32 gradient of the logits (rows·V·(bytes + 8)); the exact set
     of temporaries is torch.func's, not unsloth's, so this is an estimate."""
