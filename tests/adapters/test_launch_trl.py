@@ -368,3 +368,24 @@ def test_a_freeze_plan_trains_the_blocks_norm_and_modules_the_estimate_counts(
         "modules": list(both)}})
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert sum(p.numel() for p in model.parameters() if p.requires_grad) == planned
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_train_py_leaves_the_process_group_before_it_exits(tmp_path: Path, wait: bool) -> None:
+    """A rank that exits with its process group alive can take the rendezvous store down
+    under another rank still finishing (seen: SIGABRT, "terminate called without an active
+    exception", on a finished 2-node run): train.py destroys the group at the end, after a
+    barrier when the run finished, without one after SIGTERM."""
+    import torch.distributed as dist
+
+    _, _, train = _bundle(tmp_path, "qlora-fp16-packed-paged")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        assert dist.is_initialized()
+        train.leave_process_group(wait=wait)
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    train.leave_process_group(wait=wait)  # no group: nothing to do, no error

@@ -863,13 +863,35 @@ def main(argv: list[str] | None = None) -> int:
     if guard.preempted:
         log(f"stopped on SIGTERM after saving step {trainer.state.global_step}")
         flag_preempted(trainer.state.global_step)
+        leave_process_group(wait=False)
         return EXIT_PREEMPTED
     final = output_dir / "final"
     save_final(trainer, final)
     if args.should_save:
         write_marker(final, cfg["marker_name"], {"step": trainer.state.global_step,
                                                  "reason": "final", "saved_at": time.time()})
+    leave_process_group(wait=True)
     return 0
+
+
+def leave_process_group(*, wait: bool) -> None:
+    """Destroy the process group before the process exits (several processes only). A rank
+    that exits with it alive can take down the rendezvous store while another rank's
+    background threads still talk to it, and that rank dies with "terminate called without
+    an active exception" (SIGABRT): the launcher then reports a failed run after a finished
+    one. ``wait``: first a barrier, so every rank has written its final files (not after
+    SIGTERM, where a rank may already be gone and the grace period is short)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if wait:
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
