@@ -366,7 +366,6 @@ def test_store_script_pulls_then_pushes_after_the_sigterm_save(tmp_path: Path) -
     url = "s3://bucket/run"
     assert _store(tmp_path, "pull", TUNEPLAN_SYNC_URL=url).returncode == 0
     flag = tmp_path / "flag"
-    flag.write_text("{}")  # train.py saved on SIGTERM
     proc = subprocess.Popen(
         ["bash", STORE_SCRIPT, "loop"], cwd=tmp_path, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
@@ -374,7 +373,7 @@ def test_store_script_pulls_then_pushes_after_the_sigterm_save(tmp_path: Path) -
              "TUNEPLAN_SYNC_EVERY_S": "30", "TUNEPLAN_PREEMPTED_FILE": str(flag)})
     from tests.waiting import wait_until
 
-    def sleeping() -> bool:  # the loop's `sleep` runs: the TERM trap is set
+    def sleeping() -> bool:  # the loop's `sleep` runs: it is waiting between pushes
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
                 name, rest = stat.read_text().rsplit(")", 1)
@@ -385,7 +384,9 @@ def test_store_script_pulls_then_pushes_after_the_sigterm_save(tmp_path: Path) -
         return False
 
     wait_until(sleeping, "the store loop to start sleeping")
-    proc.terminate()
+    # train.py saved on SIGTERM: the loop (which the task starts with SIGTERM ignored) ends
+    # on the flag, with its last push, not on the signal
+    flag.write_text("{}")
     assert proc.wait(timeout=HANG_GUARD_S) == 0
     calls = (tmp_path / "aws.log").read_text().splitlines()
     ckpt = tmp_path / "ckpt"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import HANG_GUARD_S, wait_until
 from tuneplan.adapters.plans import saved_plan_from_entry
 from tuneplan.core.launch.bundle import launch_spec
 from tuneplan.core.launch.clouds import STORE_SCRIPT, launch_lines, store_script
@@ -40,7 +41,13 @@ def _native(code: int) -> NativeRun:
                      data="")
 
 
-def _run(tmp_path: Path, native: NativeRun | None, *, grace_s: int) -> tuple[int, list[str]]:
+#: A grace period no test run could wait out: only the command's exit ends the wait.
+NO_GRACE_END_S = "100000"
+
+
+def _task(tmp_path: Path, native: NativeRun) -> tuple[Path, str, dict[str, str], Path]:
+    """(the task's folder, the shell lines of a local-disk + sync start of ``native``, their
+    environment, the stand-in ``aws``'s log of syncs)."""
     work = tmp_path / "task"
     (work / "bin").mkdir(parents=True)
     pushes = tmp_path / "pushes.log"
@@ -53,23 +60,25 @@ def _run(tmp_path: Path, native: NativeRun | None, *, grace_s: int) -> tuple[int
                                     native)) + "\n"
     env = {"PATH": f"{work / 'bin'}:{os.environ['PATH']}", "HOME": str(tmp_path),
            "TUNEPLAN_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
-           "TUNEPLAN_SYNC_URL": "s3://bucket/run", "TUNEPLAN_SYNC_EVERY_S": "100000",
-           # a grace period no test run could wait out: only the command's exit ends it
-           "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(grace_s)}
-    done = subprocess.run(["bash", "-c", script], cwd=work, env=env, timeout=120,
-                          capture_output=True, text=True)
-    return done.returncode, pushes.read_text().splitlines() if pushes.exists() else []
+           "TUNEPLAN_SYNC_URL": "s3://bucket/run", "TUNEPLAN_SYNC_EVERY_S": NO_GRACE_END_S,
+           "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": NO_GRACE_END_S}
+    return work, script, env, pushes
+
+
+def _final_push(tmp_path: Path) -> str:
+    return f"s3 sync {tmp_path / 'ckpt'} s3://bucket/run --delete --only-show-errors"
 
 
 @pytest.mark.parametrize("code", [0, 3])
 def test_the_last_push_follows_a_native_runs_exit_without_waiting_for_a_flag(
         tmp_path: Path, code: int) -> None:
-    rc, pushes = _run(tmp_path, _native(code), grace_s=100_000)
-    assert rc == code
+    work, script, env, pushes = _task(tmp_path, _native(code))
+    done = subprocess.run(["bash", "-c", script], cwd=work, env=env, timeout=HANG_GUARD_S,
+                          capture_output=True, text=True)
+    assert done.returncode == code
     # one pull (sync URL -> folder), then the final push (folder -> URL) once the run exited
-    assert pushes == [f"s3 sync s3://bucket/run {tmp_path / 'ckpt'} --only-show-errors",
-                      f"s3 sync {tmp_path / 'ckpt'} s3://bucket/run --delete "
-                      "--only-show-errors"]
+    assert pushes.read_text().splitlines() == [
+        f"s3 sync s3://bucket/run {tmp_path / 'ckpt'} --only-show-errors", _final_push(tmp_path)]
     assert (tmp_path / "ckpt" / "log").read_text() == "trained\n"
 
 
@@ -81,8 +90,7 @@ def test_a_stale_exit_marker_from_an_earlier_start_is_removed_before_training(
     work.mkdir()
     marker = work / ".tuneplan_preempted.exited"
     marker.write_text("")
-    lines = launch_lines(_spec(), "accelerate", Storage.LOCAL_SYNC, SKYPILOT_ENV,
-                         replace(_native(0)))
+    lines = launch_lines(_spec(), "accelerate", Storage.LOCAL_SYNC, SKYPILOT_ENV, _native(0))
     first_rm = next(i for i, line in enumerate(lines) if line.startswith("rm -f"))
     loop = next(i for i, line in enumerate(lines) if f"{STORE_SCRIPT} loop" in line)
     assert first_rm < loop
@@ -96,37 +104,19 @@ def test_a_preempted_native_run_is_pushed_once_it_has_stopped(tmp_path: Path) ->
     stops (143), the task lives on (it traps SIGTERM), and the store loop's last push follows
     at once; the task exits with the run's code, so the scheduler sees a preemption."""
     import signal
-    import time
 
-    work = tmp_path / "task"
-    (work / "bin").mkdir(parents=True)
-    pushes = tmp_path / "pushes.log"
-    (work / "bin" / "aws").write_text(f'#!/usr/bin/env bash\necho "$*" >> "{pushes}"\n')
-    (work / "bin" / "aws").chmod(0o755)
-    spec = _spec()
-    (work / STORE_SCRIPT).write_text(store_script(spec))
     started = tmp_path / "started"
     run = replace(_native(0), command=(
         "sh", "-c", f"trap 'exit 143' TERM; touch {started}; sleep 1000 & wait"))
-    script = "\n".join(launch_lines(spec, "accelerate", Storage.LOCAL_SYNC, SKYPILOT_ENV,
-                                    run)) + "\n"
-    env = {"PATH": f"{work / 'bin'}:{os.environ['PATH']}", "HOME": str(tmp_path),
-           "TUNEPLAN_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
-           "TUNEPLAN_SYNC_URL": "s3://bucket/run", "TUNEPLAN_SYNC_EVERY_S": "100000",
-           "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "100000"}
+    work, script, env, pushes = _task(tmp_path, run)
     task = subprocess.Popen(["bash", "-c", script], cwd=work, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
-        for _ in range(600):  # the run has started (at most a minute on a slow machine)
-            if started.exists():
-                break
-            time.sleep(0.1)
-        assert started.exists()
+        wait_until(started.exists, "the stand-in run starting")
         os.killpg(task.pid, signal.SIGTERM)
-        assert task.wait(timeout=120) == 143
+        assert task.wait(timeout=HANG_GUARD_S) == 143
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(task.pid, signal.SIGKILL)
-    assert pushes.read_text().splitlines()[-1] == (
-        f"s3 sync {tmp_path / 'ckpt'} s3://bucket/run --delete --only-show-errors")
+    assert pushes.read_text().splitlines()[-1] == _final_push(tmp_path)

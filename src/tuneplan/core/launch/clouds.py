@@ -18,6 +18,7 @@ from tuneplan.core.launch.engines import (
     DSTACK_ENV,
     EXIT_PREEMPTED,
     GUARD_SCRIPT,
+    PREEMPTED_FILE,
     SKYPILOT_ENV,
     NodeEnv,
     guarded_argv,
@@ -57,10 +58,10 @@ def _disk_gb(spec: LaunchSpec) -> int:
     return max(100, math.ceil(spec.disk_bytes / GB))
 
 
-#: Written by the task's shell once the training command has exited: the store loop's last
-#: push then waits no longer for train.py's saved-on-SIGTERM flag, which cannot come any more
-#: (a framework's own run never writes it; a train.py that crashed neither).
-EXITED_FILE = "${TUNEPLAN_PREEMPTED_FILE:-$PWD/.tuneplan_preempted}.exited"
+#: Written by the task's shell once the training command has exited: the store loop then
+#: makes its last push without waiting for the flag, which cannot come any more (a
+#: framework's own run never writes it; a train.py that crashed neither).
+EXITED_FILE = f"{PREEMPTED_FILE}.exited"
 
 
 def sync_every_s(spec: LaunchSpec) -> int:
@@ -75,17 +76,20 @@ def launch_lines(spec: LaunchSpec, engine: str, storage: Storage, env: NodeEnv,
                  native: NativeRun | None = None) -> list[str]:
     """Shell lines that start training under ``storage``. A mounted bucket or a volume: the
     guard replaces the shell (``exec``). A multi-node host path: the shared-folder check
-    first. Local disk + sync: pull, push in the background, run the guard (the shell traps
+    first. Local disk + sync: remove an earlier start's flag and exit marker, pull, push in
+    the background (the pusher starts with SIGTERM ignored), run the guard (the shell traps
     SIGTERM so it lives on), then mark the command's exit (``EXITED_FILE``: the pusher makes
-    its last push within a second, not after the grace period) and exit with the guard's
-    code. ``native``: the framework's own command (after its prelude) instead of the guard
-    and train.py, which a plan of another recipe never runs."""
+    its last push within a second) and exit with the guard's code. ``native``: the
+    framework's own command (after its prelude) instead of the guard and train.py, which a
+    plan of another recipe never runs."""
     argv = guarded_argv(spec, engine, env) if native is None else ["exec", *native.command]
     prelude = list(native.prelude) if native is not None else []
     if storage is Storage.LOCAL_SYNC:
-        return ["trap ':' TERM INT HUP", f'rm -f "{EXITED_FILE}"',
+        return ["trap ':' TERM INT HUP", f'rm -f "{PREEMPTED_FILE}" "{EXITED_FILE}"',
                 f"bash {STORE_SCRIPT} pull || exit 2",
-                f"bash {STORE_SCRIPT} loop & pusher=$!", *prelude,
+                # the pusher inherits SIGTERM ignored (no window before its own start-up)
+                f"trap '' TERM INT HUP; bash {STORE_SCRIPT} loop & pusher=$!; "
+                "trap ':' TERM INT HUP", *prelude,
                 f"rc=0; {shell_line(argv[1:])} || rc=$?",
                 f': > "{EXITED_FILE}"; wait "$pusher" || true', 'exit "$rc"']
     lines = [*prelude, shell_line(argv)]
@@ -298,10 +302,11 @@ def store_script(spec: LaunchSpec) -> str:
     ``AWS_ENDPOINT_URL``) into the local checkpoint folder before training; refuses to start
     when the URL is unset and ``TUNEPLAN_SYNC_REQUIRED=1`` (a spot run whose checkpoints
     would die with the machine). loop: push the folder every ``TUNEPLAN_SYNC_EVERY_S``
-    seconds; on SIGTERM it waits for train.py's saved-on-SIGTERM flag (or the grace
-    period, or until the training command has exited: ``EXITED_FILE``), pushes once more
-    and exits. A half-pushed checkpoint fails train.py's marker check on resume and an
-    older one is used. shared: every node writes its rank under the checkpoint
+    seconds until train.py's saved-on-SIGTERM flag appears or the training command has
+    exited (``EXITED_FILE``), then push once more and exit; it runs with SIGTERM ignored, so
+    a preemption that lands while it starts cannot kill it before its last push. A
+    half-pushed checkpoint fails train.py's marker check on resume and an older one is
+    used. shared: every node writes its rank under the checkpoint
     folder and waits until it sees all of them: a folder that is not shared stops the run
     before training (ranks would resume from different steps)."""
     return f"""#!/usr/bin/env bash
@@ -310,7 +315,7 @@ set -uo pipefail
 dir="${{TUNEPLAN_CHECKPOINT_DIR:-/checkpoints}}"
 url="${{{SYNC_URL_ENV}:-}}"
 every="${{TUNEPLAN_SYNC_EVERY_S:-{sync_every_s(spec)}}}"
-flag="${{TUNEPLAN_PREEMPTED_FILE:-$PWD/.tuneplan_preempted}}"
+flag="{PREEMPTED_FILE}"
 exited="$flag.exited"
 say() {{ echo "[{STORE_SCRIPT}] $*" >&2; }}
 push() {{ [ -n "$url" ] && aws s3 sync "$dir" "$url" --delete --only-show-errors; }}
@@ -331,20 +336,15 @@ case "${{1:-}}" in
   loop)
     [ -n "$url" ] || exit 0
     [ -f "$dir/.tuneplan_pulled" ] || {{ say "no successful pull: not pushing"; exit 2; }}
-    stop=0
-    trap 'stop=1' TERM INT HUP
-    # one-second naps, so a SIGTERM or the training command's exit is seen within a second
-    while [ "$stop" = 0 ] && [ ! -f "$exited" ]; do
+    # started with SIGTERM ignored (launch_lines): a preemption ends this loop through what
+    # follows it, train.py's saved-on-SIGTERM flag or the training command's exit, looked
+    # for once a second
+    while [ ! -f "$flag" ] && [ ! -f "$exited" ]; do
       slept=0
-      while [ "$stop" = 0 ] && [ ! -f "$exited" ] && [ "$slept" -lt "$every" ]; do
+      while [ ! -f "$flag" ] && [ ! -f "$exited" ] && [ "$slept" -lt "$every" ]; do
         sleep 1; slept=$((slept + 1))
       done
-      [ "$stop" = 0 ] && [ ! -f "$exited" ] && {{ push || say "push failed (will retry)"; }}
-    done
-    waited=0
-    while [ ! -f "$flag" ] && [ ! -f "$exited" ] \
-        && [ "$waited" -lt "${{TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-120}}" ]; do
-      sleep 1; waited=$((waited + 1))
+      [ ! -f "$flag" ] && [ ! -f "$exited" ] && {{ push || say "push failed (will retry)"; }}
     done
     push || say "final push failed" ;;
   shared)

@@ -184,6 +184,11 @@ def shutdown_grace_s(spec: LaunchSpec) -> int:
     return GRACE_BASE_S + math.ceil(2 * checkpoint_write_s(spec.checkpoint_bytes))
 
 
+#: train.py's saved-on-SIGTERM flag (shell text): the guard exports it, the checkpoint store
+#: script reads it.
+PREEMPTED_FILE = "${TUNEPLAN_PREEMPTED_FILE:-$PWD/.tuneplan_preempted}"
+
+
 def guard_script(spec: LaunchSpec) -> str:
     """``preemptible.sh LAUNCHER ARGS...``: runs the launcher and exits 143 when train.py
     saved on SIGTERM. ``accelerate launch`` and ``torchrun`` exit 1 whatever their workers
@@ -198,7 +203,7 @@ def guard_script(spec: LaunchSpec) -> str:
 # Plan {spec.plan_id}: bash {GUARD_SCRIPT} <launcher> <args...>
 # Exit {EXIT_PREEMPTED} = train.py saved on SIGTERM (restart me); else the launcher's code.
 set -uo pipefail
-export TUNEPLAN_PREEMPTED_FILE="${{TUNEPLAN_PREEMPTED_FILE:-$PWD/.tuneplan_preempted}}"
+export TUNEPLAN_PREEMPTED_FILE="{PREEMPTED_FILE}"
 # Seconds the launcher gives train.py to finish its SIGTERM save before SIGKILL (see RUN.md).
 export TORCH_ELASTIC_SHUTDOWN_TIMEOUT="${{TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-{grace}}}"
 rm -f "$TUNEPLAN_PREEMPTED_FILE"
