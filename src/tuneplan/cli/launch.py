@@ -31,22 +31,22 @@ def launch_command(
     tasks, axolotl and LLaMA-Factory configs, RUN.md) for a plan."""
     from tuneplan.adapters.launch_files import write_bundle
     from tuneplan.cli.options import emit_json, make_console
-    from tuneplan.core.launch.bundle import expand_targets, written_targets
+    from tuneplan.core.launch.bundle import expand_targets
     from tuneplan.service.launch import saved_bundle, written_document
 
-    targets = expand_targets([to])  # an unknown target is refused before the plan is read
+    expand_targets([to])  # an unknown target is refused before the plan is read
     spec, files = saved_bundle(plan_id, plan_file, [to])
     folder = out if out is not None else Path(f"launch-{spec.plan_id}")
     written = write_bundle(files, folder, force=force)
+    doc = written_document(spec, folder, files, [to])
     if as_json:
-        emit_json(written_document(spec, folder, files, [to]))
+        emit_json(doc)
         return
-    done = written_targets(targets, files)
-    left = [t.value for t in targets if t not in done]
+    left = doc["left_out"]
     left_out = f"; left out: {', '.join(left)} (RUN.md says why)" if left else ""
     console = make_console()
     console.print(f"Wrote {len(written)} files for plan {spec.plan_id} to {folder}/ "
-                  f"({', '.join(t.value for t in done)}{left_out}); checkpoints every "
+                  f"({', '.join(doc['targets'])}{left_out}); checkpoints every "
                   f"{spec.save_steps} steps, keeping {spec.save_total_limit}. See RUN.md.")
 
 

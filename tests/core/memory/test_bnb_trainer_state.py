@@ -24,6 +24,17 @@ TINY = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_siz
         "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
 
 
+def _tiny_model() -> Any:
+    """``TINY`` as a seeded fp32 transformers model (skips without torch, transformers or
+    bitsandbytes)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("bitsandbytes")
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(**TINY), dtype=torch.float32)
+
+
 def _one_step_state(model: Any, tmp_path: Path) -> tuple[Any, int]:
     """One HF Trainer step of ``model`` with adamw_bnb_8bit on the CPU: (its optimizer state
     by parameter, the bytes it holds without the shared quantization maps)."""
@@ -47,11 +58,7 @@ def _one_step_state(model: Any, tmp_path: Path) -> tuple[Any, int]:
 @pytest.mark.parametrize("recipe", [Recipe.HF, Recipe.PLAIN])
 def test_the_trainers_8bit_adamw_keeps_the_embedding_state_in_fp32(tmp_path, recipe) -> None:
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("bitsandbytes")
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(
-        transformers.AutoConfig.for_model(**TINY), dtype=torch.float32)
+    model = _tiny_model()
     state, held = _one_step_state(model, tmp_path)
     assert state[model.model.embed_tokens.weight]["state1"].dtype == torch.float32
     assert state[model.lm_head.weight]["state1"].dtype == torch.uint8
@@ -89,14 +96,8 @@ def test_peft_modules_to_save_copies_get_the_trainers_8bit_state_rules(tmp_path)
     """LoRA with ``modules_to_save`` embedding and head: PEFT's trainable copies are an
     ``nn.Embedding`` (the Trainer's override: two fp32 states) and an ``nn.Linear`` (uint8
     states with fp32 absmax), sized like any trained matrix, not 8 B per element flat."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")
-    pytest.importorskip("bitsandbytes")
-    torch.manual_seed(0)
-    base = transformers.AutoModelForCausalLM.from_config(
-        transformers.AutoConfig.for_model(**TINY), dtype=torch.float32)
-    model = peft.get_peft_model(base, peft.LoraConfig(
+    model = peft.get_peft_model(_tiny_model(), peft.LoraConfig(
         r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
         modules_to_save=["embed_tokens", "lm_head"]))
     state, held = _one_step_state(model, tmp_path)

@@ -70,6 +70,11 @@ def expand_targets(targets: Iterable[str]) -> tuple[Target, ...]:
     return tuple(t for t in Target if t in out)
 
 
+#: The cloud tasks' file names (``_cloud_files``), each the mark of its target as written.
+SKY_FILE = "sky.yaml"
+DSTACK_FILE = ".dstack.yml"
+
+
 def written_targets(chosen: Iterable[Target], files: Iterable[str]) -> tuple[Target, ...]:
     """The chosen targets whose files the bundle holds: under ``all`` a target that cannot
     run the plan is left out (RUN.md says why), so it is not named as written. A target's
@@ -78,7 +83,7 @@ def written_targets(chosen: Iterable[Target], files: Iterable[str]) -> tuple[Tar
     from tuneplan.core.launch import frameworks as launch_frameworks
 
     mark = {Target.ACCELERATE: "train.py", Target.DEEPSPEED: "train.py",
-            Target.SKYPILOT: "sky.yaml", Target.DSTACK: ".dstack.yml",
+            Target.SKYPILOT: SKY_FILE, Target.DSTACK: DSTACK_FILE,
             Target.AXOLOTL: launch_frameworks.AXOLOTL_FILE,
             Target.LLAMAFACTORY: launch_frameworks.LLAMAFACTORY_FILE}
     names = set(files)
@@ -314,7 +319,6 @@ def _native_bundle(spec: LaunchSpec, chosen: tuple[Target, ...], native: NativeR
                    sky_catalog: SkyCatalog | None, strict: bool) -> dict[str, str]:
     """The framework's config, its requirements, the cloud tasks running its command and
     RUN.md; the HF Trainer targets are refused (RUN.md says why under ``all``)."""
-    from tuneplan.core.launch import clouds as launch_clouds
     from tuneplan.core.launch import native as launch_native
     from tuneplan.core.launch import recipes as launch_recipes
     from tuneplan.core.launch import targets as launch_targets
@@ -337,8 +341,6 @@ def _native_bundle(spec: LaunchSpec, chosen: tuple[Target, ...], native: NativeR
         native.config_file: launch_native.render_native(spec, native),
         "requirements.txt": launch_native.native_requirements(native)}
     files |= _cloud_files(spec, sky, dst, native)
-    if any(c is not None and launch_clouds.needs_store_script(c.storage) for c in (sky, dst)):
-        files[launch_clouds.STORE_SCRIPT] = launch_clouds.store_script(spec)
     files["RUN.md"] = render_run_md(spec, tuple(files), chosen, sky=sky, dstack=dst,
                                     refused=tuple(refused), native=native)
     return files
@@ -379,16 +381,14 @@ def _hf_bundle(spec: LaunchSpec, chosen: tuple[Target, ...], *, train_script: st
             "FSDP); re-plan with --sharding ddp or a ZeRO stage")
     refused: list[launch_targets.Refusal] = []
 
-    def take(got: _T | launch_targets.Refusal) -> _T | None:
-        return _take(got, refused)
-
     sky, dst = _cloud_choices(spec, chosen, sky_catalog, refused)
     framework_files: dict[str, str] = {}
-    ax = take(launch_frameworks.axolotl_config(spec)) if Target.AXOLOTL in chosen else None
+    ax = (_take(launch_frameworks.axolotl_config(spec), refused)
+          if Target.AXOLOTL in chosen else None)
     if ax is not None:
         framework_files[launch_frameworks.AXOLOTL_FILE] = launch_frameworks.render_axolotl(
             spec, ax)
-    lf = (take(launch_frameworks.llamafactory_config(spec))
+    lf = (_take(launch_frameworks.llamafactory_config(spec), refused)
           if Target.LLAMAFACTORY in chosen else None)
     if lf is not None:
         framework_files[launch_frameworks.LLAMAFACTORY_FILE] = \
@@ -412,8 +412,7 @@ def _hf_bundle(spec: LaunchSpec, chosen: tuple[Target, ...], *, train_script: st
         files["launch_torchrun.sh"] = launch_clouds.manual_script(spec, "torchrun")
     files |= _cloud_files(spec, sky, dst, None)
     manual = Target.ACCELERATE in chosen or Target.DEEPSPEED in chosen
-    if any(c is not None and launch_clouds.needs_store_script(c.storage) for c in (sky, dst)) \
-            or (manual and launch_clouds.manual_needs_store_script(spec)):
+    if manual and launch_clouds.manual_needs_store_script(spec):
         files[launch_clouds.STORE_SCRIPT] = launch_clouds.store_script(spec)
     files |= framework_files
     files["RUN.md"] = render_run_md(spec, tuple(files), chosen, sky=sky, dstack=dst,
@@ -447,18 +446,21 @@ def _cloud_choices(spec: LaunchSpec, chosen: tuple[Target, ...],
 
 def _cloud_files(spec: LaunchSpec, sky: SkyChoice | None, dst: DstackChoice | None,
                  native: NativeRun | None) -> dict[str, str]:
-    """``sky.yaml`` and the dstack files, running train.py or ``native``'s command."""
+    """``sky.yaml`` and the dstack files, running train.py or ``native``'s command, and the
+    checkpoint store script when either keeps checkpoints on local disk or a host path."""
     from tuneplan.core.launch import clouds as launch_clouds
     from tuneplan.core.launch import targets as launch_targets
 
     files: dict[str, str] = {}
     if sky is not None:
-        files["sky.yaml"] = launch_clouds.render_skypilot(spec, sky, native=native)
+        files[SKY_FILE] = launch_clouds.render_skypilot(spec, sky, native=native)
     if dst is not None:
-        files[".dstack.yml"] = launch_clouds.render_dstack(spec, dst, native=native)
+        files[DSTACK_FILE] = launch_clouds.render_dstack(spec, dst, native=native)
         files["fleet.dstack.yml"] = launch_clouds.render_dstack_fleet(spec, dst)
         if dst.storage is launch_targets.Storage.NETWORK_VOLUME:
             files["volume.dstack.yml"] = launch_clouds.render_dstack_volume(spec, dst)
+    if any(c is not None and launch_clouds.needs_store_script(c.storage) for c in (sky, dst)):
+        files[launch_clouds.STORE_SCRIPT] = launch_clouds.store_script(spec)
     return files
 
 

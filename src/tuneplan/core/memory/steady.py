@@ -54,7 +54,8 @@ class Static:
     largest_linear: int
     total_params: int
     #: one resumable checkpoint (unsharded, every rank's part together): the weights it saves
-    #: and the optimizer's state (``checkpoint_terms``)
+    #: (every weight when the base trains, else the trainable tensors: the gradients' count)
+    #: and the optimizer's state (states, master copy, GaLore projectors)
     checkpoint_weights_bytes: int = 0
     checkpoint_state_bytes: int = 0
 

@@ -25,8 +25,9 @@ if TYPE_CHECKING:  # the search imports this module's memory_penalty
 #: median |error| (``HELD_OUT_MEDIAN_ERROR``), allocator fragmentation and a long sample add
 #: to a peak.
 MEMORY_COMFORT = 0.80
-#: The memory estimate's leave-one-source-out median |error| over the 96 published peaks of
-#: ``benchmarks/calibration`` (``benchmarks/accuracy.py``, run 2026-12-03; benchmarks/README.md).
+#: The memory estimate's leave-one-source-out median |error|, a fraction (6.4 %), over the
+#: 96 published peaks of ``benchmarks/calibration`` (``benchmarks/accuracy.py``, run
+#: 2026-12-03; benchmarks/README.md).
 HELD_OUT_MEDIAN_ERROR = 0.064
 #: Penalty per unit of fill above ``MEMORY_COMFORT`` (0.28 at 94 % of usable): the chance
 #: that an out-of-memory error at step N costs a restart and a smaller micro-batch.
@@ -112,6 +113,8 @@ def memory_penalty(fill: float) -> float:
 PARAM_OFFLOAD_TERM = "micro-batch/param-offload-exposed"
 #: The planner's term for a paged optimizer's paging (``search.with_paging``).
 PAGED_TERM = "step/paged-optimizer"
+
+
 def checkpoint_offload(c: Candidate) -> tuple[float, float]:
     """(bytes, copy seconds) per GPU per optimizer step of Unsloth's offloaded activation
     checkpoints over the host link, as the step model's term counts them (``compute.unsloth.
@@ -127,25 +130,22 @@ def checkpoint_offload(c: Candidate) -> tuple[float, float]:
             copies * float(inputs.get("copy_s_per_layer", 0.0)) * accum)
 
 
-def host_bytes_per_step(c: Candidate) -> float:
-    """Bytes per GPU per optimizer step that cross the host link: the weights streamed each
-    pass under ``--offload optimizer+params`` (the step model's own term), under optimizer
-    offload bf16 gradients down and updated bf16 weights up once per step, or a paged
-    optimizer's paged-out state in and out; plus Unsloth's offloaded activation checkpoints
-    (``checkpoint_offload``)."""
+def offload_bytes_per_step(c: Candidate) -> float:
+    """Bytes per GPU per optimizer step of the offloaded training state: the weights streamed
+    each pass under ``--offload optimizer+params`` (the step model's own term), under
+    optimizer offload bf16 gradients down and updated bf16 weights up once per step, or a
+    paged optimizer's paged-out state in and out."""
     s = c.strategy
-    checkpoints, _ = checkpoint_offload(c)
     if s.offload is Offload.OPTIMIZER_PARAMS:
         term = c.throughput.step.get(PARAM_OFFLOAD_TERM)
         if term is not None:
             inputs = term.inputs
-            return float(inputs.get("bytes", 0.0)) * float(inputs.get("grad_accum", 1)) \
-                + checkpoints
+            return float(inputs.get("bytes", 0.0)) * float(inputs.get("grad_accum", 1))
     if s.offload is not Offload.NONE:
-        return 2.0 * 2 * c.memory.trainable_params / s.world_size + checkpoints
+        return 2.0 * 2 * c.memory.trainable_params / s.world_size
     # a paged optimizer's paged-out state: back in for the update, out again (``search.
     # with_paging``)
-    return 2.0 * c.paged_out_bytes + checkpoints
+    return 2.0 * c.paged_out_bytes
 
 
 def assess(c: Candidate, *, link: str, capacity_bytes: int, on_spot: bool,
@@ -176,17 +176,17 @@ def assess(c: Candidate, *, link: str, capacity_bytes: int, on_spot: bool,
         reasons.append(f"{s.sharding.value} all-gathers {gb:,.1f} GB per GPU per step over "
                        f"{over}: {t.comm_seconds_per_step:.1f} s of traffic, {hidden}")
     ckpt_bytes, ckpt_s = checkpoint_offload(c)
-    host = host_bytes_per_step(c)
+    offload = offload_bytes_per_step(c)
     streaming = 0.0
     paging = t.step.get(PAGED_TERM)
-    if host - ckpt_bytes and paging is not None:
+    if offload and paging is not None:
         paged_s = float(paging.value)
         streaming = min(1.0, paged_s / step_s) * LINK_RISK_SHARE
-        reasons.append(f"paged optimizer state to and from host RAM: {host / GB:,.1f} GB per "
-                       f"GPU per step, {paged_s:.1f} s of the {step_s:.1f} s step (the "
+        reasons.append(f"paged optimizer state to and from host RAM: {offload / GB:,.1f} GB "
+                       f"per GPU per step, {paged_s:.1f} s of the {step_s:.1f} s step (the "
                        "driver's eviction rate is an assumption; a spike pages more out "
                        "instead of running out of memory)")
-    elif host - ckpt_bytes:
+    elif offload:
         term = t.step.get(PARAM_OFFLOAD_TERM)
         moved_s = float(term.value) if term is not None else 0.0  # the part not hidden
         # At stake is the whole copy time, not only the part the estimate leaves exposed:
@@ -197,9 +197,8 @@ def assess(c: Candidate, *, link: str, capacity_bytes: int, on_spot: bool,
         what = ("weights streamed from host RAM every forward and backward pass"
                 if s.offload is Offload.OPTIMIZER_PARAMS
                 else "gradients to host and updated weights back (optimizer on the CPU)")
-        reasons.append(f"{what}: {(host - ckpt_bytes) / GB:,.1f} GB per GPU per step over "
-                       "PCIe" + (f", {moved_s:.1f} s of the {step_s:.1f} s step"
-                                 if moved_s else ""))
+        reasons.append(f"{what}: {offload / GB:,.1f} GB per GPU per step over PCIe"
+                       + (f", {moved_s:.1f} s of the {step_s:.1f} s step" if moved_s else ""))
     if ckpt_bytes:
         # as for streamed weights, the whole copy time is at stake: the side-stream overlap
         # the estimate assumes is what fails first (pinned buffers, a shared PCIe switch)
@@ -228,7 +227,8 @@ def assess(c: Candidate, *, link: str, capacity_bytes: int, on_spot: bool,
                        "and a bf16-pretrained model may overflow fp16 activations")
     basis = t.time_basis
     return Risk(memory_fill=fill, memory=memory, fabric=fabric, fabric_gb_per_step=gb,
-                fabric_share=share, streaming=streaming, host_gb_per_step=host / GB, spot=spot,
+                fabric_share=share, streaming=streaming,
+                host_gb_per_step=(offload + ckpt_bytes) / GB, spot=spot,
                 precision=precision, time_range=basis.error_range,
                 time_error_source=f"{basis.basis}: {basis.source}",
                 reasons=tuple(reasons))
