@@ -171,3 +171,20 @@ def test_the_4bit_blog_cases_run_on_their_stated_stack(monkeypatch: pytest.Monke
     old, new = (accuracy.run_memory(r.request, model=r.model)[0] for r in (row, today))
     assert old.phases["backward-start"] - new.phases["backward-start"] == \
         32 * 1024 * (6 * 4096 + 11008) * 2 - 3 * 32000 * 4 + 32 * 32 * 1024 * 1024 * 4
+
+
+def test_the_risk_line_quotes_the_benchmarks_held_out_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # risk.HELD_OUT_MEDIAN_ERROR is copied from a run of benchmarks/accuracy.py; a change to
+    # the estimate or to the calibration set that moves the leave-one-source-out median must
+    # move the figure the planner's risk line quotes (to its printed 0.1 %)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    accuracy = _load("accuracy")
+    from tuneplan.core.planner.risk import HELD_OUT_MEDIAN_ERROR
+
+    cases = [json.loads(line) for line in
+             (BENCH / "calibration" / "cases.jsonl").read_text().splitlines() if line.strip()]
+    base = accuracy.MemoryAssumptions()
+    rows = [accuracy.prepare(c, base) for c in cases if c.get("cli_supported", True)]
+    overall = accuracy.loso_report(rows, base)["overall"]
+    assert round(overall["loso_median_abs_error_pct"], 1) == round(HELD_OUT_MEDIAN_ERROR * 100, 1)

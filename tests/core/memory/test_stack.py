@@ -146,7 +146,8 @@ def test_torch_before_2_0_keeps_the_gradients_allocated_between_steps() -> None:
     from tuneplan.core.job.strategy import Sharding
 
     zero = replace(s, sharding=Sharding.ZERO2, gpus=8)
-    assert _phase_gain(zero, "torch=1.13", "torch=2.0", "forward") == 0
+    assert _phase_gain(zero, "transformers=4.32,torch=1.13", "transformers=4.32,torch=2.0",
+                       "forward") == 0
 
 
 def test_torch_adamw_before_2_0_is_the_single_tensor_loop() -> None:
@@ -189,10 +190,19 @@ def test_the_default_stack_is_the_pip_default_and_said_so() -> None:
     ("torch=1.12", "torch 1.12 is outside the versions the estimate models (1.13 to 2.13)"),
     ("torch", "not library=version"),
     ("peft=0.4,peft=0.5", "peft is given twice"),
+    # the default transformers (5.24) declares torch>=2.6; 4.51 on needs 2.1
+    ("torch=2.5", "transformers 5.24 needs torch 2.6 or later (stack says torch 2.5)"),
+    ("transformers=4.51,torch=1.13", "transformers 4.51 needs torch 2.1 or later"),
 ])
 def test_stack_text_is_refused_with_the_reason(text: str, message: str) -> None:
     with pytest.raises(InvalidValueError, match=re.escape(message)):
         Stack.parse(text)
+
+
+def test_a_torch_its_transformers_installs_with_is_accepted() -> None:
+    assert Stack.parse("transformers=4.50,torch=1.13").torch == (1, 13)
+    assert Stack.parse("transformers=4.51,torch=2.1").torch == (2, 1)
+    assert Stack.parse("torch=2.6").transformers == (5, 24)
 
 
 def test_a_stack_round_trips_through_the_strategy_dict() -> None:

@@ -34,6 +34,17 @@ MODELLED: Mapping[str, tuple[Version, Version]] = {
     "torch": ((1, 13), (2, 13)),
 }
 
+#: The oldest torch a transformers release installs with, from that release on: a stack
+#: below it is not a job anyone runs, so it is refused, not estimated. (4, 51): torch 2.1,
+#: the oldest transformers still supported in April 2025 (huggingface/transformers PR
+#: #37531, "Torch 2.1, which we're still supporting"); (5, 24): torch>=2.6, its own
+#: ``dependency_versions_table.py``. Releases between keep the floor before them (the
+#: floors of 5.0 .. 5.23 were not read).
+TRANSFORMERS_TORCH_FLOOR: tuple[tuple[Version, Version], ...] = (
+    ((4, 51), (2, 1)),
+    ((5, 24), (2, 6)),
+)
+
 
 def version_text(version: Version) -> str:
     return ".".join(str(part) for part in version)
@@ -72,6 +83,14 @@ class Stack:
                     f"models ({version_text(low)} to {version_text(high)})"
                     + (" - bitsandbytes 4-bit weights start at 0.39"
                        if name == "bitsandbytes" and _padded(value) < _padded(low) else ""))
+        floors = [t for since, t in TRANSFORMERS_TORCH_FLOOR
+                  if _padded(self.transformers) >= _padded(since)]
+        if floors and _padded(self.torch) < _padded(floors[-1]):
+            raise InvalidValueError(
+                f"transformers {version_text(self.transformers)} needs torch "
+                f"{version_text(floors[-1])} or later (stack says torch "
+                f"{version_text(self.torch)}): state the transformers version the job "
+                "runs with that torch")
 
     def at_least(self, library: str, version: Version) -> bool:
         return _padded(getattr(self, library)) >= _padded(version)
