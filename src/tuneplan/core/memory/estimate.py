@@ -273,6 +273,10 @@ class _Fixed:
     notes: tuple[str, ...]                      # what the estimate assumed, in words
     behaviours: tuple[str, ...]                 # version-dependent behaviours assumed
     own: dict[str, Piece]       # the running block's gradients, by where its backward peaks
+    #: gradients alive through forward and backward: a later micro-batch's accumulation, or
+    #: every step's where zero_grad() keeps them (torch before 2.0)
+    grads_held: bool
+    embedding_lora: bool        # a LoRA wraps the input embedding (its A lookup is saved)
 
 
 _FIXED: dict[tuple[object, ...], _Fixed] = {}
@@ -342,6 +346,9 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
         head_trains=strategy.method in (Method.FULL, Method.LISA) or any(
             m in ("lm_head", "score", "embed_out") for m in strategy.trainable_modules),
         dequant=_dequant_term(strategy, static),
+        grads_held=strategy.grad_accum > 1 or versions.grads_kept_between_steps(strategy),
+        embedding_lora=any(lin.role is LinearRole.EMBEDDING
+                           for lin in outer_targets(model, strategy)),
         resident=Group(total(static.resident), lambda: static.resident))
     if len(_FIXED) >= _FIXED_LIMIT:
         _FIXED.clear()
@@ -458,12 +465,10 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
     shape = _shape(s, s.batch_size)
     blocks = _block_terms(model, s, w, shape, a, fixed)
     loss = loss_moments(model, s, plan, w, shape, fixed.head_trains, a.loss_chunks)
-    # gradients alive through forward and backward: a later micro-batch's accumulation, or
-    # every step's where zero_grad() keeps them (torch before 2.0)
-    grads_fb = st.grads if s.grad_accum > 1 or versions.grads_kept_between_steps(s) else []
+    grads_fb = st.grads if fixed.grads_held else []
     dq = fixed.dequant
     # what every moment holds (weights, states, inputs), summed once
-    held: list[Item] = [fixed.resident, *_inputs(model, s, w, shape)]
+    held: list[Item] = [fixed.resident, *_inputs(model, s, w, shape, fixed.embedding_lora)]
     base = Group(total(held), lambda: flatten(held))
     own = fixed.own.get(blocks.when)
     if own is None:
@@ -507,7 +512,8 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
     return moments
 
 
-def _inputs(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape) -> list[Piece]:
+def _inputs(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
+            embedding_lora: bool) -> list[Piece]:
     inputs = [part("activations/inputs", 2 * shape.tokens * 8,
                    "input ids + labels: 2·T·8 (int64)", tokens=shape.tokens)]
     if s.method.adds_virtual_tokens and s.checkpointing is not Checkpointing.NONE:
@@ -523,8 +529,7 @@ def _inputs(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape) -> l
                            "inputs every checkpointed T5 block keeps: position biases, "
                            "encoder output, causal mask", "transformers T5Stack.forward",
                            tokens=shape.tokens))
-    embed = [lin for lin in outer_targets(model, s) if lin.role is LinearRole.EMBEDDING]
-    if embed:
+    if embedding_lora:
         # peft lora.Embedding: after_A = embedding(x, A.T) (T·r) is saved by the matmul with B
         inner = w.compute if w.autocast else w.adapter
         inputs.append(part("activations/embedding_lora", shape.tokens * s.lora_rank * inner,

@@ -139,6 +139,13 @@ class ModelSpec:
     # Routed experts are one nn.Linear per expert and projection whatever the transformers
     # version (remote modeling code: Kimi-K2's DeepseekV3MoE ModuleList of DeepseekV3MLP).
     per_expert_linears: bool = False
+    #: ``is_encoder_only``, decided once from the fields above (the estimate asks it several
+    #: times per micro-batch); not an input, not compared
+    _encoder_only: bool = field(init=False, repr=False, compare=False, default=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_encoder_only", not self.is_encoder_decoder and bool(
+            self.layers) and all(layer.kind == "encoder" for layer in self.layers))
 
     @property
     def is_moe(self) -> bool:
@@ -148,8 +155,7 @@ class ModelSpec:
     def is_encoder_only(self) -> bool:
         """A bidirectional encoder stack alone (BERT, RoBERTa): post-LN blocks, absolute
         position embeddings, no causal mask, no vocabulary head when fine-tuned."""
-        return not self.is_encoder_decoder and bool(self.layers) and all(
-            layer.kind == "encoder" for layer in self.layers)
+        return self._encoder_only
 
     @property
     def head_params(self) -> int:
