@@ -72,15 +72,55 @@ def test_unsloth_below_hf_without_full_logits_or_fp32_norms() -> None:
     assert unsloth.norm_saved(unsloth.dims(l8b, job)) == 16384 * 4096 * 2 + 16384 * 4
 
 
-def test_offloaded_checkpoints_are_host_ram_under_unsloth() -> None:
-    job = replace(JOB, checkpointing=Checkpointing.OFFLOAD)
-    est = estimate_memory(TINY, job)
-    assert est.host.value("host/offloaded_checkpoints") == 2 * 8 * 64 * 2   # L·T·H·bf16
-    fwd = {p.path: p.value for p in unsloth.moments(TINY, job, [], [], [])["forward-logits"]}
-    assert fwd["activations/checkpoints"] == 0
-    kept = {p.path: p.value for p in unsloth.moments(
-        TINY, replace(JOB, checkpointing=Checkpointing.FULL), [], [], [])["forward-logits"]}
-    assert kept["activations/checkpoints"] == 2 * 8 * 64 * 2
+def _offload_terms(model, job):  # type: ignore[no-untyped-def]
+    est = estimate_memory(model, job)
+    fwd = {p.path: p.value for p in unsloth.moments(model, job, [], [], [])["forward-logits"]}
+    return est, fwd
+
+
+def test_below_512_tokens_unsloth_checkpoints_on_the_device() -> None:
+    # apply_unsloth_gradient_checkpointing: max_seq_length < 512 falls back to standard
+    # checkpointing: every layer input on the device, no host copies, no GPU buffers
+    est, fwd = _offload_terms(TINY, replace(JOB, checkpointing=Checkpointing.OFFLOAD))
+    assert fwd["activations/checkpoints"] == 2 * 8 * 64 * 2          # L·T·H·bf16
+    assert "activations/offload_gpu_buffers" not in fwd
+    assert "host/offloaded_checkpoints" not in {t.path for t in est.host.terms}
+
+
+def test_a_layer_input_under_2_mib_stays_on_the_device() -> None:
+    # seq 512: the smart checkpointer runs (its initial buffers exist) but a 512·64·2 B
+    # input is not above MINIMUM_SIZE (2 MiB): kept on the device, nothing copied
+    job = replace(JOB, checkpointing=Checkpointing.OFFLOAD, seq_len=512)
+    est, fwd = _offload_terms(TINY, job)
+    assert fwd["activations/checkpoints"] == 2 * 512 * 64 * 2
+    assert fwd["activations/offload_gpu_buffers"] == 2 * 2 * 256 * 2048 * 2
+    assert est.host.value("host/offloaded_checkpoints") == 200 * 128 * 1024 * 2
+    assert unsloth.offloaded_layers(TINY, job)[0] == 0
+
+
+def test_offloaded_inputs_leave_the_last_layer_and_two_gpu_buffers_on_the_device() -> None:
+    mid = parse_model_config(
+        {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 320,
+         "hidden_size": 2048, "intermediate_size": 4096, "num_hidden_layers": 3,
+         "num_attention_heads": 16, "num_key_value_heads": 4, "max_position_embeddings": 2048,
+         "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": False}, name="mid")
+    job = replace(JOB, checkpointing=Checkpointing.OFFLOAD, seq_len=1024)
+    est, fwd = _offload_terms(mid, job)
+    layer_input = 1024 * 2048                                        # 2 Mi elements > 1 Mi
+    # LAST_GC_INDEX: the last layer's input stays on the device from the second step on
+    assert fwd["activations/checkpoints"] == 1 * layer_input * 2
+    # GPU_BUFFERS and GPU_BUFFERS_B, each grown to one layer input
+    assert fwd["activations/offload_gpu_buffers"] == 2 * layer_input * 2
+    # 200 pinned CPU buffers of 128 Ki elements, the first 3 grown to a layer input (the
+    # first step offloads all three)
+    assert est.host.value("host/offloaded_checkpoints") == (
+        3 * layer_input + 197 * 128 * 1024) * 2
+    assert unsloth.offloaded_layers(mid, job)[0] == 2
+    # the buffers persist through the optimizer step; the recompute adds no copy of its own
+    opt = {p.path for p in unsloth.moments(mid, job, [], [], [])["optimizer"]}
+    assert "activations/offload_gpu_buffers" in opt
+    full = estimate_memory(mid, replace(job, checkpointing=Checkpointing.FULL))
+    assert full.breakdown.value("activations/checkpoints") == 3 * layer_input * 2
 
 
 def test_outside_the_fast_path_the_hf_layout_stands_in() -> None:

@@ -20,9 +20,10 @@ from tuneplan.core.job.methods import (
     outer_targets,
     targeted_linears,
 )
-from tuneplan.core.job.recipes import PrecisionPlan
+from tuneplan.core.job.recipes import PrecisionPlan, Recipe
 from tuneplan.core.job.strategy import Checkpointing, Sharding, Strategy, Task
 from tuneplan.core.job.tuners import WEIGHT_TUNERS, linear_matrices
+from tuneplan.core.memory import unsloth
 from tuneplan.core.memory.activations import linear_group
 from tuneplan.core.memory.assumptions import MemoryAssumptions
 from tuneplan.core.memory.optimizer import (
@@ -324,7 +325,15 @@ def host_terms(model: ModelSpec, s: Strategy, st: Static, sp: ShardPlan) -> list
     ranks = s.gpus
     out = [part(t.path, int(t.value) * ranks, f"{ranks} ranks · ({t.formula})", t.source)
            for t in st.host]
-    if s.checkpointing is Checkpointing.OFFLOAD:
+    if s.checkpointing is Checkpointing.OFFLOAD and s.recipe is Recipe.UNSLOTH and \
+            unsloth.uncovered(model, s) is None:
+        layout = unsloth.offload_layout(model, s)
+        if layout.host_buffers:
+            out.append(part("host/offloaded_checkpoints", layout.host_buffers * ranks,
+                            "unsloth's pinned CPU_BUFFERS: 200 of 128K elements, the first L "
+                            "grown to one layer input T·H (the first step offloads every "
+                            "layer) · bytes", unsloth.SOURCE))
+    elif s.checkpointing is Checkpointing.OFFLOAD:
         size = s.tokens * model.hidden_size * s.precision.compute_bytes * sum(
             la.count for la in model.layers)
         out.append(part("host/offloaded_checkpoints", size * ranks,

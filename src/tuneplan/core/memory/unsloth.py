@@ -23,10 +23,14 @@ unsloth-zoo 2026.8.13 (commit ce232d6c) ``gradient_checkpointing.py`` and
 - ``--offload-activations``: ``UnslothCheckpointFunction`` (unsloth-zoo; what the llama fast
   forward's ``torch.utils.checkpoint.checkpoint`` resolves to once unsloth patched it) copies
   each layer's input to pinned host buffers (``host/offloaded_checkpoints``); the device keeps
-  one layer's recompute. Not modelled here (``offloaded_layers`` states them; the speed model
-  reads it): the fallback to standard checkpointing below ``OFFLOAD_MIN_SEQ``, layer inputs of
-  at most ``OFFLOAD_MIN_BYTES`` kept on the device, the last layer's input kept on the device
-  from the second step on, and the second GPU buffer of double buffering.
+  one layer's recompute. ``offload_layout`` follows its rules (the speed model and the host
+  RAM read the same): below ``OFFLOAD_MIN_SEQ`` unsloth falls back to standard checkpointing
+  (every layer input on the device, no host copies); a layer input of at most
+  ``OFFLOAD_MIN_BYTES`` stays on the device; from the second step on the last layer's input
+  stays on the device (``LAST_GC_INDEX``); the restored input lands in one of two persistent
+  GPU buffers (``GPU_BUFFERS`` / ``GPU_BUFFERS_B``, double buffering), each grown to one layer
+  input and never shrunk; the host holds ``INITIAL_CPU_BUFFER_COUNT`` pinned buffers, the first
+  L grown to one layer input (the first step offloads every layer).
   ``--gradient-checkpointing``: the launch bundle passes ``use_gradient_checkpointing=True``
   (not ``"unsloth"``), modelled as layer inputs kept on the device.
 QLoRA weights are bitsandbytes 4-bit, as in the hf layout (``core.memory.weights``).
@@ -35,6 +39,7 @@ QLoRA weights are bitsandbytes 4-bit, as in the hf layout (``core.memory.weights
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.strategy import (
@@ -97,6 +102,49 @@ OFFLOAD_MIN_SEQ = 512
 #: // dtype bytes`` elements; ``UnslothCheckpointFunction.forward`` offloads a layer input only
 #: when ``numel() > MINIMUM_SIZE``.
 OFFLOAD_MIN_BYTES = 2 * 1024 * 1024
+#: unsloth-zoo 2026.8.13 ``gradient_checkpointing.py``: ``INITIAL_GPU_BUFFER_SIZE`` (elements of
+#: each of the two GPU buffers), ``INITIAL_CPU_BUFFER_SIZE`` and ``INITIAL_CPU_BUFFER_COUNT``
+#: (the pinned host buffers ``initialize_unsloth_gradient_checkpointing`` makes), in the
+#: compute dtype; a buffer is ``resize_``d up to a layer input when one is larger.
+INITIAL_GPU_BUFFER_ELEMENTS = 2 * 256 * 2048
+INITIAL_CPU_BUFFER_ELEMENTS = 128 * 1024
+INITIAL_CPU_BUFFER_COUNT = 200
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadLayout:
+    """Where ``--offload-activations`` puts the layer inputs on Unsloth's fast path (the
+    second step on: the first offloads every layer)."""
+
+    offloaded: int        # layer inputs copied to the host per step
+    on_device: int        # layer inputs kept on the device (saved as plain checkpoints)
+    gpu_buffers: int      # bytes of GPU_BUFFERS + GPU_BUFFERS_B (0: smart checkpointer off)
+    host_buffers: int     # bytes of the pinned CPU_BUFFERS (0: smart checkpointer off)
+    why: str
+
+
+def offload_layout(model: ModelSpec, s: Strategy) -> OffloadLayout:
+    """``UnslothCheckpointFunction`` under ``use_gradient_checkpointing="unsloth"``, from
+    unsloth 2026.8.19 ``models/_utils.py`` and unsloth-zoo 2026.8.13
+    ``gradient_checkpointing.py`` (the module docstring lists the rules)."""
+    d = dims(model, s)
+    numel = d.t * d.h
+    if s.seq_len < OFFLOAD_MIN_SEQ:
+        return OffloadLayout(0, d.layers, 0, 0, (
+            f"--seq-len {s.seq_len} < {OFFLOAD_MIN_SEQ}: apply_unsloth_gradient_checkpointing "
+            "falls back to standard checkpointing (no host copies)"))
+    host = (min(d.layers, INITIAL_CPU_BUFFER_COUNT) * max(numel, INITIAL_CPU_BUFFER_ELEMENTS)
+            + max(INITIAL_CPU_BUFFER_COUNT - d.layers, 0) * INITIAL_CPU_BUFFER_ELEMENTS
+            + max(d.layers - INITIAL_CPU_BUFFER_COUNT, 0) * numel) * d.c
+    if numel <= OFFLOAD_MIN_BYTES // d.c:
+        return OffloadLayout(0, d.layers, 2 * INITIAL_GPU_BUFFER_ELEMENTS * d.c,
+                             INITIAL_CPU_BUFFER_COUNT * INITIAL_CPU_BUFFER_ELEMENTS * d.c, (
+            f"a layer input of {numel * d.c} B is not above MINIMUM_SIZE "
+            f"({OFFLOAD_MIN_BYTES} B): UnslothCheckpointFunction keeps it on the device"))
+    return OffloadLayout(d.layers - 1, 1, 2 * max(numel, INITIAL_GPU_BUFFER_ELEMENTS) * d.c,
+                         host, (
+        "every layer but the last (LAST_GC_INDEX: the last layer's input stays on the device "
+        "from the second step on)"))
 
 
 def offloaded_layers(model: ModelSpec, s: Strategy) -> tuple[int, str]:
@@ -106,15 +154,8 @@ def offloaded_layers(model: ModelSpec, s: Strategy) -> tuple[int, str]:
     every layer but the last from the second step on (``LAST_GC_INDEX``: "don't offload the
     last layer"), none below ``OFFLOAD_MIN_SEQ`` or when a layer input is at most
     ``OFFLOAD_MIN_BYTES``. Only meaningful under ``--offload-activations`` on the fast path."""
-    d = dims(model, s)
-    if s.seq_len < OFFLOAD_MIN_SEQ:
-        return 0, (f"--seq-len {s.seq_len} < {OFFLOAD_MIN_SEQ}: apply_unsloth_gradient_"
-                   "checkpointing falls back to standard checkpointing (no host copies)")
-    if d.t * d.h <= OFFLOAD_MIN_BYTES // d.c:
-        return 0, (f"a layer input of {d.t * d.h * d.c} B is not above MINIMUM_SIZE "
-                   f"({OFFLOAD_MIN_BYTES} B): UnslothCheckpointFunction keeps it on the device")
-    return d.layers - 1, ("every layer but the last (LAST_GC_INDEX: the last layer's input "
-                          "stays on the device from the second step on)")
+    layout = offload_layout(model, s)
+    return layout.offloaded, layout.why
 
 
 def dims(model: ModelSpec, s: Strategy) -> BlockDims:
@@ -187,10 +228,18 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
                       "enable_gqa keep them (xformers expands them: more)", _LORA,
                       confidence="medium")
     elif s.checkpointing is Checkpointing.OFFLOAD:
-        blocks = part("activations/checkpoints", 0,
-                      "layer inputs on the host (UnslothCheckpointFunction: x.copy_(arg, "
-                      "non_blocking=True) into pinned CPU_BUFFERS); see host RAM", _CKPT,
-                      confidence="medium")
+        layout = offload_layout(model, s)
+        blocks = part("activations/checkpoints", layout.on_device * th,
+                      f"layer inputs kept on the device: {layout.on_device} · T·H·bytes; "
+                      f"{layout.offloaded} on the host (UnslothCheckpointFunction: "
+                      "x.copy_(arg, non_blocking=True) into pinned CPU_BUFFERS, see host "
+                      f"RAM): {layout.why}", _CKPT, confidence="medium", layers=layout.on_device)
+        if layout.gpu_buffers:
+            base.append(part("activations/offload_gpu_buffers", layout.gpu_buffers,
+                             "GPU_BUFFERS + GPU_BUFFERS_B (double buffering): two persistent "
+                             "buffers, each max(one layer input T·H, 2·256·2048) elements · "
+                             "bytes; a restored input is recomputed from one of them", _CKPT,
+                             confidence="medium"))
     else:
         blocks = part("activations/checkpoints", d.layers * th,
                       "layer inputs kept on the device: L·T·H·bytes (the bundle passes "
@@ -214,10 +263,10 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
         "optimizer": [*base, *grads, *step],
     }
     if s.checkpointing is not Checkpointing.NONE:
-        back = th if s.checkpointing is Checkpointing.OFFLOAD else 0
+        # an offloaded input comes back into a GPU buffer (in ``base``), a kept one is in
+        # ``blocks``: neither adds here
         out["backward-recompute"] = [*base, blocks, *again, part(
-            "activations/recomputed_layer", layer + back + th,
-            "one layer recomputed: its saved tensors + the arriving T·H gradient"
-            + (" + its input copied back from the host" if back else ""), _CKPT,
+            "activations/recomputed_layer", layer + th,
+            "one layer recomputed: its saved tensors + the arriving T·H gradient", _CKPT,
             confidence="low")]
     return out
