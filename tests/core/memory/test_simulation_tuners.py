@@ -68,3 +68,35 @@ def test_tuner_peak_with_checkpointing(method: Method) -> None:
         assert 0.03 < error < 0.08, f"{method}: {error:.1%} (update CKPT_MISSES)"
     else:
         assert error <= 0.03, f"estimated {tensors} vs measured {peak}"
+
+
+#: DoRA where its weight norm sets the peak (a short sequence: batch 2 x 64 tokens) and where
+#: the backward does, on all linears and on q/v, in fp32, pure bf16 and bf16 autocast: before
+#: ``activations.dora_transients`` the estimate missed the first kind by -15 % (fp32) and -24 %
+#: (bf16 and bf16-mixed), on every linear.
+DORA_CASES = [(precision, targets, batch, seq, ckpt)
+              for precision in (Precision.FP32, Precision.BF16, Precision.BF16_MIXED)
+              for targets in (("all-linear",), ("q_proj", "v_proj"))
+              for batch, seq, ckpt in ((2, 64, False), (4, 64, True))]
+
+
+@pytest.mark.parametrize("case", DORA_CASES, ids=lambda c: "-".join(
+    [c[0].value, c[1][0], str(c[2]), str(c[3]), "ckpt" if c[4] else "none"]))
+def test_dora_peak_with_its_weight_norm_matches_simulation(
+        case: tuple[Precision, tuple[str, ...], int, int, bool]) -> None:
+    from tuneplan.adapters.probe.harness import StepSetup, measure_step
+
+    precision, targets, batch, seq, ckpt = case
+    strategy = Strategy(method=Method.DORA,
+                        recipe=Recipe.HF if precision is Precision.BF16_MIXED else Recipe.PLAIN,
+                        precision=precision, batch_size=batch, seq_len=seq, lora_rank=16,
+                        lora_targets=targets,
+                        checkpointing=Checkpointing.FULL if ckpt else Checkpointing.NONE)
+    measured = measure_step(StepSetup(config=SMALL_LLAMA, strategy=strategy,
+                                      optimizer_impl="fused"))
+    estimate = estimate_memory(parse_model_config(SMALL_LLAMA, name="small-llama"), strategy,
+                               MemoryAssumptions(adamw_impl="fused"))
+    tensors = estimate.allocated_peak_bytes - int(
+        estimate.breakdown.value("overheads/cublas_workspace"))
+    assert abs(tensors - measured.peak_bytes) / measured.peak_bytes <= 0.03, \
+        f"estimated {tensors} vs measured {measured.peak_bytes}"

@@ -156,3 +156,33 @@ def test_moe_all_linear_follows_peft_conversion() -> None:
     oss = count_trainable(resolve_model("openai/gpt-oss-20b"),
                           Strategy(method=Method.LORA, lora_rank=16))
     assert oss.total == 24 * 16 * ((2880 + 4096) * 2 + (2880 + 512) * 2)
+
+
+def test_dora_weight_norm_temporaries_by_hand() -> None:
+    """peft DoraLinearLayer.forward at Llama-3.1-8B's down_proj (in 14336, out 4096), rank
+    16: eye(in) and A's output kept by BA's graph, BA in x's dtype, the scaled BA and the sum
+    (fp32 adapters under bf16 autocast: the identity in bf16, the base weight cast to fp32)."""
+    from dataclasses import replace
+
+    from tuneplan.core.memory import activations as act
+
+    s = Strategy(method=Method.DORA, lora_rank=16)
+    w = act.widths(s, precision_plan(s), 1)
+    assert (w.autocast, w.compute, w.adapter, w.base) == (True, 2, 4, 2)
+    down = next(lin for lin in L8B.layers[0].linears if lin.name.endswith("down_proj"))
+    n, m = 14336, 4096
+    assert act.dora_norm_bytes(down, 16, w, quantized=False) == (
+        n * n * 2 + n * 16 * 2 + n * m * 4 + n * m * 4 + 2 * n * m * 4)
+    # pure fp32: no casts, the identity in fp32
+    pure = replace(w, autocast=False, compute=4, base=4)
+    assert act.dora_norm_bytes(down, 16, pure, quantized=False) == (
+        n * n * 4 + n * 16 * 4 + n * m * 4 + 2 * n * m * 4)
+    places = act.dora_transients(L8B, s, w)
+    assert places["down"] == act.dora_norm_bytes(down, 16, w, quantized=False)
+    assert places["attention"] > 0 and places["gate/up"] > 0
+    assert act.dora_transients(L8B, replace(s, method=Method.LORA), w) == {
+        "attention": 0, "gate/up": 0, "down": 0}
+    # the estimate carries it: DoRA's forward peak includes the down_proj norm temporaries
+    est = estimate_memory(L8B, replace(s, seq_len=128, checkpointing=Checkpointing.NONE))
+    assert est.peak_phase.startswith("forward")
+    assert "DoRA" in est.breakdown.get("activations/forward_transient").formula

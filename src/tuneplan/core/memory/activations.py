@@ -250,7 +250,7 @@ def tuner_transients(model: ModelSpec, strategy: Strategy, w: Widths,
                      tokens: int) -> tuple[int, int]:
     """(forward, backward) bytes a ``tuners.WEIGHT_TUNERS`` module holds only while it runs
     (its materialised update's temporaries, FFTs): the largest over the targeted linears,
-    one module running at a time. (0, 0) for other methods."""
+    one module running at a time. (0, 0) for other methods (DoRA: ``dora_transients``)."""
     if strategy.method not in WEIGHT_TUNERS:
         return 0, 0
     fwd = bwd = 0
@@ -260,6 +260,42 @@ def tuner_transients(model: ModelSpec, strategy: Strategy, w: Widths,
             fwd = max(fwd, h.forward + tokens * h.forward_per_token)
             bwd = max(bwd, h.backward + tokens * h.backward_per_token)
     return fwd, bwd
+
+
+def dora_transients(model: ModelSpec, strategy: Strategy, w: Widths) -> dict[str, int]:
+    """DoRA's weight-norm temporaries (``dora_norm_bytes``), the largest over the targeted
+    linears at each place of a block's forward: ``attention`` (q/k/v/o), ``gate/up`` (MLP
+    linears fed the hidden state) and ``down`` (fed the MLP product); all 0 for other
+    methods. The same in a checkpointed block's recompute."""
+    out = {"attention": 0, "gate/up": 0, "down": 0}
+    if strategy.method is not Method.DORA:
+        return out
+    quantized = effective_quant(strategy) is not None
+    for layer in model.layers:
+        for lin in targeted_linears(model, strategy, layer):
+            where = "attention" if lin.role in (
+                LinearRole.ATTENTION, LinearRole.CROSS_ATTENTION) else (
+                "down" if lin.in_features != model.hidden_size else "gate/up")
+            out[where] = max(out[where], dora_norm_bytes(lin, strategy.lora_rank, w, quantized))
+    return out
+
+
+def dora_norm_bytes(lin: Linear, rank: int, w: Widths, quantized: bool) -> int:
+    """What peft 0.21.2 ``DoraLinearLayer.forward`` holds while it takes the column norm of
+    ``W + scaling·BA`` (every forward, detached from the graph). ``get_lora_weight`` builds BA
+    as ``lora_B(lora_A(eye(in)))``: the identity (under autocast its compute-dtype copy) and
+    A's output stay saved by the graph of that weight, alive until the forward returns; BA is
+    cast to the input's dtype (the adapter's: LoRA casts x to A's dtype; the compute-dtype
+    product is then freed), the base weight too, then ``scaling * lora_weight`` and the sum
+    (``get_weight_norm``): in² + in·r in the identity's dtype, in·out once per distinct
+    dtype cast, + 2·in·out in the adapter dtype. Under a quantized base the dequantised
+    weight is the dequant buffer; its cast to the adapter dtype is counted here."""
+    n, m, a = lin.in_features, lin.out_features, w.adapter
+    inner = w.compute if w.autocast else a    # the identity's and A's output dtype
+    held = n * n * inner + n * rank * inner + n * m * a   # eye, A(eye), BA in x's dtype
+    if quantized or w.base != a:
+        held += n * m * a            # weight.to(x.dtype)
+    return held + 2 * n * m * a      # scaling * lora_weight, weight + that
 
 
 def forward_live(model: ModelSpec, strategy: Strategy, w: Widths, shape: Shape,

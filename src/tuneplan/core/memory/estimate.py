@@ -277,6 +277,7 @@ class _Fixed:
     #: every step's where zero_grad() keeps them (torch before 2.0)
     grads_held: bool
     embedding_lora: bool        # a LoRA wraps the input embedding (its A lookup is saved)
+    dora: dict[str, int]        # act.dora_transients: DoRA's weight-norm temporaries by place
 
 
 _FIXED: dict[tuple[object, ...], _Fixed] = {}
@@ -346,6 +347,7 @@ def _fixed(model: ModelSpec, strategy: Strategy, a: MemoryAssumptions) -> _Fixed
         head_trains=strategy.method in (Method.FULL, Method.LISA) or any(
             m in ("lm_head", "score", "embed_out") for m in strategy.trainable_modules),
         dequant=_dequant_term(strategy, static),
+        dora=act.dora_transients(model, strategy, w),
         grads_held=strategy.grad_accum > 1 or versions.grads_kept_between_steps(strategy),
         embedding_lora=any(lin.role is LinearRole.EMBEDDING
                            for lin in outer_targets(model, strategy)),
@@ -615,14 +617,20 @@ def _forward_moment(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Sha
     # forward_transient is tokens · a per-token size (made once, at one token, per strategy)
     # and so is forward_live (a max over blocks of sums of T·size terms): both made at T = 1
     t = shape.tokens
-    temps, live = fixed.forward_per_token, fixed.live_per_token
+    temps, live, dora = fixed.forward_per_token, fixed.live_per_token, fixed.dora
     at_gate = dict(one, mlp=0, mlp_tail=0, linear_inputs_down=0, adapters_mlp=0,
                    held=t * live["mlp_in"])
     at_down = dict(one, held=t * live["down_in"])
-    if sum(at_gate.values()) + t * temps["mlp_in"] >= sum(at_down.values()) + t * temps["down_in"]:
-        parts, temp, when = at_gate, t * temps["mlp_in"], "gate/up"
-    else:
-        parts, temp, when = at_down, t * temps["down_in"], "down"
+    candidates = [(at_gate, t * temps["mlp_in"] + dora["gate/up"], "gate/up"),
+                  (at_down, t * temps["down_in"] + dora["down"], "down")]
+    if dora["attention"]:
+        # DoRA's norm of an attention projection: the block's MLP not yet run (its saved
+        # inputs absent; attention's own saved tensors kept, as at o_proj), the input and
+        # norm output held, the projection's T·H base output beside the norm temporaries
+        at_attention = dict(at_gate, linear_inputs_mlp=0)
+        candidates.append((at_attention, t * model.hidden_size * w.compute + dora["attention"],
+                           "attention"))
+    parts, temp, when = max(candidates, key=lambda c: sum(c[0].values()) + c[1])
     tuner, _ = act.tuner_transients(model, s, w, shape.tokens)  # its update being made
     temp += tuner
     # BERT under autocast: the attention's fp32 dropout output, held to the block's end
@@ -640,7 +648,8 @@ _FORWARD_TEXT = {when: (
              "product"},
     f"{when} projection temporaries: PEFT input cast + base output + scaled update (T·out "
     "each), or its T·out output (BERT under autocast: + the attention's fp32 dropout output "
-    "B·heads·S·S·4)") for when in ("gate/up", "down")}
+    "B·heads·S·S·4); DoRA: + its column norm of W + s·BA (eye(in), BA and its casts, the "
+    "scaled sum: peft DoraLinearLayer.forward)") for when in ("gate/up", "down", "attention")}
 
 
 def _current_block(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
