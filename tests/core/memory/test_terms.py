@@ -186,3 +186,17 @@ def test_dora_weight_norm_temporaries_by_hand() -> None:
     est = estimate_memory(L8B, replace(s, seq_len=128, checkpointing=Checkpointing.NONE))
     assert est.peak_phase.startswith("forward")
     assert "DoRA" in est.breakdown.get("activations/forward_transient").formula
+
+
+def test_a_tuners_half_precision_miss_is_said_in_its_note() -> None:
+    from dataclasses import replace
+
+    boft = Strategy(method=Method.BOFT, precision=Precision.BF16_MIXED)
+    said = " ".join(estimate_memory(L8B, boft).notes)
+    assert "in bf16-mixed it missed that simulation by +29.0 %" in said
+    fp32 = " ".join(estimate_memory(L8B, replace(boft, precision=Precision.FP32)).notes)
+    assert "held to the CPU simulation within 3 %" in fp32 and "missed" not in fp32
+    # within 3 % in pure bf16: nothing to say
+    loha = " ".join(estimate_memory(L8B, Strategy(method=Method.LOHA,
+                                                  precision=Precision.BF16)).notes)
+    assert "missed" not in loha

@@ -439,6 +439,30 @@ def _spec(strategy: Strategy, targets: list[str], layers: int | None) -> PeftSpe
 CHECKPOINTING_MISSES = frozenset({Method.LOKR, Method.ROAD, Method.C3A})
 
 
+#: Tuners whose estimate misses the CPU simulation by more than 3 % in half precision: the
+#: error (estimate vs simulated allocated peak, %) in pure bf16 and under bf16 autocast
+#: (``--precision bf16`` / ``bf16-mixed``), measured on the small Llama of
+#: tests/core/memory/test_simulation_tuners.py at batch 2 x 64 tokens without checkpointing
+#: (that test holds the table). Their layouts were read and held to the simulation in fp32;
+#: in half precision these are known misses, said in the estimate's note, not corrected.
+HALF_PRECISION_MISSES: dict[Method, dict[str, float]] = {
+    Method.ADALORA: {"bf16": -25.4, "bf16-mixed": -11.9},
+    Method.BOFT: {"bf16": 29.0, "bf16-mixed": 29.0},
+    Method.C3A: {"bf16": -3.9, "bf16-mixed": -3.9},
+    Method.FOURIERFT: {"bf16-mixed": 27.4},
+    Method.HRA: {"bf16": -4.0, "bf16-mixed": 83.7},
+    Method.LOHA: {"bf16-mixed": 29.6},
+    Method.LOKR: {"bf16-mixed": 30.0},
+    Method.LORA_FA: {"bf16": -9.6, "bf16-mixed": -11.5},
+    Method.MISS: {"bf16": -6.3, "bf16-mixed": -6.2},
+    Method.OFT: {"bf16": -4.5, "bf16-mixed": 3.3},
+    Method.P_TUNING: {"bf16-mixed": -5.0},
+    Method.RANDLORA: {"bf16": -7.4, "bf16-mixed": -14.2},
+    Method.SHIRA: {"bf16": 27.8, "bf16-mixed": 27.8},
+    Method.VERA: {"bf16": -5.2, "bf16-mixed": 7.6},
+}
+
+
 def tuner_note(strategy: Strategy) -> str | None:
     """What a tuner estimate rests on, in words (None for other methods)."""
     method = strategy.method
@@ -450,4 +474,8 @@ def tuner_note(strategy: Strategy) -> str | None:
     held_to = ("held to the CPU simulation within 3 % on a small Llama (fp32, batch 2)"
                if not (ckpt and method in CHECKPOINTING_MISSES) else
                "with checkpointing it missed the CPU simulation by 3-6 % on a small Llama")
+    miss = HALF_PRECISION_MISSES.get(method, {}).get(strategy.precision.value)
+    if miss is not None:
+        held_to += (f"; in {strategy.precision.value} it missed that simulation by "
+                    f"{miss:+.1f} % (not corrected: held to it in fp32 only)")
     return f"--method {method.value}: {how}; {held_to}"
