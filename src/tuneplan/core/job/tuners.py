@@ -252,6 +252,9 @@ class Held:
     forward_per_token: int = 0
     backward: int = 0
     backward_per_token: int = 0
+    #: the module casts its input to the adapter dtype before saving it (False: it saves the
+    #: block's tensor as it comes, SHiRA's ``F.linear(x, new_weight)``)
+    casts_input: bool = True
 
 
 def frozen_buffers(model: ModelSpec, strategy: Strategy) -> tuple[int, str]:
@@ -285,9 +288,10 @@ def frozen_buffers(model: ModelSpec, strategy: Strategy) -> tuple[int, str]:
             * four, "BOFT permutations boft_P (factors, in, in) per target, fp32")
 
 
-def held(method: Method, lin: Linear, r: int, adapter: int) -> Held:
+def held(method: Method, lin: Linear, r: int, adapter: int, base: int | None = None) -> Held:
     """Tensors ``method``'s module on ``lin`` saves for backward (``adapter`` bytes wide:
-    PEFT casts the input to the adapter dtype). Read from each tuner's ``layer.py`` forward
+    PEFT casts the input to the adapter dtype; ``base``: the frozen weight's, default the
+    adapter's). Read from each tuner's ``layer.py`` forward
     (peft 0.21.2) and listed with ``torch.autograd.graph.saved_tensors_hooks`` on a tiny
     Llama's linears; the peak they make is checked in the CPU simulation."""
     n, m = lin.in_features, lin.out_features
@@ -321,10 +325,13 @@ def held(method: Method, lin: Linear, r: int, adapter: int) -> Held:
         return Held(fixed=m * n * a, input=True, forward=m * n * (4 + 8),
                     source="peft fourierft.FourierFTLinear.forward")
     if method is Method.SHIRA:
-        # the sparse COO update (int64 row/col indices + values) and the dense (out, in) sum
-        # backward: the dense (out, in) gradient of the sum
-        return Held(fixed=m * n * a + r * (n + m) * (2 * 8 + a), input=True,
-                    backward=m * n * a, source="peft shira.Linear.forward")
+        # the sparse COO update (int64 row/col indices + values) and the dense (out, in) sum:
+        # ``get_base_weight().clone()`` with the update added in place, so the base weight's
+        # dtype (bf16 under a bf16 model, whatever the adapter's); backward: its dense
+        # (out, in) gradient, in the same dtype
+        b = a if base is None else base
+        return Held(fixed=m * n * b + r * (n + m) * (2 * 8 + a), input=True,
+                    backward=m * n * b, casts_input=False, source="peft shira.Linear.forward")
     if method is Method.MISS:
         # x reshaped to (T, in / r, r) and summed: the rank-r sum is saved for miss_block
         return Held(per_token=r * a, source="peft miss.MissLinear.forward")
@@ -458,7 +465,7 @@ HALF_PRECISION_MISSES: dict[Method, dict[str, float]] = {
     Method.OFT: {"bf16": -4.5, "bf16-mixed": 3.3},
     Method.P_TUNING: {"bf16-mixed": -5.0},
     Method.RANDLORA: {"bf16": -7.4, "bf16-mixed": -14.2},
-    Method.SHIRA: {"bf16": 27.8, "bf16-mixed": 27.8},
+    Method.SHIRA: {"bf16": -6.3, "bf16-mixed": -6.3},
     Method.VERA: {"bf16": -5.2, "bf16-mixed": 7.6},
 }
 

@@ -237,10 +237,10 @@ def _tuner_saved(lin: Linear, d_in: int, w: Widths, strategy: Strategy, side: st
     """What a ``tuners.WEIGHT_TUNERS`` module on ``lin`` saves (``tuners.held``): per-token
     and fixed bytes, and its input: the block's tensor itself, or PEFT's cast of it to the
     adapter dtype (one per target)."""
-    h = held(strategy.method, lin, strategy.lora_rank, w.adapter)
+    h = held(strategy.method, lin, strategy.lora_rank, w.adapter, w.base)
     out[f"adapters_{side}"] += h.per_token
     fixed[f"adapters_{side}"] += h.fixed * lin.copies
-    if h.input and d_in != w.adapter:
+    if h.input and h.casts_input and d_in != w.adapter:
         out[f"adapters_{side}"] += lin.in_features * w.adapter
     elif h.input:
         shared.add(group)
@@ -256,7 +256,7 @@ def tuner_transients(model: ModelSpec, strategy: Strategy, w: Widths,
     fwd = bwd = 0
     for layer in model.layers:
         for lin in targeted_linears(model, strategy, layer):
-            h = held(strategy.method, lin, strategy.lora_rank, w.adapter)
+            h = held(strategy.method, lin, strategy.lora_rank, w.adapter, w.base)
             fwd = max(fwd, h.forward + tokens * h.forward_per_token)
             bwd = max(bwd, h.backward + tokens * h.backward_per_token)
     return fwd, bwd
