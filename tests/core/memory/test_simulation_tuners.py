@@ -39,12 +39,15 @@ CKPT_MISSES = CHECKPOINTING_MISSES
 
 
 def _measure(method: Method, batch: int, seq: int, ckpt: bool,
-             precision: Precision = Precision.FP32) -> tuple[int, int, int, int]:
+             precision: Precision = Precision.FP32,
+             targets: tuple[str, ...] = ("all-linear",)) -> tuple[int, int, int, int]:
+    """(estimated tensors, simulated peak, estimated and simulated trainable parameters)."""
     from tuneplan.adapters.probe.harness import StepSetup, measure_step
 
     recipe = Recipe.HF if precision is Precision.BF16_MIXED else Recipe.PLAIN
     strategy = Strategy(method=method, recipe=recipe, precision=precision,
                         batch_size=batch, seq_len=seq, lora_rank=16, num_virtual_tokens=8,
+                        lora_targets=targets,
                         checkpointing=Checkpointing.FULL if ckpt else Checkpointing.NONE)
     measured = measure_step(StepSetup(config=SMALL_LLAMA, strategy=strategy,
                                       optimizer_impl="fused"))
@@ -100,19 +103,6 @@ DORA_CASES = [(precision, targets, batch, seq, ckpt)
     [c[0].value, c[1][0], str(c[2]), str(c[3]), "ckpt" if c[4] else "none"]))
 def test_dora_peak_with_its_weight_norm_matches_simulation(
         case: tuple[Precision, tuple[str, ...], int, int, bool]) -> None:
-    from tuneplan.adapters.probe.harness import StepSetup, measure_step
-
     precision, targets, batch, seq, ckpt = case
-    strategy = Strategy(method=Method.DORA,
-                        recipe=Recipe.HF if precision is Precision.BF16_MIXED else Recipe.PLAIN,
-                        precision=precision, batch_size=batch, seq_len=seq, lora_rank=16,
-                        lora_targets=targets,
-                        checkpointing=Checkpointing.FULL if ckpt else Checkpointing.NONE)
-    measured = measure_step(StepSetup(config=SMALL_LLAMA, strategy=strategy,
-                                      optimizer_impl="fused"))
-    estimate = estimate_memory(parse_model_config(SMALL_LLAMA, name="small-llama"), strategy,
-                               MemoryAssumptions(adamw_impl="fused"))
-    tensors = estimate.allocated_peak_bytes - int(
-        estimate.breakdown.value("overheads/cublas_workspace"))
-    assert abs(tensors - measured.peak_bytes) / measured.peak_bytes <= 0.03, \
-        f"estimated {tensors} vs measured {measured.peak_bytes}"
+    tensors, peak, _, _ = _measure(Method.DORA, batch, seq, ckpt, precision, targets)
+    assert abs(tensors - peak) / peak <= 0.03, f"estimated {tensors} vs measured {peak}"

@@ -36,8 +36,9 @@ MODELLED: Mapping[str, tuple[Version, Version]] = {
 
 #: The oldest torch a transformers release installs with, from that release on: a stack
 #: below it is not a job anyone runs, so it is refused, not estimated. (4, 51): torch 2.1,
-#: the oldest transformers still supported in April 2025 (huggingface/transformers PR
-#: #37531, "Torch 2.1, which we're still supporting"); (5, 24): torch>=2.6, its own
+#: the oldest transformers still supported in April 2025
+#: (https://github.com/huggingface/transformers/pull/37531: "Torch 2.1, which we're still
+#: supporting"); (5, 24): torch>=2.6, its own
 #: ``dependency_versions_table.py``. Releases between keep the floor before them (the
 #: floors of 5.0 .. 5.23 were not read).
 TRANSFORMERS_TORCH_FLOOR: tuple[tuple[Version, Version], ...] = (

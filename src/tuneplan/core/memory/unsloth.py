@@ -133,14 +133,16 @@ def offload_layout(model: ModelSpec, s: Strategy) -> OffloadLayout:
         return OffloadLayout(0, d.layers, 0, 0, (
             f"--seq-len {s.seq_len} < {OFFLOAD_MIN_SEQ}: apply_unsloth_gradient_checkpointing "
             "falls back to standard checkpointing (no host copies)"))
-    host = (min(d.layers, INITIAL_CPU_BUFFER_COUNT) * max(numel, INITIAL_CPU_BUFFER_ELEMENTS)
-            + max(INITIAL_CPU_BUFFER_COUNT - d.layers, 0) * INITIAL_CPU_BUFFER_ELEMENTS
-            + max(d.layers - INITIAL_CPU_BUFFER_COUNT, 0) * numel) * d.c
     if numel <= OFFLOAD_MIN_BYTES // d.c:
         return OffloadLayout(0, d.layers, 2 * INITIAL_GPU_BUFFER_ELEMENTS * d.c,
                              INITIAL_CPU_BUFFER_COUNT * INITIAL_CPU_BUFFER_ELEMENTS * d.c, (
             f"a layer input of {numel * d.c} B is not above MINIMUM_SIZE "
             f"({OFFLOAD_MIN_BYTES} B): UnslothCheckpointFunction keeps it on the device"))
+    # each layer takes the next pinned buffer (grown to its input); past the initial count
+    # one more is made per layer
+    host = (min(d.layers, INITIAL_CPU_BUFFER_COUNT) * max(numel, INITIAL_CPU_BUFFER_ELEMENTS)
+            + max(INITIAL_CPU_BUFFER_COUNT - d.layers, 0) * INITIAL_CPU_BUFFER_ELEMENTS
+            + max(d.layers - INITIAL_CPU_BUFFER_COUNT, 0) * numel) * d.c
     return OffloadLayout(d.layers - 1, 1, 2 * max(numel, INITIAL_GPU_BUFFER_ELEMENTS) * d.c,
                          host, (
         "every layer but the last (LAST_GC_INDEX: the last layer's input stays on the device "
