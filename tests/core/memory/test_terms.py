@@ -200,3 +200,28 @@ def test_a_tuners_half_precision_miss_is_said_in_its_note() -> None:
     loha = " ".join(estimate_memory(L8B, Strategy(method=Method.LOHA,
                                                   precision=Precision.BF16)).notes)
     assert "missed" not in loha
+
+
+def test_torchtune_packing_gathers_rope_rows_per_call() -> None:
+    """Packed rows under --recipe torchtune, no checkpointing, full fine-tuning: input_pos
+    (T·8) and, in each of the L layers, the q and the k RoPE call's fp32 cache rows
+    (T·head_dim·4 each) are kept; nothing else moves."""
+    import dataclasses
+
+    from tuneplan.core.memory.torchtune import _dims, block_saved
+    from tuneplan.core.models import parse_model_config
+
+    cfg = {"vocab_size": 1024, "hidden_size": 64, "intermediate_size": 176,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "max_position_embeddings": 2048, "model_type": "llama",
+           "architectures": ["LlamaForCausalLM"]}
+    model = parse_model_config(cfg, name="tiny")
+    job = Strategy(method=Method.FULL, recipe=Recipe.TORCHTUNE, precision=Precision.BF16,
+                   batch_size=2, seq_len=256, checkpointing=Checkpointing.NONE)
+    packed = dataclasses.replace(job, packing=True)
+    t, head_dim = 2 * 256, 64 // 4
+    assert block_saved(_dims(model, packed))["rope"] == 2 * t * head_dim * 4
+    assert block_saved(_dims(model, job))["rope"] == 0
+    moved = (estimate_memory(model, packed).breakdown.value("activations/blocks")
+             - estimate_memory(model, job).breakdown.value("activations/blocks"))
+    assert moved == 2 * 2 * t * head_dim * 4

@@ -21,6 +21,12 @@ runs the step of ``recipes/lora_finetune_single_device.py`` / ``full_finetune_si
   ``running_loss += current_loss``; backward; ``training.scale_grads``; ``optimizer.step()``;
   ``optimizer.zero_grad(set_to_none=True)``.
 
+- ``--packing``: the packed batch's ``input_pos`` (B×S, int64) goes to the model, so each RoPE
+  call gathers ``cache[input_pos]`` (a new fp32 B×S×head_dim tensor, saved by its products).
+  On CUDA torchtune runs flex attention over a ``BlockMask`` (``_SUPPORTS_FLEX_ATTENTION``);
+  here SDPA runs causal over the whole row: both save q, k, v, the output and the fp32
+  logsumexp, and the BlockMask's block tables (B·(S/128)²·int32 a few times) are not counted.
+
 ``torchtune.training`` is not imported: it imports ``torchao.quantization.int4_weight_only``,
 which torchao 0.16 no longer has. Its three helpers the recipes call here are repeated with the
 same torch calls (``set_default_dtype``: training/precision.py; ``set_activation_checkpointing``:
@@ -224,10 +230,13 @@ def measure_torchtune_step(setup: StepSetup, *, on_step: Callable[[int], None] |
         vocab = int(setup.config["vocab_size"])
         tokens = torch.randint(1, vocab, (s.batch_size, s.seq_len), generator=gen)
         labels = tokens.clone()
+        # PackedDataset's input_pos restarts per document; the sizes are what count here
+        input_pos = torch.arange(s.seq_len).repeat(s.batch_size, 1) if s.packing else None
         ignore_labels_cache = torch.full((s.batch_size, 1), IGNORE_INDEX)
         tracker.register_all(model.buffers(), "buffers")
         tracker.register_all(model.parameters(), "parameters")
-        tracker.register_all([tokens, labels, ignore_labels_cache], "inputs")
+        tracker.register_all([tokens, labels, ignore_labels_cache]
+                             + ([] if input_pos is None else [input_pos]), "inputs")
         params = [p for p in model.parameters() if p.requires_grad]
         opt, hooks = build.tracked_optimizer(params, setup, tracker)
         model.train()
@@ -246,7 +255,8 @@ def measure_torchtune_step(setup: StepSetup, *, on_step: Callable[[int], None] |
                     with tracker.phase("forward"):
                         num_tokens = (labels != IGNORE_INDEX).sum()
                         current_loss = _loss_step(model, loss_fn, tokens, labels,
-                                                  ignore_labels_cache, chunked) * num_tokens
+                                                  ignore_labels_cache, chunked,
+                                                  input_pos) * num_tokens
                         running_loss = current_loss   # running_loss = 0; running_loss += ...
                     with tracker.phase("backward"):
                         current_loss.backward()
@@ -273,9 +283,11 @@ def measure_torchtune_step(setup: StepSetup, *, on_step: Callable[[int], None] |
 
 
 def _loss_step(model: nn.Module, loss_fn: Any, tokens: torch.Tensor, labels: torch.Tensor,
-               ignore_labels_cache: torch.Tensor, chunked: bool) -> torch.Tensor:
-    """The recipes' ``_loss_step`` (torchtune v0.6.1), line for line."""
-    logits = model(tokens)
+               ignore_labels_cache: torch.Tensor, chunked: bool,
+               input_pos: torch.Tensor | None = None) -> torch.Tensor:
+    """The recipes' ``_loss_step`` (torchtune v0.6.1), line for line (``self._model(**batch)``:
+    a packed batch also carries ``input_pos``)."""
+    logits = model(tokens) if input_pos is None else model(tokens, input_pos=input_pos)
     shifted = torch.hstack((labels[..., 1:], ignore_labels_cache[: labels.shape[0]]))
     if not isinstance(logits, list):
         shifted = shifted.reshape(-1)

@@ -20,6 +20,11 @@ Read from torchtune v0.6.1 ``recipes/{lora,full}_finetune_single_device.py`` (``
   exist before the loss; ``CEWithChunkedOutputLoss`` upcasts each chunk (a copy unless fp32)
   and saves its fp32 log-softmax; ``del logits`` frees the compute-dtype chunks before backward.
   ``--loss standard``: ``output(h).float()`` and ``nn.CrossEntropyLoss`` on the whole T·V.
+- ``--packing``: the packed batch's ``input_pos`` (B×S, int64) reaches every RoPE call, which
+  then gathers ``cache[input_pos]`` (a new fp32 T·head_dim tensor instead of a view of the
+  cache), saved by its products wherever q or k needs a gradient. Flex attention over the
+  packed ``BlockMask`` (CUDA) saves what SDPA saves; the BlockMask's block tables are not
+  counted.
 """
 
 from __future__ import annotations
@@ -65,8 +70,7 @@ def uncovered(model: ModelSpec, s: Strategy) -> str | None:
         (s.world_size > 1 or s.sharding is not Sharding.DDP, "more than one GPU or sharding"),
         (s.grad_accum > 1, "--grad-accum > 1"),
         (s.checkpointing is Checkpointing.OFFLOAD, "--offload-activations"),
-        (s.packing or s.compile or s.optimizer_in_backward,
-         "--packing, --compile or --optimizer-in-backward"),
+        (s.compile or s.optimizer_in_backward, "--compile or --optimizer-in-backward"),
         (bool(s.trainable_modules), "--trainable-modules"),
         (lora and s.lora_dropout > 0, "LoRA dropout"),
         (lora and not s.all_linear and "lm_head" in s.lora_targets, "LoRA on the output"),
@@ -82,6 +86,7 @@ class _Dims(BlockDims):
     rank: int
     attn: tuple[bool, bool, bool, bool]   # LoRA on q, k, v, output_proj
     mlp: bool
+    packed: bool    # input_pos given: each RoPE call gathers its own fp32 T·head_dim cache
 
 
 def _dims(model: ModelSpec, s: Strategy) -> _Dims:
@@ -90,7 +95,13 @@ def _dims(model: ModelSpec, s: Strategy) -> _Dims:
     attn = tuple(lora and n in names for n in _ATTN)
     return _Dims(**block_dims(model, s), full=s.method.trains_base, rank=s.lora_rank,
                  attn=(attn[0], attn[1], attn[2], attn[3]),
-                 mlp=lora and (s.all_linear or bool(MLP_TARGETS & names)))
+                 mlp=lora and (s.all_linear or bool(MLP_TARGETS & names)), packed=s.packing)
+
+
+def rope_gathers(d: _Dims, *, q: bool = True, k: bool = True) -> int:
+    """Packed rows: ``cache[input_pos]`` (T·head_dim·4, fp32) for the q and the k call, each
+    saved by its products when that side needs a gradient; 0 unpacked (a view of the cache)."""
+    return (int(q) + int(k)) * d.t * (d.qd // d.heads) * 4 if d.packed else 0
 
 
 def norm_saved(d: _Dims) -> int:
@@ -113,6 +124,7 @@ def block_saved(d: _Dims) -> dict[str, int]:
         # w1's output (silu input), silu's output, w3's output; their product if w2 saves it
         "mlp": 3 * t * d.inter * c + (t * d.inter * c if d.full or d.mlp else 0),
         "lora": adapters * t * d.rank * c,
+        "rope": rope_gathers(d),
     }
 
 
@@ -149,9 +161,9 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
     """The moments of one recipe step (the second: optimizer state exists)."""
     d = _dims(model, s)
     one = block_saved(d)
-    inputs = part("activations/inputs", 2 * d.t * 8 + d.b * 8,
-                  "tokens + labels 2·T·8 + the recipe's ignore_labels_cache B·8 (int64)",
-                  SOURCE)
+    inputs = part("activations/inputs", (3 if d.packed else 2) * d.t * 8 + d.b * 8,
+                  ("tokens, labels, input_pos 3·T·8" if d.packed else "tokens + labels 2·T·8")
+                  + " + the recipe's ignore_labels_cache B·8 (int64)", SOURCE)
     # the builder's max_seq_len: the config's positions (torchtune's 8192 default without one)
     positions = model.max_position_embeddings or 8192
     rope = part("weights/rope_cache", positions * model.head_dim * 4 + model.head_dim // 2 * 4,
@@ -166,9 +178,12 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
         blocks = part("activations/checkpoints", d.layers * d.t * d.h * d.c,
                       "layer inputs kept by non-reentrant checkpointing: L·T·H·bytes", SOURCE)
     else:
-        # a frozen embedding feeds the first norm a tensor without grad: it saves nothing;
-        # a trained one saves its int64 indices
-        first = -d.t * 8 if d.full else d.t * d.h * 4 + d.t * 4
+        # a frozen embedding feeds the first norm a tensor without grad: it saves nothing,
+        # and q / k need a gradient there only when adapted (their RoPE gathers are freed
+        # otherwise); a trained one saves its int64 indices
+        q_or_k = d.attn[0], d.attn[1]
+        first = -d.t * 8 if d.full else d.t * d.h * 4 + d.t * 4 + rope_gathers(
+            d, q=not q_or_k[0], k=not q_or_k[1])
         blocks = part("activations/blocks", d.layers * sum(one.values()) - first,
                       f"{d.layers} layers · saved tensors (torchtune layout)", SOURCE)
     head = part("activations/head", norm_saved(d) + (d.t * d.h * d.c if d.full else 0),
