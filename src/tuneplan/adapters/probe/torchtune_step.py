@@ -25,7 +25,7 @@ runs the step of ``recipes/lora_finetune_single_device.py`` / ``full_finetune_si
   call gathers ``cache[input_pos]`` (a new fp32 B×S×head_dim tensor, saved by its products).
   On CUDA torchtune runs flex attention over a ``BlockMask`` (``_SUPPORTS_FLEX_ATTENTION``);
   here SDPA runs causal over the whole row: both save q, k, v, the output and the fp32
-  logsumexp, and the BlockMask's block tables (B·(S/128)²·int32 a few times) are not counted.
+  logsumexp; the BlockMask's int32 block tables (of B·(S/128)² entries) are not counted.
 
 ``torchtune.training`` is not imported: it imports ``torchao.quantization.int4_weight_only``,
 which torchao 0.16 no longer has. Its three helpers the recipes call here are repeated with the

@@ -181,9 +181,8 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
         # a frozen embedding feeds the first norm a tensor without grad: it saves nothing,
         # and q / k need a gradient there only when adapted (their RoPE gathers are freed
         # otherwise); a trained one saves its int64 indices
-        q_or_k = d.attn[0], d.attn[1]
         first = -d.t * 8 if d.full else d.t * d.h * 4 + d.t * 4 + rope_gathers(
-            d, q=not q_or_k[0], k=not q_or_k[1])
+            d, q=not d.attn[0], k=not d.attn[1])
         blocks = part("activations/blocks", d.layers * sum(one.values()) - first,
                       f"{d.layers} layers · saved tensors (torchtune layout)", SOURCE)
     head = part("activations/head", norm_saved(d) + (d.t * d.h * d.c if d.full else 0),
