@@ -106,8 +106,11 @@ def test_a_preempted_native_run_is_pushed_once_it_has_stopped(tmp_path: Path) ->
     import signal
 
     started = tmp_path / "started"
+    # the stand-in run waits in one-second sleeps, so a SIGTERM that lands between two
+    # commands runs its trap at the next boundary (with ``sleep 1000 & wait`` a signal landing
+    # while sh forks the sleep could leave sh waiting on it for 1000 s: seen once in CI)
     run = replace(_native(0), command=(
-        "sh", "-c", f"trap 'exit 143' TERM; touch {started}; sleep 1000 & wait"))
+        "sh", "-c", f"trap 'exit 143' TERM; touch {started}; while :; do sleep 1; done"))
     work, script, env, pushes = _task(tmp_path, run)
     task = subprocess.Popen(["bash", "-c", script], cwd=work, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -120,3 +123,17 @@ def test_a_preempted_native_run_is_pushed_once_it_has_stopped(tmp_path: Path) ->
         with contextlib.suppress(ProcessLookupError):
             os.killpg(task.pid, signal.SIGKILL)
     assert pushes.read_text().splitlines()[-1] == _final_push(tmp_path)
+
+
+def test_shell_line_keeps_every_word_one_argument(tmp_path: Path) -> None:
+    """bash reads ``shell_line(argv)`` back as argv: a word with spaces, quotes or ``;`` stays
+    one argument (a plain join ran ``sh -c trap ...`` as several commands of the outer shell),
+    and a ``$VAR`` word is expanded once, never split."""
+    from tuneplan.core.launch.engines import shell_line
+
+    argv = ["printf", "%s\\n", "sh", "-c", "trap 'exit 143' TERM; sleep 1", "two words",
+            'a "quoted" `tick` \\ word', "$HOME/x y", "--k=v", ""]
+    line = shell_line(argv)
+    out = subprocess.run(["bash", "-c", line], capture_output=True, text=True, check=True,
+                         env={**os.environ, "HOME": "/h o"}).stdout
+    assert out.split("\n")[:-1] == [*argv[2:-3], "/h o/x y", "--k=v", ""]

@@ -9,6 +9,7 @@ libraries' parsers check it in the tests.
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -247,14 +248,17 @@ def launch_argv(spec: LaunchSpec, engine: str, env: NodeEnv) -> list[str]:
 
 
 def shell_line(argv: list[str]) -> str:
-    """argv as one shell line: words with expansions double-quoted (expanded once, never
-    split), plain words as they are."""
+    """argv as one shell line, each word one argument: words with expansions double-quoted
+    as written (expanded once, never split; a ``$(...)`` in them keeps its own quoting),
+    arithmetic ``$((...))`` as it is, every other word quoted where the shell would split or
+    read it (``shlex.quote``: ``sh -c 'a; b'`` stays one command for sh, not two for this
+    shell)."""
     words = []
     for word in argv:
         if "$" in word:
             words.append(word if word.startswith("$((") else f'"{word}"')
         else:
-            words.append(word)
+            words.append(shlex.quote(word))
     return " ".join(words)
 
 
