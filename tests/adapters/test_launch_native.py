@@ -112,6 +112,7 @@ def test_the_hf_targets_are_refused_for_a_native_plan_in_one_line() -> None:
     ({**LITGPT_LORA, "method": "dora"}, "method dora"),
     ({**LITGPT_LORA, "recipe": "torchtune", "precision": "bf16-mixed"}, "one dtype"),
     ({**TORCHTUNE_LORA, "optimizer": "lion"}, "optimizer lion"),
+    ({**LITGPT_LORA, "compile": True}, "--compile is not mapped"),
 ])
 def test_what_a_framework_cannot_run_is_refused_with_its_reason(
         strategy: dict[str, Any], words: str) -> None:
@@ -269,6 +270,13 @@ def test_torchtune_config_keys_are_the_ones_its_recipe_reads(
     assert got == recipe
     assert _unread(recipe, config) == (set(), set())
     assert _unread(recipe, config | {"batch_sise": 2}) == ({"batch_sise"}, set())
+
+
+def test_a_compiled_torchtune_plan_sets_the_recipes_compile_key() -> None:
+    """--compile reaches torchtune's own ``compile`` key (the recipes' compile_model and
+    compile_loss), which the memory estimate models; off, it stays False."""
+    assert _torchtune(**TORCHTUNE_LORA | {"compile": True})[1]["compile"] is True
+    assert _torchtune(**TORCHTUNE_LORA)[1]["compile"] is False
 
 
 def test_torchtune_validates_the_config_and_builds_the_plans_model() -> None:

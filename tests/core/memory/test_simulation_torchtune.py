@@ -7,6 +7,8 @@ every configuration.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 pytest.importorskip("torch")
@@ -109,6 +111,46 @@ def test_torchtune_peak_matches_simulation(case: Case, packing: bool) -> None:
         f"({measured.peak_phase})")
 
 
+# --compile (torchtune's compile_model per layer and compile_loss), tiny configs for real:
+# full / LoRA (all-linear, q,v and q,v,o), checkpointing on and off, bf16 and fp32, the
+# chunked and the standard loss (compiled under LoRA, dropped by the full recipe), packed.
+COMPILED = [(CASES[i], p) for i, p in ((0, False), (1, False), (2, True), (3, False),
+                                       (4, False), (7, False), (9, False), (10, False),
+                                       (11, True), (14, False), (15, False), (20, False))]
+
+
+@pytest.mark.parametrize("case,packing", COMPILED,
+                         ids=[_case_id(c) + ("-packed" if p else "") for c, p in COMPILED])
+def test_torchtune_compiled_state_matches_simulation(case: Case, packing: bool) -> None:
+    """The state held as backward begins (every compiled layer's saved set, the compiled
+    loss's saved input and rows, parameters, optimizer state) within 3 % of the simulation,
+    where inductor's partitioner decides it. Transients inside compiled graphs are counted
+    fused, as inductor runs them; the simulation runs the partitioned graphs eagerly and holds
+    every intermediate once, so its peak is an upper bound: the estimated peak lies between
+    the state and that bound."""
+    from tuneplan.adapters.probe.harness import StepSetup, measure_step
+
+    arch, method, b, s, ckpt, precision, targets, loss = case
+    config = CONFIGS[arch]
+    strategy = dataclasses.replace(_strategy(method, b, s, ckpt, precision, targets, loss,
+                                             packing=packing), compile=True)
+    measured = measure_step(StepSetup(config=config, strategy=strategy, optimizer_impl="fused"))
+    estimate = estimate_memory(parse_model_config(config, name=arch), strategy,
+                               MemoryAssumptions(adamw_impl="fused"))
+    assert any("--compile: each layer saves" in n for n in estimate.notes)
+    state = estimate.phases["forward-end"]
+    held = measured.backward_start_bytes
+    assert abs(state - held) / held <= 0.03, f"estimated {state} vs simulated {held}"
+    tensors = _tensors(estimate)
+    assert state <= tensors <= measured.peak_bytes * 1.03, (
+        f"estimated peak {tensors} ({estimate.peak_phase}) outside [{state}, simulated "
+        f"{measured.peak_bytes}]")
+    eager = estimate_memory(parse_model_config(config, name=arch),
+                            dataclasses.replace(strategy, compile=False),
+                            MemoryAssumptions(adamw_impl="fused"))
+    assert tensors < _tensors(eager)   # compiled layers keep less than eager ones
+
+
 # Full-size models under fake tensors: (bundled name, method, checkpointing, batch, sequence,
 # loss), bf16, LoRA r16 "all-linear".
 FULL_SIZE = [
@@ -176,3 +218,22 @@ def test_torchtune_simulation_refuses_what_it_does_not_run(changes: dict[str, ob
     est = estimate_memory(parse_model_config(CONFIGS["llama-gqa"], name="x"), strategy)
     assert any("hf layout with torchtune's dtypes stands in" in n for n in est.notes)
 
+
+
+def test_compile_is_refused_where_no_compiled_layout_is_modelled() -> None:
+    """--compile is estimated only on torchtune's own layout; elsewhere (the hf recipe, or a
+    torchtune job its layout does not cover) it is refused, and the simulation refuses it
+    under fake tensors, where dynamo does not trace."""
+    from tuneplan.adapters.probe.harness import StepSetup
+    from tuneplan.errors import UnsupportedError
+
+    model = parse_model_config(CONFIGS["llama-gqa"], name="x")
+    tune = dataclasses.replace(_strategy("lora", 1, 64, False, BF16, ALL, CHUNKED),
+                               compile=True)
+    assert estimate_memory(model, tune).phases["forward-end"] > 0
+    for other in (dataclasses.replace(tune, recipe=Recipe.HF, precision=Precision.BF16_MIXED),
+                  dataclasses.replace(tune, method=Method.DORA)):
+        with pytest.raises(UnsupportedError, match="--compile is modelled for torchtune"):
+            estimate_memory(model, other)
+    with pytest.raises(UnsupportedError, match="--compile under fake tensors"):
+        StepSetup(config=CONFIGS["llama-gqa"], strategy=tune, fake=True)

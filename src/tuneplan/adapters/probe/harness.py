@@ -44,7 +44,7 @@ RUNNABLE_OPTIMIZERS = frozenset({Optimizer.ADAMW, Optimizer.SGD, Optimizer.ADAFA
                                  Optimizer.ADAMW8BIT, Optimizer.LION})
 
 
-def refuse_unrunnable(s: Strategy) -> None:
+def refuse_unrunnable(s: Strategy, *, fake: bool = False) -> None:
     """Raise UnsupportedError naming the first flag of ``s`` the harness cannot honour: it runs
     the HF Trainer's step in one process (hf or plain recipe), one micro-batch, unpacked rows."""
     reasons = [
@@ -74,7 +74,9 @@ def refuse_unrunnable(s: Strategy) -> None:
          "--packing (the probe's rows are one sequence each; --recipe torchtune packs)"),
         (s.attention is Attention.FLASH,
          "--attention flash (use sdpa: no s×s scores either, and it runs on the CPU)"),
-        (s.compile, "--compile"),
+        (s.compile and s.recipe is not Recipe.TORCHTUNE,
+         "--compile (the torchtune recipe's compiled layers are simulated: --recipe "
+         "torchtune)"),
         (s.loss is Loss.CHUNKED and s.recipe not in (Recipe.LITGPT, Recipe.TORCHTUNE),
          "--loss chunked"),
         (s.num_labels != 2, "--num-labels other than 2"),
@@ -92,7 +94,7 @@ def refuse_unrunnable(s: Strategy) -> None:
     if s.recipe is Recipe.TORCHTUNE:
         from tuneplan.adapters.probe.torchtune_step import refuse_unrunnable as refuse_tune
 
-        refuse_tune(s)
+        refuse_tune(s, fake=fake)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,7 +115,7 @@ class StepSetup:
     optimizer_impl: OptimizerImpl | None = None
 
     def __post_init__(self) -> None:
-        refuse_unrunnable(self.strategy)
+        refuse_unrunnable(self.strategy, fake=self.fake)
         if self.steps < 1:
             raise InvalidValueError("steps must be at least 1")
         if self.optimizer_impl is not None and self.optimizer_impl not in get_args(OptimizerImpl):
@@ -170,6 +172,9 @@ class MeasuredStep:
     peak_step: int = 0  # 1-based index of the step holding the peak
     per_step_peak_bytes: tuple[int, ...] = field(default=())
     peak_by_phase: Mapping[str, int] = field(default_factory=dict)  # forward/backward/optimizer
+    #: live bytes as the last step's backward began (the loss computed, only what backward
+    #: needs still held); 0 where the step does not record it (torchtune's does)
+    backward_start_bytes: int = 0
 
 
 def _unique_params(model: nn.Module) -> list[nn.Parameter]:
@@ -306,8 +311,8 @@ def _measure(setup: StepSetup, started: float, notes: list[str]) -> MeasuredStep
 
 
 def measured_step(model: nn.Module, result: TrackerResult, peaks: list[int], *,
-                  seconds: float, step_seconds: float, notes: tuple[str, ...] = ()
-                  ) -> MeasuredStep:
+                  seconds: float, step_seconds: float, notes: tuple[str, ...] = (),
+                  backward_start_bytes: int = 0) -> MeasuredStep:
     """What the tracker saw (``result``) over steps whose own peaks are ``peaks``."""
     return MeasuredStep(
         peak_bytes=result.peak_bytes,
@@ -322,4 +327,5 @@ def measured_step(model: nn.Module, result: TrackerResult, peaks: list[int], *,
         peak_step=next((i + 1 for i, p in enumerate(peaks) if p >= result.peak_bytes), 0),
         per_step_peak_bytes=tuple(peaks),
         peak_by_phase={k: v for k, v in result.peak_by_phase.items() if k != "setup"},
+        backward_start_bytes=backward_start_bytes,
     )

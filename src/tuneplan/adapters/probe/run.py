@@ -111,7 +111,7 @@ def run_probe(req: ProbeRequest, report: Report | None = None) -> dict[str, Any]
     if sharded:
         report_fsdp.refuse_unsimulated(req.strategy, req.simulate)
     else:
-        refuse_unrunnable(req.strategy)
+        refuse_unrunnable(req.strategy, fake=req.simulate)
     config, label = load_model_config(req.model)  # read once: the spec and the real model
     spec = parse_model_config(config, name=label)
     device = pick_device(req.device, req.simulate)

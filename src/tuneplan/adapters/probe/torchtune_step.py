@@ -33,6 +33,15 @@ same torch calls (``set_default_dtype``: training/precision.py; ``set_activation
 training/memory.py, ``apply_activation_checkpointing`` with a ``ModuleWrapPolicy``;
 ``scale_grads``: training/_grad_scaler.py, ``p.grad *= scaler`` per parameter).
 
+- ``--compile``: the recipes' ``training.compile_model`` (every layer compiled, before
+  checkpointing wraps it) and ``compile_loss`` (the chunked loss's ``compute_cross_entropy``
+  in place; a standard loss compiled only where the LoRA recipe keeps the returned module),
+  with ``compile_backend``: inductor's decompositions and partitioner decide what each layer
+  saves, the partitioned graphs then run eagerly, so the state held for backward is
+  inductor's to the byte while transients inside a graph are eager's (every intermediate
+  inductor would fuse away exists once). Real tensors only: dynamo does not trace here
+  under fake tensors.
+
 QLoRA (``quantize_base=True``: torchao ``NF4Tensor`` weights) is not run here (see
 ``core/memory/torchtune.py``).
 """
@@ -64,7 +73,7 @@ _ATTN = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "o_proj": "
 _MLP = frozenset({"gate_proj", "up_proj", "down_proj"})
 
 
-def refuse_unrunnable(s: Strategy) -> None:
+def refuse_unrunnable(s: Strategy, *, fake: bool = False) -> None:
     """What this torchtune step cannot run, with the flag."""
     reasons = [
         (s.method not in (Method.FULL, Method.LORA),
@@ -79,6 +88,9 @@ def refuse_unrunnable(s: Strategy) -> None:
         (s.attention is Attention.EAGER, "--attention eager (torchtune runs SDPA)"),
         (s.optimizer_in_backward, "--optimizer-in-backward"),
     ]
+    if s.compile and fake:
+        reasons.append((True, "--compile under fake tensors (dynamo traces real tensors "
+                              "here: run the tiny configs for real)"))
     for bad, what in reasons:
         if bad:
             raise UnsupportedError(f"the torchtune simulation cannot run {what}")
@@ -143,6 +155,64 @@ def set_activation_checkpointing(model: nn.Module, layer: type[nn.Module]) -> No
     apply_activation_checkpointing(model, auto_wrap_policy=ModuleWrapPolicy({layer}))
 
 
+def compile_backend() -> Any:
+    """What inductor decides about saved tensors, without its code generation: inductor's
+    decomposition table and its partition function (joint-graph passes, then the min-cut
+    rematerialisation partitioner), the partitioned forward and backward graphs run as FX
+    graphs of aten ops (``aot_autograd`` with identity compilers). The saved set is
+    inductor's; transients inside a graph are eager's (inductor fuses many of them away)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.compile_fx import partition_fn
+    from torch._inductor.decomposition import select_decomp_table
+
+    def identity(gm: Any, _: Any) -> Any:
+        return gm
+
+    return aot_autograd(fw_compiler=identity, bw_compiler=identity, partition_fn=partition_fn,
+                        decompositions=select_decomp_table())
+
+
+@contextlib.contextmanager
+def _compiling() -> Iterator[None]:
+    """A fresh dynamo cache per measurement (compiled code from an earlier model must not
+    count against this one's recompile limit), and a hard error, not a silent fall back to
+    eager, should a layer still need more recompilations than the limit allows (one
+    per layer instance and per grad mode of its input: the first layer under LoRA differs)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    try:
+        with torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):
+            yield
+    finally:
+        torch._dynamo.reset()
+
+
+def compile_model(model: nn.Module, layer: type[nn.Module]) -> None:
+    """torchtune training/_compile.py ``compile_model``: ``m.compile()`` on every layer (last
+    first), here with ``compile_backend``."""
+    backend = compile_backend()
+    for m in reversed(list(model.modules())):
+        if isinstance(m, layer):
+            m.compile(backend=backend)
+
+
+def compile_loss(loss: Any, *, keep: bool) -> Any:
+    """torchtune training/_compile.py ``compile_loss``: a chunked loss gets its
+    ``compute_cross_entropy`` compiled in place; any other loss is returned compiled, which
+    the LoRA recipe assigns (``keep``) and the full recipe discards
+    (``full_finetune_single_device.py``: ``training.compile_loss(self._loss_fn)``)."""
+    from torchtune.modules.loss import CEWithChunkedOutputLoss
+
+    backend = compile_backend()
+    if isinstance(loss, CEWithChunkedOutputLoss):
+        loss.compute_cross_entropy = torch.compile(
+            loss.compute_cross_entropy, backend=backend)
+        return loss
+    compiled = torch.compile(loss, backend=backend)
+    return compiled if keep else loss
+
+
 def scale_grads(model: nn.Module, scaler: torch.Tensor) -> None:
     """torchtune training/_grad_scaler.py ``scale_grads``: every gradient scaled in place."""
     for p in model.parameters():
@@ -201,8 +271,9 @@ def measure_torchtune_step(setup: StepSetup, *, on_step: Callable[[int], None] |
     tracker; ``on_step(i)`` is called as step i starts, whose start time is appended to
     ``starts``."""
     s = setup.strategy
-    refuse_unrunnable(s)
+    refuse_unrunnable(s, fake=setup.fake)
     with _quiet():
+        from torch._dynamo.exc import FailOnRecompileLimitHit
         from torchtune import modules
         from torchtune.modules.loss import CEWithChunkedOutputLoss
 
@@ -219,11 +290,18 @@ def measure_torchtune_step(setup: StepSetup, *, on_step: Callable[[int], None] |
         notes.append("fake tensors on cpu (FakeTensorMode)")
     tracker = StorageTracker()
     chunked = s.loss is not Loss.STANDARD
-    with fake_mode, _quiet():
+    with fake_mode, _quiet(), contextlib.ExitStack() as stack:
+        if s.compile:   # _setup_model: compile_model before set_activation_checkpointing
+            stack.enter_context(_compiling())
+            compile_model(model, modules.TransformerSelfAttentionLayer)
+            notes.append("torch.compile per layer: inductor's decompositions, joint-graph "
+                         "passes and min-cut partition; the partitioned graphs run eagerly")
         if s.checkpointing is Checkpointing.FULL:
             set_activation_checkpointing(model, modules.TransformerSelfAttentionLayer)
         loss_fn: Any = CEWithChunkedOutputLoss(num_output_chunks=OUTPUT_CHUNKS) if chunked \
             else nn.CrossEntropyLoss(ignore_index=IGNORE_INDEX)
+        if s.compile:
+            loss_fn = compile_loss(loss_fn, keep=s.method is Method.LORA)
         if chunked:
             model.set_num_output_chunks(OUTPUT_CHUNKS)  # type: ignore[operator]
         gen = None if setup.fake else torch.Generator().manual_seed(setup.seed)
@@ -245,6 +323,7 @@ def measure_torchtune_step(setup: StepSetup, *, on_step: Callable[[int], None] |
         step_start = time.perf_counter()
         running_loss: Any = None
         current_loss: Any = None
+        backward_start = 0
         try:
             with tracker:
                 for i in range(setup.steps):
@@ -258,6 +337,7 @@ def measure_torchtune_step(setup: StepSetup, *, on_step: Callable[[int], None] |
                                                   ignore_labels_cache, chunked,
                                                   input_pos) * num_tokens
                         running_loss = current_loss   # running_loss = 0; running_loss += ...
+                    backward_start = tracker.live_bytes
                     with tracker.phase("backward"):
                         current_loss.backward()
                     with tracker.phase("optimizer"):
@@ -269,7 +349,8 @@ def measure_torchtune_step(setup: StepSetup, *, on_step: Callable[[int], None] |
                         opt.zero_grad(set_to_none=True)
                         running_loss = None   # the recipe resets it to 0 after logging
                     peaks.append(tracker.take_window_peak())
-        except (RuntimeError, AssertionError, NotImplementedError, ValueError) as exc:
+        except (RuntimeError, AssertionError, NotImplementedError, ValueError,
+                FailOnRecompileLimitHit) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ProbeError(f"the torchtune {s.method} step failed: {first}") from exc
         finally:
@@ -279,7 +360,8 @@ def measure_torchtune_step(setup: StepSetup, *, on_step: Callable[[int], None] |
         del current_loss, running_loss
     result = tracker.result()
     return measured_step(model, result, peaks, seconds=time.perf_counter() - started,
-                         step_seconds=step_seconds, notes=tuple(notes))
+                         step_seconds=step_seconds, notes=tuple(notes),
+                         backward_start_bytes=backward_start)
 
 
 def _loss_step(model: nn.Module, loss_fn: Any, tokens: torch.Tensor, labels: torch.Tensor,

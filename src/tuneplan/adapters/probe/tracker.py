@@ -72,6 +72,13 @@ class StorageTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
     replaying the event log with the final categories.
     """
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """Let ``torch.compile`` trace while the tracker is on: it is switched off while dynamo
+        and aot_autograd trace (their fake tensors are not booked) and on again while the
+        compiled graphs run, whose aten ops it books like any other."""
+        return True
+
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._records: WeakIdKeyDictionary = WeakIdKeyDictionary()

@@ -100,7 +100,7 @@ def _common_refusal(spec: LaunchSpec, tool: str) -> Refusal | None:
     if s.task is not Task.CAUSAL_LM:
         return Refusal(tool, f"task {s.task.value}: the bundle trains causal language "
                              "modelling on plain text")
-    if s.compile:
+    if s.compile and tool != TORCHTUNE:   # torchtune's config has its own ``compile`` key
         return Refusal(tool, "--compile is not mapped onto its run")
     if s.offload.value != "none":
         return Refusal(tool, f"--offload {s.offload.value} is not mapped onto its run")
@@ -364,7 +364,7 @@ def torchtune_run(spec: LaunchSpec, model: ModelSpec | None) -> NativeRun | Refu
         "epochs": whole, "max_steps_per_epoch": cap,
         "gradient_accumulation_steps": s.grad_accum,
         "clip_grad_norm": 1.0,  # as train.py (the HF Trainer's max_grad_norm) and axolotl
-        "compile": False, "device": "cuda", "dtype": _TT_DTYPE[s.precision],
+        "compile": s.compile, "device": "cuda", "dtype": _TT_DTYPE[s.precision],
         "enable_activation_checkpointing": s.checkpointing is not Checkpointing.NONE,
         "enable_activation_offloading": s.checkpointing is Checkpointing.OFFLOAD,
         "metric_logger": {"_component_": "torchtune.training.metric_logging.DiskLogger",

@@ -389,7 +389,12 @@ def _recipe_note(strategy: Strategy, plan: PrecisionPlan,
         if why is None:
             return ("--recipe torchtune: torchtune's own layout (torchtune 0.6.1 single-device "
                     "recipe: one dtype, fp32 RMSNorm and RoPE cache, GQA k/v copied to every "
-                    "head, 8 logits chunks with fp32 log-softmax)")
+                    "head, 8 logits chunks with fp32 log-softmax)" + (
+                        "; --compile: each layer saves what torch 2.13 inductor's min-cut "
+                        "partitioner keeps (held to the simulation), the compiled loss its "
+                        "input logits, not their fp32 log-softmax; transients inside compiled "
+                        "kernels assumed fused (not simulated)"
+                        if strategy.compile else ""))
         return (f"--recipe torchtune: torchtune's layout is modelled for llama-3-style full "
                 f"and LoRA jobs, not {why}: the hf layout with torchtune's dtypes stands in")
     if strategy.recipe is Recipe.UNSLOTH and strategy_model is not None:

@@ -18,7 +18,7 @@ from tuneplan.core.job.methods import (
 from tuneplan.core.job.recipes import Recipe
 from tuneplan.core.job.strategy import Attention, Offload, Sharding, Strategy
 from tuneplan.core.job.versions import check_stack
-from tuneplan.core.memory import encoder
+from tuneplan.core.memory import encoder, torchtune
 from tuneplan.core.models import LinearRole, ModelSpec
 from tuneplan.errors import UnsupportedError
 
@@ -53,8 +53,9 @@ def _problems(model: ModelSpec, s: Strategy) -> list[str]:
     context = context_problem(model, s)
     if context:
         out.append(context)
-    if s.compile:
-        out.append("--compile changes activation memory in ways not modelled yet; drop it")
+    if s.compile and not (s.recipe is Recipe.TORCHTUNE and torchtune.uncovered(model, s) is None):
+        out.append("--compile is modelled for torchtune's compiled layers only (--recipe "
+                   "torchtune on a job its layout covers); drop it here")
     if quant is not None and s.sharding in _SHARDED and s.world_size > 1 and s.recipe in (
             Recipe.PLAIN, Recipe.LITGPT, Recipe.UNSLOTH):
         out.append(f"{s.method.value} with {s.sharding.value} needs sharded 4/8-bit weights, "

@@ -25,6 +25,14 @@ Read from torchtune v0.6.1 ``recipes/{lora,full}_finetune_single_device.py`` (``
   cache), saved by its products wherever q or k needs a gradient. Flex attention over the
   packed ``BlockMask`` (CUDA) saves what SDPA saves; the BlockMask's block tables are not
   counted.
+- ``--compile`` (``training.compile_model``, per layer, before checkpointing wraps it;
+  ``compile_loss``): each layer saves the min-cut partitioner's set (``_compiled_saved``), the
+  compiled cross-entropy keeps its input (every chunk, or the fp32 logits) and two fp32
+  values per row. Held to the simulation at the end of forward (the state backward starts
+  from); transients inside compiled graphs are counted as inductor's fused kernels leave them
+  (a kernel's output, no pointwise intermediates), which the simulation, running the
+  partitioned graphs eagerly, bounds from above. The full recipe drops the compiled standard
+  loss (``training.compile_loss(self._loss_fn)``, the result unused): it runs eagerly there.
 """
 
 from __future__ import annotations
@@ -46,6 +54,8 @@ from tuneplan.core.memory.parts import Item, part
 from tuneplan.core.models import MlpKind, ModelSpec, NormKind
 
 SOURCE = "torchtune 0.6.1 recipes + modules (transformer, attention, rms_norm, peft/lora, loss)"
+COMPILE_SOURCE = ("torchtune 0.6.1 training/_compile.py (compile_model per layer, compile_loss) "
+                  "+ torch 2.13 inductor decompositions and min-cut partitioner")
 #: torchtune ``CEWithChunkedOutputLoss(num_output_chunks=8)`` (modules/loss, the default).
 OUTPUT_CHUNKS = 8
 #: torchtune's LoRA builders: ``apply_lora_to_mlp`` adapts w1, w2 and w3 together.
@@ -70,7 +80,7 @@ def uncovered(model: ModelSpec, s: Strategy) -> str | None:
         (s.world_size > 1 or s.sharding is not Sharding.DDP, "more than one GPU or sharding"),
         (s.grad_accum > 1, "--grad-accum > 1"),
         (s.checkpointing is Checkpointing.OFFLOAD, "--offload-activations"),
-        (s.compile or s.optimizer_in_backward, "--compile or --optimizer-in-backward"),
+        (s.optimizer_in_backward, "--optimizer-in-backward"),
         (bool(s.trainable_modules), "--trainable-modules"),
         (lora and s.lora_dropout > 0, "LoRA dropout"),
         (lora and not s.all_linear and "lm_head" in s.lora_targets, "LoRA on the output"),
@@ -87,6 +97,7 @@ class _Dims(BlockDims):
     attn: tuple[bool, bool, bool, bool]   # LoRA on q, k, v, output_proj
     mlp: bool
     packed: bool    # input_pos given: each RoPE call gathers its own fp32 T·head_dim cache
+    compiled: bool  # --compile: each layer's saved set is the min-cut partitioner's
 
 
 def _dims(model: ModelSpec, s: Strategy) -> _Dims:
@@ -95,7 +106,8 @@ def _dims(model: ModelSpec, s: Strategy) -> _Dims:
     attn = tuple(lora and n in names for n in _ATTN)
     return _Dims(**block_dims(model, s), full=s.method.trains_base, rank=s.lora_rank,
                  attn=(attn[0], attn[1], attn[2], attn[3]),
-                 mlp=lora and (s.all_linear or bool(MLP_TARGETS & names)), packed=s.packing)
+                 mlp=lora and (s.all_linear or bool(MLP_TARGETS & names)), packed=s.packing,
+                 compiled=s.compile)
 
 
 def rope_gathers(d: _Dims, *, q: bool = True, k: bool = True) -> int:
@@ -114,6 +126,8 @@ def block_saved(d: _Dims) -> dict[str, int]:
     t, c = d.t, d.c
     q, k, v, _ = d.attn
     adapters = sum(d.attn) + (3 if d.mlp else 0)
+    if d.compiled:
+        return _compiled_saved(d, adapters)
     return {
         "norms": 2 * norm_saved(d),
         # the norm outputs read by lora_a (and a trained base): one tensor each side
@@ -128,11 +142,52 @@ def block_saved(d: _Dims) -> dict[str, int]:
     }
 
 
+def _compiled_saved(d: _Dims, adapters: int) -> dict[str, int]:
+    """A compiled layer's saved set (``--compile``: torchtune's ``compile_model`` compiles
+    each layer; inductor's decompositions, joint-graph passes and min-cut partitioner, read
+    off the partitioned forward graph's outputs under torch 2.13): the layer's input and the
+    two rstd, from which both norms (and their fp32 casts) are recomputed; the normed
+    inputs of trained or adapted linears; q, the expanded k and v, the attention output and
+    its fp32 logsumexp; the residual after attention; w1's and w3's outputs (silu is
+    recomputed) and their product where w2 trains or is adapted; the LoRA A outputs. RoPE is
+    recomputed from the cache (and ``input_pos``): nothing of it is saved."""
+    t, c = d.t, d.c
+    q, k, v, _ = d.attn
+    return {
+        "norms": t * d.h * c + 2 * t * 4,
+        "linear_inputs": (t * d.h * c if d.full or q or k or v else 0)
+        + (t * d.h * c if d.full or d.mlp else 0),
+        "attention": 4 * t * d.qd * c + d.b * d.heads * d.s * 4,
+        "residual": t * d.h * c,
+        "mlp": 2 * t * d.inter * c + (t * d.inter * c if d.full or d.mlp else 0),
+        "lora": adapters * t * d.rank * c,
+    }
+
+
 def _chunk_rows(d: _Dims) -> list[int]:
     """Rows (B · positions) of each logits chunk: ``Tensor.chunk(8, dim=1)`` sizes."""
     size = -(-d.s // OUTPUT_CHUNKS)
     lens = [min(size, d.s - i) for i in range(0, d.s, size)]
     return [d.b * n for n in lens]
+
+
+def _compiled_loss_moments(d: _Dims, chunked: bool) -> tuple[int, int, int, str, str]:
+    """The compiled loss (``compile_loss``): cross-entropy's partitioned forward saves its input
+    (the logits, or each chunk, which ``del logits`` then cannot free) and two fp32 values per
+    row (amax, log-sum-exp); its backward makes the input's gradient in one fused kernel.
+    (forward peak, forward end, backward-start peak) with their formulas."""
+    rows = 2 * d.t * 4
+    if chunked:
+        held = d.t * d.vocab * d.c
+        first = _chunk_rows(d)[-1] * d.vocab * d.c
+        return (held + rows, held + rows, held + rows + first,
+                "every logits chunk T·V·c, saved by the compiled cross-entropy, + amax and "
+                "log-sum-exp 2·T·4", "the saved chunks and rows + the last chunk's gradient")
+    tv4 = d.t * d.vocab * 4
+    return (max(d.t * d.vocab * (d.c + 4) if d.c != 4 else 0, tv4 + rows), tv4 + rows,
+            2 * tv4 + rows, "output(h).float() (T·V·(bytes + 4) for a moment); the fp32 "
+            "logits saved by the compiled cross-entropy + amax and log-sum-exp 2·T·4",
+            "the saved fp32 logits and rows + their gradient T·V·4")
 
 
 def _loss_moments(d: _Dims, chunked: bool) -> tuple[int, int, str, str]:
@@ -181,17 +236,32 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
         # a frozen embedding feeds the first norm a tensor without grad: it saves nothing,
         # and q / k need a gradient there only when adapted (their RoPE gathers are freed
         # otherwise); a trained one saves its int64 indices
-        first = -d.t * 8 if d.full else d.t * d.h * 4 + d.t * 4 + rope_gathers(
-            d, q=not d.attn[0], k=not d.attn[1])
+        # (compiled: the layer's input and the first rstd are not saved there)
+        first = -d.t * 8 if d.full else (d.t * d.h * d.c + d.t * 4 if d.compiled else (
+            d.t * d.h * 4 + d.t * 4 + rope_gathers(d, q=not d.attn[0], k=not d.attn[1])))
         blocks = part("activations/blocks", d.layers * sum(one.values()) - first,
-                      f"{d.layers} layers · saved tensors (torchtune layout)", SOURCE)
+                      f"{d.layers} layers · saved tensors (torchtune layout"
+                      + (", compiled layers)" if d.compiled else ")"),
+                      COMPILE_SOURCE if d.compiled else SOURCE)
     head = part("activations/head", norm_saved(d) + (d.t * d.h * d.c if d.full else 0),
                 "final norm's fp32 input + rstd (+ the output projection's input chunks)",
                 SOURCE)
     chunked = s.loss is not Loss.STANDARD
-    fwd, bwd, fwd_how, bwd_how = _loss_moments(d, chunked)
-    logits_fwd = part("logits/forward", fwd, fwd_how, SOURCE)
-    logits_bwd = part("logits/backward_start", bwd, bwd_how, SOURCE)
+    # compile_loss: the chunked loss is compiled in place; any other is returned compiled,
+    # which the LoRA recipe assigns and the full recipe drops
+    compiled_loss = d.compiled and (chunked or not d.full)
+    saved: list[Item] = []
+    if compiled_loss:
+        fwd, kept, bwd, fwd_how, bwd_how = _compiled_loss_moments(d, chunked)
+        saved = [part("logits/saved", kept, fwd_how, COMPILE_SOURCE)]
+    else:
+        fwd, bwd, fwd_how, bwd_how = _loss_moments(d, chunked)
+        if d.compiled:
+            saved = [part("logits/saved", d.t * d.vocab * 4, "the fp32 log-softmax T·V·4 "
+                          "(the logits freed by del logits)", SOURCE)]
+    logits_fwd = part("logits/forward", fwd, fwd_how, COMPILE_SOURCE if compiled_loss else SOURCE)
+    logits_bwd = part("logits/backward_start", bwd, bwd_how,
+                      COMPILE_SOURCE if compiled_loss else SOURCE)
     out: dict[str, list[Item]] = {
         "forward-logits": [*base, blocks, head, logits_fwd],
         "backward-start": [*base, blocks, head, logits_bwd],
@@ -206,6 +276,8 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
             "simulated")],
         "optimizer": [*base, *grads, *step],
     }
+    if saved:   # the step's state as backward begins: what the simulation holds exactly
+        out["forward-end"] = [*base, blocks, head, *saved]
     if ckpt:
         out["backward-recompute"] = [*base, blocks, _recompute(d)]
     if d.full:
