@@ -172,25 +172,25 @@ def prepare(case: dict[str, Any], base: MemoryAssumptions) -> MemRow:
                  expected=case.get("expected_bytes"), fits=case.get("fits"))
     model = case.get("model_fallback") or case["model"]
     args = map_unmapped(case, map_targets(case["args"], model))
+    # --compile where the estimate models it (torchtune's compiled layers); where it is
+    # refused, the row is estimated without it and stays outside the comparable subset
+    flags = args | {"compile": True} if compiled(case) else args
     try:
-        est = None
-        if compiled(case):
-            # --compile where the estimate models it (torchtune's compiled layers); where it
-            # refuses, the row is estimated without it and stays outside the comparable subset
-            try:
-                row.request = case_request(model, args | {"compile": True})
-                est, row.model, gpu = run_memory(row.request, model=stand_in(model),
-                                                 assumptions=base)
-                row.comparable = comparable(case, compile_modelled=True)
-            except UnsupportedError:
-                est = None
-        if est is None:
-            row.request = case_request(model, args)
+        try:
+            row.request = case_request(model, flags)
+            est, row.model, gpu = run_memory(row.request, model=stand_in(model),
+                                             assumptions=base)
+        except UnsupportedError:
+            if flags is args:
+                raise
+            flags = args
+            row.request = case_request(model, flags)
             est, row.model, gpu = run_memory(row.request, model=stand_in(model),
                                              assumptions=base)
     except TuneplanError as exc:
         row.status = f"refused: {str(exc)[:70]}"
         return row
+    row.comparable = comparable(case, compile_modelled="compile" in flags)
     row.generation = gpu.generation if gpu else None
     if gpu is not None:
         row.capacity, row.capacity_basis = gpu.usable_memory_bytes, f"{gpu.name} usable"

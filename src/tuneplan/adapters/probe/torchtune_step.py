@@ -87,10 +87,9 @@ def refuse_unrunnable(s: Strategy, *, fake: bool = False) -> None:
         (bool(s.trainable_modules), "--trainable-modules"),
         (s.attention is Attention.EAGER, "--attention eager (torchtune runs SDPA)"),
         (s.optimizer_in_backward, "--optimizer-in-backward"),
+        (s.compile and fake, "--compile under fake tensors (dynamo traces real tensors here: "
+                             "run the tiny configs for real)"),
     ]
-    if s.compile and fake:
-        reasons.append((True, "--compile under fake tensors (dynamo traces real tensors "
-                              "here: run the tiny configs for real)"))
     for bad, what in reasons:
         if bad:
             raise UnsupportedError(f"the torchtune simulation cannot run {what}")

@@ -38,6 +38,7 @@ Read from torchtune v0.6.1 ``recipes/{lora,full}_finetune_single_device.py`` (``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.strategy import (
@@ -171,34 +172,48 @@ def _chunk_rows(d: _Dims) -> list[int]:
     return [d.b * n for n in lens]
 
 
-def _compiled_loss_moments(d: _Dims, chunked: bool) -> tuple[int, int, int, str, str]:
+class _Loss(NamedTuple):
+    """The logits and loss at the step's moments: bytes, with their formulas and source."""
+
+    forward: int        # the forward's peak
+    kept: int           # held as backward begins
+    backward: int       # the start of backward
+    forward_how: str
+    kept_how: str
+    backward_how: str
+    source: str
+
+
+def _compiled_loss(d: _Dims, chunked: bool) -> _Loss:
     """The compiled loss (``compile_loss``): cross-entropy's partitioned forward saves its input
     (the logits, or each chunk, which ``del logits`` then cannot free) and two fp32 values per
-    row (amax, log-sum-exp); its backward makes the input's gradient in one fused kernel.
-    (forward peak, forward end, backward-start peak) with their formulas."""
+    row (amax, log-sum-exp); its backward makes the input's gradient in one fused kernel."""
     rows = 2 * d.t * 4
     if chunked:
-        held = d.t * d.vocab * d.c
-        first = _chunk_rows(d)[-1] * d.vocab * d.c
-        return (held + rows, held + rows, held + rows + first,
-                "every logits chunk T·V·c, saved by the compiled cross-entropy, + amax and "
-                "log-sum-exp 2·T·4", "the saved chunks and rows + the last chunk's gradient")
+        held = d.t * d.vocab * d.c + rows
+        how = ("every logits chunk T·V·c, saved by the compiled cross-entropy, + amax and "
+               "log-sum-exp 2·T·4")
+        return _Loss(held, held, held + _chunk_rows(d)[-1] * d.vocab * d.c, how, how,
+                     "the saved chunks and rows + the last chunk's gradient", COMPILE_SOURCE)
     tv4 = d.t * d.vocab * 4
-    return (max(d.t * d.vocab * (d.c + 4) if d.c != 4 else 0, tv4 + rows), tv4 + rows,
-            2 * tv4 + rows, "output(h).float() (T·V·(bytes + 4) for a moment); the fp32 "
-            "logits saved by the compiled cross-entropy + amax and log-sum-exp 2·T·4",
-            "the saved fp32 logits and rows + their gradient T·V·4")
+    return _Loss(max(d.t * d.vocab * (d.c + 4) if d.c != 4 else 0, tv4 + rows), tv4 + rows,
+                 2 * tv4 + rows, "output(h).float(): T·V·(bytes + 4) for a moment",
+                 "the fp32 logits saved by the compiled cross-entropy + amax and log-sum-exp "
+                 "2·T·4", "the saved fp32 logits and rows + their gradient T·V·4",
+                 COMPILE_SOURCE)
 
 
-def _loss_moments(d: _Dims, chunked: bool) -> tuple[int, int, str, str]:
-    """(forward peak, backward-start peak) of the logits and loss, with their formulas."""
+def _eager_loss(d: _Dims, chunked: bool) -> _Loss:
+    """The loss run eagerly: what its log-softmax keeps (T·V·4 in either form: ``del logits``
+    frees the logits) and the moments around it."""
     tv4 = d.t * d.vocab * 4
+    kept = "the fp32 log-softmax T·V·4 (the logits freed by del logits)"
     if not chunked:
         # output(h) (T·V·c) then .float(): both alive for a moment; log_softmax of the fp32
         # logits; backward: nll's gradient and log_softmax's gradient beside its output
         fwd = max(d.t * d.vocab * (d.c + 4) if d.c != 4 else 0, 2 * tv4)
-        return (fwd, 3 * tv4, "output(h).float() + log_softmax: 2·T·V·4",
-                "log_softmax output + nll and log_softmax gradients 3·T·V·4")
+        return _Loss(fwd, tv4, 3 * tv4, "output(h).float() + log_softmax: 2·T·V·4", kept,
+                     "log_softmax output + nll and log_softmax gradients 3·T·V·4", SOURCE)
     rows = _chunk_rows(d)
     done, fwd = 0, 0
     for r in rows:
@@ -206,9 +221,9 @@ def _loss_moments(d: _Dims, chunked: bool) -> tuple[int, int, str, str]:
         fwd = max(fwd, done * d.vocab * 4 + (r * d.vocab * 4 if d.c != 4 else 0))
     fwd += d.t * d.vocab * d.c
     # backward runs the last chunk first: every log-softmax output still saved
-    bwd = tv4 + 2 * rows[-1] * d.vocab * 4
-    return (fwd, bwd, "all chunks T·V·c + their fp32 log-softmax (+ the running chunk's fp32 "
-            "copy)", "fp32 log-softmax of every chunk + the last chunk's two gradients")
+    return _Loss(fwd, tv4, tv4 + 2 * rows[-1] * d.vocab * 4,
+                 "all chunks T·V·c + their fp32 log-softmax (+ the running chunk's fp32 copy)",
+                 kept, "fp32 log-softmax of every chunk + the last chunk's two gradients", SOURCE)
 
 
 def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Item],
@@ -233,13 +248,7 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
         blocks = part("activations/checkpoints", d.layers * d.t * d.h * d.c,
                       "layer inputs kept by non-reentrant checkpointing: L·T·H·bytes", SOURCE)
     else:
-        # a frozen embedding feeds the first norm a tensor without grad: it saves nothing,
-        # and q / k need a gradient there only when adapted (their RoPE gathers are freed
-        # otherwise); a trained one saves its int64 indices
-        # (compiled: the layer's input and the first rstd are not saved there)
-        first = -d.t * 8 if d.full else (d.t * d.h * d.c + d.t * 4 if d.compiled else (
-            d.t * d.h * 4 + d.t * 4 + rope_gathers(d, q=not d.attn[0], k=not d.attn[1])))
-        blocks = part("activations/blocks", d.layers * sum(one.values()) - first,
+        blocks = part("activations/blocks", d.layers * sum(one.values()) - _first_unsaved(d),
                       f"{d.layers} layers · saved tensors (torchtune layout"
                       + (", compiled layers)" if d.compiled else ")"),
                       COMPILE_SOURCE if d.compiled else SOURCE)
@@ -250,21 +259,15 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
     # compile_loss: the chunked loss is compiled in place; any other is returned compiled,
     # which the LoRA recipe assigns and the full recipe drops
     compiled_loss = d.compiled and (chunked or not d.full)
-    saved: list[Item] = []
-    if compiled_loss:
-        fwd, kept, bwd, fwd_how, bwd_how = _compiled_loss_moments(d, chunked)
-        saved = [part("logits/saved", kept, fwd_how, COMPILE_SOURCE)]
-    else:
-        fwd, bwd, fwd_how, bwd_how = _loss_moments(d, chunked)
-        if d.compiled:
-            saved = [part("logits/saved", d.t * d.vocab * 4, "the fp32 log-softmax T·V·4 "
-                          "(the logits freed by del logits)", SOURCE)]
-    logits_fwd = part("logits/forward", fwd, fwd_how, COMPILE_SOURCE if compiled_loss else SOURCE)
-    logits_bwd = part("logits/backward_start", bwd, bwd_how,
-                      COMPILE_SOURCE if compiled_loss else SOURCE)
+    loss = _compiled_loss(d, chunked) if compiled_loss else _eager_loss(d, chunked)
     out: dict[str, list[Item]] = {
-        "forward-logits": [*base, blocks, head, logits_fwd],
-        "backward-start": [*base, blocks, head, logits_bwd],
+        "forward-logits": [*base, blocks, head, part("logits/forward", loss.forward,
+                                                     loss.forward_how, loss.source)],
+        # the step's state as backward begins: what the simulation holds to the byte
+        "forward-end": [*base, blocks, head, part("logits/saved", loss.kept, loss.kept_how,
+                                                  loss.source)],
+        "backward-start": [*base, blocks, head, part("logits/backward_start", loss.backward,
+                                                     loss.backward_how, loss.source)],
         "backward-head": [*base, blocks, head, _head_backward(d, chunked)],
         "backward-final-norm": [*base, blocks, head, part(
             "activations/norm_backward", 5 * d.t * d.h * 4 - d.t * 8 - d.t * 4 - (
@@ -276,8 +279,6 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
             "simulated")],
         "optimizer": [*base, *grads, *step],
     }
-    if saved:   # the step's state as backward begins: what the simulation holds exactly
-        out["forward-end"] = [*base, blocks, head, *saved]
     if ckpt:
         out["backward-recompute"] = [*base, blocks, _recompute(d)]
     if d.full:
@@ -291,6 +292,19 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
             "(3·T·I, the freed product's place counted once less), the arriving T·H gradient "
             "and its w1/w2/w3 weight gradients", SOURCE)]
     return out
+
+
+def _first_unsaved(d: _Dims) -> int:
+    """What the first layer saves less than the others (negative: more). A trained embedding
+    saves its int64 indices; a frozen one feeds the first norm a tensor without grad, so the
+    norm saves nothing there (eager: its fp32 input and rstd; compiled: the layer's input and
+    the first rstd), and eagerly q / k need a gradient there only when adapted (their RoPE
+    gathers are freed otherwise)."""
+    if d.full:
+        return -d.t * 8
+    if d.compiled:
+        return d.t * d.h * d.c + d.t * 4
+    return d.t * d.h * 4 + d.t * 4 + rope_gathers(d, q=not d.attn[0], k=not d.attn[1])
 
 
 def _recompute_saved(d: _Dims) -> Item:
