@@ -97,14 +97,14 @@ def auto_class(task: Task, config: Mapping[str, Any] | None = None) -> Any:
 
 
 def build_base(setup: StepSetup, *, checkpointing: bool = True) -> nn.Module:
-    """The transformers model from the config, random weights, on CPU or meta, in
+    """The transformers model from the config, random weights, on ``setup.device`` or meta, in
     ``setup.param_dtype``; with the job's checkpointing unless ``checkpointing`` is False."""
     check_supported(setup)
     s = setup.strategy
     auto = auto_class(s.task, setup.config)
     hf = make_config(setup.config, s.task)
     torch.manual_seed(setup.seed)
-    device = torch.device("meta") if setup.fake else torch.device("cpu")
+    device = torch.device("meta") if setup.fake else torch.device(setup.device)
     try:
         with device:
             model: Any = auto.from_config(

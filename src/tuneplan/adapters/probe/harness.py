@@ -113,6 +113,9 @@ class StepSetup:
     fake: bool = False
     seed: int = 0
     optimizer_impl: OptimizerImpl | None = None
+    # Where the model is built: "cpu", or "cuda" for the CUDA probe (random init on the GPU
+    # instead of the host and a copy; the peaks are reset after the build either way).
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         refuse_unrunnable(self.strategy, fake=self.fake)
@@ -175,6 +178,9 @@ class MeasuredStep:
     #: live bytes as the last step's backward began (the loss computed, only what backward
     #: needs still held); 0 where the step does not record it (torchtune's does)
     backward_start_bytes: int = 0
+    #: the CUDA caching allocator's reserved peak for the same storages, replayed
+    #: (``allocator.py``); tensors only, no cuBLAS workspace
+    allocator_reserved_bytes: int = 0
 
 
 def _unique_params(model: nn.Module) -> list[nn.Parameter]:
@@ -328,4 +334,5 @@ def measured_step(model: nn.Module, result: TrackerResult, peaks: list[int], *,
         per_step_peak_bytes=tuple(peaks),
         peak_by_phase={k: v for k, v in result.peak_by_phase.items() if k != "setup"},
         backward_start_bytes=backward_start_bytes,
+        allocator_reserved_bytes=result.allocator_reserved_bytes,
     )

@@ -151,6 +151,8 @@ def measure_cuda(setup: StepSetup, *, weights: str | Path | None = None,
     dev = torch.device("cuda", 0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
+        if weights is None:  # random weights: initialised on the GPU, not copied there
+            setup = replace(setup, device="cuda")
         model = _built(setup, weights)[0].to(dev)
         torch.cuda.reset_peak_memory_stats(dev)
         vocab = int(build.make_config(setup.config, setup.strategy.task).vocab_size)

@@ -49,7 +49,7 @@ def probe_cpu(req: ProbeRequest, spec: ModelSpec, config: dict[str, Any],
                       "trainable_params": est.trainable_params,
                       "allocated_peak_bytes": est.allocated_peak_bytes,
                       "note": "tensor peak = allocated peak less the cuBLAS workspace (GPU-only)"},
-        "comparison": [*rows, _total_row(peak, estimate)],
+        "comparison": [*rows, _total_row(peak, estimate), *_reserved_row(measured, est)],
         "fallbacks": [{"part": f.part, "reason": f.reason, "analytic_term": f.term}
                       for f in fallbacks],
         "record": _record(peak, measured, timing, fake),
@@ -93,9 +93,20 @@ def _total_row(measured: int, estimated: int) -> dict[str, Any]:
     return {**row, "measured_source": "measured"}
 
 
+def _reserved_row(m: Any, est: Any) -> list[dict[str, Any]]:
+    """The caching allocator's reserved peak, replayed over the run's storages, beside the
+    estimate's reserved peak less the cuBLAS workspace (both tensors only)."""
+    if not m.allocator_reserved_bytes:
+        return []
+    name = "reserved peak (allocator replay)"
+    estimated = est.reserved_peak_bytes - int(est.breakdown.value("overheads/cublas_workspace"))
+    row = ps.compare({name: m.allocator_reserved_bytes}, {name: estimated})[0]
+    return [{**row, "measured_source": "replay"}]
+
+
 def _record(peak: int, m: Any, timing: Any, fake: bool) -> dict[str, Any]:
     return {"tensor_peak_bytes": peak, "peak_by_category": dict(m.peak_by_category),
-            "peak_phase": m.peak_phase,
+            "peak_phase": m.peak_phase, "allocator_reserved_bytes": m.allocator_reserved_bytes,
             "tokens_per_second": None if fake else round(timing.tokens_per_second, 2),
             "step_seconds": None if fake else round(timing.measured_seconds, 4),
             "simulation_seconds": round(m.seconds, 2) if fake else None}

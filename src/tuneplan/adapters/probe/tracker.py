@@ -18,6 +18,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
+from tuneplan.adapters.probe.allocator import replay
+
 _LIFT_OPS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
 
 CATEGORIES = (
@@ -60,6 +62,9 @@ class TrackerResult:
     peak_phase: str
     events: int
     peak_by_phase: dict[str, int] = field(default_factory=dict)
+    #: the CUDA caching allocator's reserved peak for these storages, replayed in event order
+    #: (``allocator.replay``: segments, block rounding, best-fit splits and merges)
+    allocator_reserved_bytes: int = 0
 
 
 class StorageTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
@@ -275,7 +280,19 @@ class StorageTracker(TorchDispatchMode):  # type: ignore[no-untyped-call]
             peak_phase=peak_phase,
             events=len(self._events),
             peak_by_phase=by_phase,
+            allocator_reserved_bytes=replay(self.allocation_events()).reserved_peak_bytes,
         )
+
+    def allocation_events(self) -> list[tuple[int, int]]:
+        """``(storage key, its size from then on)`` in event order, 0 when it dies: what a
+        CUDA caching allocator would have been asked (``allocator.replay``)."""
+        sizes: dict[int, int] = {}
+        out = []
+        for rec, delta, _ in self._events:
+            key = id(rec)  # records live as long as the log: keys are never reused
+            sizes[key] = sizes.get(key, 0) + delta
+            out.append((key, sizes[key]))
+        return out
 
     @property
     def live_bytes(self) -> int:

@@ -29,7 +29,11 @@ _CONTEXT_BYTES = MappingProxyType({
     "ampere": 1000 * MiB,
     # CUDA >= 11.7 lazy loading (default since 12.2): context + cuBLAS/cuDNN handles.
     "ada": 600 * MiB,
-    "hopper": 700 * MiB,
+    # Measured on an H200 (torch 2.11 + CUDA 13.0, driver 580.159.04): device used - reserved
+    # after the HF step's probes, 767-771 MiB (529 MiB right after init, 594 after a first
+    # mm: kernels load lazily as a step first needs them); benchmarks/calibration/device/
+    # h200-2026-12-04 (probes.jsonl context_bytes, device.json).
+    "hopper": 771 * MiB,
     "blackwell": 800 * MiB,
     "default": 700 * MiB,
 })
@@ -56,9 +60,17 @@ class MemoryAssumptions:
     adamw_impl: str | None = None
     context_bytes_by_generation: Mapping[str, int] = field(default_factory=lambda: _CONTEXT_BYTES)
     # cuBLAS workspace through the caching allocator (torch default :4096:8 = 32 MiB on sm90,
-    # 4096 KiB·2 + 16 KiB·8 otherwise); counted once per stream.
+    # 4096 KiB·2 + 16 KiB·8 otherwise) and cuBLASLt's (1 MiB), per thread that runs matmuls:
+    # torch keeps a cuBLAS handle, and a workspace, per (thread, stream). A training step
+    # runs them from two threads, Python's (forward) and autograd's device thread
+    # (backward). Measured on an H200 (torch 2.11, benchmarks/calibration/device/
+    # h200-2026-12-04/details.json "workspaces"): +32 MiB at the first bf16 mm, +1 MiB at the
+    # first linear with a bias (cuBLASLt), +32 MiB at the first backward, +32 MiB for a mm on
+    # a second stream; nothing more for an fp32 mm.
     workspace_bytes_hopper: int = 32 * MiB
     workspace_bytes_other: int = 8 * MiB + 128 * 2**10
+    cublaslt_workspace_bytes: int = 1 * MiB
+    workspace_threads: int = 2
     # Caching allocator: reserved exceeds the allocated peak by block rounding and
     # fragmentation; fraction of the allocated peak, with a floor. Fitted (median |error|) to
     # the calibration set's reserved and whole-device rows of high/medium confidence, jointly

@@ -13,10 +13,18 @@ from tuneplan.core.memory.parts import Piece, part
 
 
 def workspace_term(generation: str | None, a: MemoryAssumptions) -> Piece:
-    size = a.workspace_bytes_hopper if (generation or "").lower() in ("hopper", "blackwell") \
+    """cuBLAS + cuBLASLt workspaces, one pair per thread that runs the step's matmuls (the
+    forward's and autograd's backward thread), allocated through torch's caching allocator."""
+    cublas = a.workspace_bytes_hopper if (generation or "").lower() in ("hopper", "blackwell") \
         else a.workspace_bytes_other
-    return part("overheads/cublas_workspace", size, "cuBLAS workspace (allocated through torch)",
-                "torch CUDABlas getChosenWorkspaceSize defaults", generation=generation)
+    size = a.workspace_threads * (cublas + a.cublaslt_workspace_bytes)
+    return part("overheads/cublas_workspace", size,
+                "threads (forward, autograd's backward) · (cuBLAS + cuBLASLt workspace), "
+                "allocated through torch",
+                "torch CUDABlas getChosenWorkspaceSize / cuBLASLt defaults, a handle per "
+                "thread and stream; measured on an H200 (torch 2.11)",
+                generation=generation, threads=a.workspace_threads, cublas_bytes=cublas,
+                cublaslt_bytes=a.cublaslt_workspace_bytes)
 
 
 def reserve_term(allocated: int, a: MemoryAssumptions) -> Piece:

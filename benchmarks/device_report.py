@@ -1,0 +1,107 @@
+"""Estimates and simulations against the jobs measured on a lent GPU (held out: no constant was
+fitted on them).
+
+Reads ``benchmarks/calibration/device/h200-2026-12-04/probes.jsonl`` (11 HF-Trainer-step jobs
+measured on an H200 by ``benchmarks/device_probe.py``) and prints, per job, the estimate's
+error on the allocated peak, the reserved peak, the whole device (reserved + CUDA context)
+and tokens/s, with the default (uncalibrated) assumptions, then the medians. ``--replay`` adds
+the fake-tensor simulation of the same step replayed through the caching-allocator model
+(``adapters/probe/allocator.py``): its allocated and reserved peaks, with the step's cuBLAS and
+cuBLASLt workspaces added (Hopper: 2 threads x (32 + 1) MiB, ``details.json`` "workspaces").
+
+    PYTHONPATH=src .venv/bin/python benchmarks/device_report.py [--replay] [ROW ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import warnings
+from pathlib import Path
+from typing import Any
+
+from tuneplan.adapters.bundled import load_gpu_spec
+from tuneplan.adapters.hub import load_model_config
+from tuneplan.core.compute.throughput import estimate_throughput
+from tuneplan.core.memory import estimate_memory
+from tuneplan.core.memory.assumptions import MemoryAssumptions
+from tuneplan.core.models import parse_model_config
+from tuneplan.service.jobflags import job_from_values
+
+PROBES = (Path(__file__).resolve().parent / "calibration" / "device" / "h200-2026-12-04"
+          / "probes.jsonl")
+GPU = "H200 SXM"
+MiB = 2**20
+#: Hopper: per thread (forward, autograd's backward) a 32 MiB cuBLAS workspace (a segment of
+#: its own) and a 1 MiB cuBLASLt one (small pool: part of a 2 MiB segment)
+WORKSPACE_ALLOCATED = 2 * (32 + 1) * MiB
+WORKSPACE_RESERVED = 2 * 32 * MiB + 2 * MiB
+
+
+def rows() -> list[dict[str, Any]]:
+    return [json.loads(line) for line in PROBES.read_text().splitlines() if line.strip()]
+
+
+def label(row: dict[str, Any]) -> str:
+    f = row["flags"]
+    bits = [row["model"].split("/")[-1], f["method"], f.get("precision", ""),
+            f.get("attention", ""), f"b{f['batch-size']} s{f['seq-len']}",
+            "ckpt" if f.get("gradient-checkpointing") else ""]
+    return " ".join(b for b in bits if b)
+
+
+def simulate(row: dict[str, Any], steps: int = 3) -> tuple[int, int]:
+    """(allocated, reserved) peaks of the fake-tensor step, replayed, workspaces added."""
+    from tuneplan.adapters.probe.harness import StepSetup, measure_step
+
+    strategy = job_from_values(row["model"], row["flags"], command="probe").strategy
+    config, _ = load_model_config(row["model"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = measure_step(StepSetup(config=config, strategy=strategy, steps=steps, fake=True))
+    return m.peak_bytes + WORKSPACE_ALLOCATED, m.allocator_reserved_bytes + WORKSPACE_RESERVED
+
+
+def pct(value: float, truth: float) -> float:
+    return 100.0 * (value - truth) / truth
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("rows", nargs="*", type=int)
+    ap.add_argument("--replay", action="store_true")
+    args = ap.parse_args(argv)
+    data = rows()
+    gpu = load_gpu_spec(GPU)
+    cols: dict[str, list[float]] = {}
+    head = f"{'row':>3} {'job':<44} {'alloc':>7} {'reserved':>8} {'device':>7} {'tok/s':>7}"
+    print(head + (f" {'sim alloc':>9} {'sim res':>8}" if args.replay else ""))
+    for i in args.rows or range(len(data)):
+        row, m = data[i], data[i]["measured"]
+        strategy = job_from_values(row["model"], row["flags"], command="probe").strategy
+        config, name = load_model_config(row["model"])
+        spec = parse_model_config(config, name=name)
+        est = estimate_memory(spec, strategy, MemoryAssumptions(), generation=gpu.generation)
+        speed = estimate_throughput(spec, strategy, gpu)
+        errs = {"alloc": pct(est.allocated_peak_bytes, m["max_allocated_bytes"]),
+                "reserved": pct(est.reserved_peak_bytes, m["max_reserved_bytes"]),
+                "device": pct(est.device_total_bytes,
+                              m["max_reserved_bytes"] + m["context_bytes"]),
+                "tok/s": pct(speed.tokens_per_second_per_gpu, m["tokens_per_second"])}
+        if args.replay:
+            alloc, reserved = simulate(row)
+            errs["sim alloc"] = pct(alloc, m["max_allocated_bytes"])
+            errs["sim res"] = pct(reserved, m["max_reserved_bytes"])
+        for k, v in errs.items():
+            cols.setdefault(k, []).append(abs(v))
+        cells = " ".join(f"{v:+{8 if k in ('reserved', 'sim res') else 7}.2f}"
+                         for k, v in errs.items())
+        print(f"{i:>3} {label(row)[:44]:<44} {cells}", flush=True)
+    print("median |error| %: " + ", ".join(f"{k} {statistics.median(v):.2f}"
+                                          for k, v in cols.items())
+          + f" ({len(next(iter(cols.values())))} jobs)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""The estimate against real peaks: 11 HF Trainer steps measured on an NVIDIA H200 (torch 2.11,
+transformers 5.17, peft 0.21; benchmarks/calibration/device/h200-2026-12-04, recorded by
+benchmarks/device_probe.py). No constant was fitted on them except the Hopper CUDA context,
+which is read off these runs (held to them below)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tuneplan.adapters.bundled import load_gpu_spec
+from tuneplan.adapters.hub import load_model_config
+from tuneplan.core.memory import estimate_memory
+from tuneplan.core.memory.assumptions import MemoryAssumptions
+from tuneplan.core.models import parse_model_config
+from tuneplan.service.jobflags import job_from_values
+
+FOLDER = (Path(__file__).resolve().parents[3] / "benchmarks" / "calibration" / "device"
+          / "h200-2026-12-04")
+ROWS = [json.loads(line) for line in (FOLDER / "probes.jsonl").read_text().splitlines()
+        if line.strip()]
+#: The allocated peak is held to 0.1 %: a missing 33 MiB cuBLAS workspace is 0.2 % of the
+#: smaller jobs. Known gaps, with what causes them:
+KNOWN = {
+    # bf16-mixed full fine-tuning of a tied-embedding model: the step's peak holds ~1 GB more
+    # than the estimate's bottom-block moment; the CPU simulation shows it too (-4.5 %).
+    5: 0.025,
+    # Qwen2.5-7B q/v LoRA: 69 MB more than the estimate, not yet traced.
+    9: 0.002,
+}
+
+
+def _estimate(row: dict) -> object:
+    strategy = job_from_values(row["model"], row["flags"], command="probe").strategy
+    config, name = load_model_config(row["model"])
+    gpu = load_gpu_spec(row["gpu"])
+    return estimate_memory(parse_model_config(config, name=name), strategy,
+                           MemoryAssumptions(), generation=gpu.generation)
+
+
+def test_the_recorded_runs_are_the_h200s() -> None:
+    assert len(ROWS) == 11
+    assert {r["gpu"] for r in ROWS} == {"H200 SXM"}
+    smi = (FOLDER / "smi.csv").read_text()
+    assert "143771 MiB" in smi and "Enabled" in smi  # what gpu_memory_totals.csv cites
+
+
+@pytest.mark.parametrize("index", range(len(ROWS)))
+def test_allocated_peak_matches_the_h200(index: int) -> None:
+    row = ROWS[index]
+    est = _estimate(row)
+    measured = row["measured"]["max_allocated_bytes"]
+    assert est.allocated_peak_bytes == pytest.approx(  # type: ignore[attr-defined]
+        measured, rel=KNOWN.get(index, 0.001))
+
+
+def test_hopper_context_is_the_one_measured() -> None:
+    contexts = [r["measured"]["context_bytes"] for r in ROWS]
+    est = _estimate(ROWS[0])
+    context = int(est.breakdown.value("overheads/cuda_context"))  # type: ignore[attr-defined]
+    assert min(contexts) <= context <= max(contexts) * 1.001
+
+
+def test_whole_device_errs_low_by_the_allocator_reserve_only() -> None:
+    """What the estimate still misses is the caching allocator's reserve: the allocated peak
+    and the context are right (above), so the whole-device error is the reserved one."""
+    for row in ROWS:
+        est = _estimate(row)
+        m = row["measured"]
+        device_err = est.device_total_bytes - (  # type: ignore[attr-defined]
+            m["max_reserved_bytes"] + m["context_bytes"])
+        reserved_err = est.reserved_peak_bytes - m["max_reserved_bytes"]  # type: ignore[attr-defined]
+        assert abs(device_err - reserved_err) <= 0.002 * m["max_reserved_bytes"]
