@@ -96,10 +96,11 @@ def test_gpus_and_providers(run_cli: Run) -> None:
     assert "H200 SXM" in names and "H100 SXM5" not in names
     h200 = gpus[names.index("H200 SXM")]
     assert h200["driver_memory_bytes"] == 143_771 * 2**20 < h200["memory_bytes"]  # nvidia-smi
-    # no torch report: the driver total less the rule's 900 MiB HBM reserve, labelled so
-    assert h200["usable_memory_bytes"] == (143_771 - 900) * 2**20
-    assert h200["usable_memory"]["basis"] == "derived"
-    assert h200["usable_memory"]["source"].startswith("rule HBM")
+    # torch's total, read on a lent H200 (139.80 GiB, as whole MiB rounded down), not the
+    # rule's driver total less 900 MiB (which would say 142,871 MiB)
+    assert h200["usable_memory_bytes"] == 143_155 * 2**20
+    assert h200["usable_memory"]["basis"] == "reported"
+    assert "mem_get_info" in h200["usable_memory"]["source"]
     providers = {p["name"]: p for p in run_cli("providers", "--json").json()}
     assert providers["AWS"]["spot_notice_s"] == 120
     assert providers["TensorDock"]["billing_granularity_s"] is None

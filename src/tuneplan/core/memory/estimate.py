@@ -508,6 +508,9 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
                                          *cast["bottom"], *dq]
     if not s.optimizer_in_backward:
         moments["optimizer"] = [opt_base, *st.grads, *st.step]
+    embedding = _embedding_backward(model, s, plan, shape)
+    if embedding:
+        moments["backward-embedding"] = [base, *st.grads, *embedding, *dq]
     if fsdp.applies(s):
         fsdp.adjust(moments, model, s, plan, fixed.trainable, st.grads, a.fsdp_version,
                     a.fsdp_sync_each_batch,
@@ -517,6 +520,30 @@ def _moments(model: ModelSpec, s: Strategy, plan: PrecisionPlan, st: Static,
                                              blocks.when],
                                          tokens=shape.tokens))
     return moments
+
+
+def _embedding_backward(model: ModelSpec, s: Strategy, plan: PrecisionPlan,
+                        shape: act.Shape) -> list[Piece]:
+    """The input embedding's backward, the last op of a full fine-tuning step on one GPU (or
+    DDP): every other gradient exists, the embedding output's gradient is alive, and for a
+    weight tied to the head ``embedding_dense_backward`` makes a gradient of its own that
+    ``AccumulateGrad`` then adds into the head's ``.grad`` (an untied embedding's is stolen
+    into ``.grad``: counted in the gradients). Measured on an H200: a tied Llama-3.2-3B
+    bf16-mixed step peaked there (benchmarks/calibration/device/h200-2026-12-04)."""
+    if (s.method is not Method.FULL or model.is_encoder_only or model.is_encoder_decoder
+            or s.optimizer_in_backward or s.sharding is not Sharding.DDP):
+        return []
+    width = plan.trainable_weight_bytes
+    out = [part("gradients/embedding_output", shape.tokens * model.hidden_size * width,
+                "the embedding output's gradient T·hidden·grad bytes",
+                "torch autograd: embedding backward's input", tokens=shape.tokens)]
+    if model.tie_word_embeddings:
+        out.append(part("gradients/embedding_backward",
+                        model.vocab_size * model.hidden_size * width,
+                        "vocab·hidden·grad bytes: embedding_dense_backward's weight gradient, "
+                        "added into the tied head's .grad",
+                        "torch embedding_dense_backward (a new tensor), AccumulateGrad"))
+    return out
 
 
 def _inputs(model: ModelSpec, s: Strategy, w: act.Widths, shape: act.Shape,
