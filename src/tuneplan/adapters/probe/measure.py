@@ -141,6 +141,41 @@ class CudaMeasured:
         return max(0, self.device_used_bytes - self.reserved_end_bytes)
 
 
+def cuda_job(setup: StepSetup, weights: str | Path | None = None
+             ) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """The job's model on ``cuda:0`` (random weights initialised there, not copied) and its
+    batch."""
+    dev = torch.device("cuda", 0)
+    if weights is None:
+        setup = replace(setup, device="cuda")
+    model = _built(setup, weights)[0].to(dev)
+    vocab = int(build.make_config(setup.config, setup.strategy.task).vocab_size)
+    return model, {k: v.to(dev) for k, v in build.make_inputs(setup, vocab).items()}
+
+
+def cuda_step(model: nn.Module, inputs: dict[str, torch.Tensor],
+              setup: StepSetup) -> Callable[[], None]:
+    """The HF Trainer's step on CUDA as a call: forward under the job's autocast, the output
+    dropped before backward, the optimizer step, gradients set to None (the optimizer is made
+    here, once)."""
+    params = [p for p in harness._unique_params(model) if p.requires_grad]
+    opt = build.make_optimizer(params, replace(setup, fake=False))
+    dtype = setup.autocast_dtype
+    model.train()
+
+    def step() -> None:
+        autocast = (torch.autocast("cuda", dtype=dtype) if dtype is not None
+                    else contextlib.nullcontext())
+        with autocast:
+            loss = model(**inputs).loss
+        loss.backward()
+        del loss
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
 def measure_cuda(setup: StepSetup, *, weights: str | Path | None = None,
                  on_step: OnStep | None = None) -> tuple[CudaMeasured, Timing]:
     """Real steps on ``cuda:0``; the first step is warm-up for timing (not for the peaks)."""
@@ -151,15 +186,17 @@ def measure_cuda(setup: StepSetup, *, weights: str | Path | None = None,
     dev = torch.device("cuda", 0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        if weights is None:  # random weights: initialised on the GPU, not copied there
-            setup = replace(setup, device="cuda")
-        model = _built(setup, weights)[0].to(dev)
+        model, inputs = cuda_job(setup, weights)
         torch.cuda.reset_peak_memory_stats(dev)
-        vocab = int(build.make_config(setup.config, setup.strategy.task).vocab_size)
-        inputs = {k: v.to(dev) for k, v in build.make_inputs(setup, vocab).items()}
+        step = cuda_step(model, inputs, setup)
         starts: list[float] = []
         try:
-            _cuda_steps(model, inputs, setup, starts, on_step)
+            for _ in range(setup.steps):
+                torch.cuda.synchronize()
+                starts.append(time.perf_counter())
+                if on_step:
+                    on_step(len(starts))
+                step()
         except torch.cuda.OutOfMemoryError as exc:
             peak = torch.cuda.max_memory_allocated(dev)
             raise ProbeError(f"out of memory on {torch.cuda.get_device_name(dev)} in step "
@@ -177,24 +214,3 @@ def measure_cuda(setup: StepSetup, *, weights: str | Path | None = None,
         trainable_params=sum(p.numel() for p in params if p.requires_grad),
         total_params=sum(p.numel() for p in params))
     return measured, _timing(setup, starts, ended)
-
-
-def _cuda_steps(model: nn.Module, inputs: dict[str, torch.Tensor], setup: StepSetup,
-                starts: list[float], on_step: OnStep | None) -> None:
-    params = [p for p in harness._unique_params(model) if p.requires_grad]
-    opt = build.make_optimizer(params, replace(setup, fake=False))
-    dtype = setup.autocast_dtype
-    model.train()
-    for _ in range(setup.steps):
-        torch.cuda.synchronize()
-        starts.append(time.perf_counter())
-        if on_step:
-            on_step(len(starts))
-        autocast = (torch.autocast("cuda", dtype=dtype) if dtype is not None
-                    else contextlib.nullcontext())
-        with autocast:
-            loss = model(**inputs).loss
-        loss.backward()
-        del loss
-        opt.step()
-        opt.zero_grad(set_to_none=True)
