@@ -188,3 +188,26 @@ def test_the_risk_line_quotes_the_benchmarks_held_out_error(
     rows = [accuracy.prepare(c, base) for c in cases if c.get("cli_supported", True)]
     overall = accuracy.loso_report(rows, base)["overall"]
     assert round(overall["loso_median_abs_error_pct"], 1) == round(HELD_OUT_MEDIAN_ERROR * 100, 1)
+
+
+def test_the_device_probes_jobs_run_in_the_harness_and_are_estimated() -> None:
+    # benchmarks/device_probe.py runs on a lent GPU, where a bad flag costs device minutes:
+    # every job of its lists must parse, be runnable by the probe's harness and be estimated
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    device_probe = _load("device_probe")
+    from tuneplan.adapters.hub import load_model_config
+    from tuneplan.adapters.probe.harness import refuse_unrunnable
+    from tuneplan.core.memory import estimate_memory
+    from tuneplan.core.models import parse_model_config
+    from tuneplan.service.jobflags import job_from_values
+
+    jobs = [*device_probe.JOBS, *device_probe.HOLDOUT]
+    assert len(jobs) == 23 and len({json.dumps(j, sort_keys=True) for j in jobs}) == 23
+    for model, flags in jobs:
+        strategy = job_from_values(model, flags, command="probe").strategy
+        refuse_unrunnable(strategy)
+        config, name = load_model_config(model)
+        est = estimate_memory(parse_model_config(config, name=name), strategy,
+                              generation="hopper")
+        assert 0 < est.device_total_bytes < 139 * 2**30, (model, flags)  # fits the H200
