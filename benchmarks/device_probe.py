@@ -210,7 +210,10 @@ def profile_job(model: str, flags: dict[str, Any], steps: int = 3) -> dict[str, 
         for _ in range(2):
             step()
             torch.cuda.synchronize()
-    busy_us = sum(e.self_device_time_total for e in prof.key_averages()) / 2
+    # key_averages() books each kernel's time twice, under the op that launched it and as
+    # the kernel itself (the 8B full step summed to 2.05 x its wall time): halved, and / 2
+    # again for the two steps. details.json of 2026-12-04 was written before the halving.
+    busy_us = sum(e.self_device_time_total for e in prof.key_averages()) / 2 / 2
     kernels = sum(1 for e in prof.events() if getattr(e.device_type, "name", "") == "CUDA")
     torch.cuda.empty_cache()
     return {"model": model, "flags": flags, "wall_s": [round(w, 5) for w in walls],
@@ -381,7 +384,7 @@ def main(argv: list[str]) -> int:
             torch.cuda.empty_cache()
     store = args.out / "probes.sqlite"
     for req, doc in done:
-        run._save(replace(req, store_path=store), doc)
+        run.save_record(replace(req, store_path=store), doc)
     from tuneplan.adapters.calibration import CalibrationStore
 
     with CalibrationStore.open(store) as cs:

@@ -7,7 +7,8 @@ error on the allocated peak, the reserved peak, the whole device (reserved + CUD
 and tokens/s, with the default (uncalibrated) assumptions, then the medians. ``--replay`` adds
 the fake-tensor simulation of the same step replayed through the caching-allocator model
 (``adapters/probe/allocator.py``): its allocated and reserved peaks, with the step's cuBLAS and
-cuBLASLt workspaces added (Hopper: 2 threads x (32 + 1) MiB, ``details.json`` "workspaces").
+cuBLASLt workspaces added (the estimate's ``overheads/cublas_workspace``, and its segments
+replayed alone: ``allocator.workspace_reserved_bytes``).
 
     PYTHONPATH=src .venv/bin/python benchmarks/device_report.py [--replay] [ROW ...]
 """
@@ -24,19 +25,16 @@ from typing import Any
 from tuneplan.adapters.bundled import load_gpu_spec
 from tuneplan.adapters.hub import load_model_config
 from tuneplan.core.compute.throughput import estimate_throughput
+from tuneplan.core.job.strategy import Strategy
 from tuneplan.core.memory import estimate_memory
 from tuneplan.core.memory.assumptions import MemoryAssumptions
+from tuneplan.core.memory.overheads import workspace_term
 from tuneplan.core.models import parse_model_config
 from tuneplan.service.jobflags import job_from_values
 
 PROBES = (Path(__file__).resolve().parent / "calibration" / "device" / "h200-2026-12-04"
           / "probes.jsonl")
 GPU = "H200 SXM"
-MiB = 2**20
-#: Hopper: per thread (forward, autograd's backward) a 32 MiB cuBLAS workspace (a segment of
-#: its own) and a 1 MiB cuBLASLt one (small pool: part of a 2 MiB segment)
-WORKSPACE_ALLOCATED = 2 * (32 + 1) * MiB
-WORKSPACE_RESERVED = 2 * 32 * MiB + 2 * MiB
 
 
 def rows() -> list[dict[str, Any]]:
@@ -51,16 +49,19 @@ def label(row: dict[str, Any]) -> str:
     return " ".join(b for b in bits if b)
 
 
-def simulate(row: dict[str, Any], steps: int = 3) -> tuple[int, int]:
-    """(allocated, reserved) peaks of the fake-tensor step, replayed, workspaces added."""
+def simulate(config: dict[str, Any], strategy: Strategy, generation: str | None,
+             steps: int = 3) -> tuple[int, int]:
+    """(allocated, reserved) peaks in bytes of the fake-tensor step, replayed, with the GPU's
+    cuBLAS workspaces added."""
+    from tuneplan.adapters.probe.allocator import workspace_reserved_bytes
     from tuneplan.adapters.probe.harness import StepSetup, measure_step
 
-    strategy = job_from_values(row["model"], row["flags"], command="probe").strategy
-    config, _ = load_model_config(row["model"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         m = measure_step(StepSetup(config=config, strategy=strategy, steps=steps, fake=True))
-    return m.peak_bytes + WORKSPACE_ALLOCATED, m.allocator_reserved_bytes + WORKSPACE_RESERVED
+    a = MemoryAssumptions()
+    return (m.peak_bytes + int(workspace_term(generation, a).value),
+            m.allocator_reserved_bytes + workspace_reserved_bytes(generation, a))
 
 
 def pct(value: float, truth: float) -> float:
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
                               m["max_reserved_bytes"] + m["context_bytes"]),
                 "tok/s": pct(speed.tokens_per_second_per_gpu, m["tokens_per_second"])}
         if args.replay:
-            alloc, reserved = simulate(row)
+            alloc, reserved = simulate(config, strategy, gpu.generation)
             errs["sim alloc"] = pct(alloc, m["max_allocated_bytes"])
             errs["sim res"] = pct(reserved, m["max_reserved_bytes"])
         for k, v in errs.items():

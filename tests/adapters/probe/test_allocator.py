@@ -14,7 +14,9 @@ from tuneplan.adapters.probe.allocator import (
     allocation_size,
     replay,
     round_size,
+    workspace_reserved_bytes,
 )
+from tuneplan.core.memory.assumptions import MemoryAssumptions
 
 MiB = 2**20
 H200_PROBES = (Path(__file__).resolve().parents[3] / "benchmarks" / "calibration" / "device"
@@ -83,6 +85,14 @@ def test_freed_neighbours_merge_into_one_block() -> None:
     assert a.peaks().reserved_peak_bytes == 20 * MiB
 
 
+def test_the_workspaces_take_their_own_segments() -> None:
+    # Hopper: per thread (forward, autograd's backward) a 32 MiB cuBLAS workspace, a segment
+    # of its own, and a 1 MiB cuBLASLt one: both of those share one 2 MiB small-pool segment
+    assert workspace_reserved_bytes("hopper", MemoryAssumptions()) == 66 * MiB
+    # elsewhere 8.125 MiB each: under 10 MiB, so both fit one 20 MiB segment
+    assert workspace_reserved_bytes("ampere", MemoryAssumptions()) == 22 * MiB
+
+
 def test_replay_reads_sizes_from_then_on() -> None:
     # a storage resized (FSDP's resize_) is reallocated; size 0 frees it
     peaks = replay([("p", 12 * MiB), ("p", 0), ("q", 12 * MiB), ("p", 24 * MiB)])
@@ -93,12 +103,6 @@ def test_replay_reads_sizes_from_then_on() -> None:
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
-
-#: Hopper: per thread (forward, autograd's backward) a 32 MiB cuBLAS workspace (a segment
-#: of its own) and a 1 MiB cuBLASLt one (small pool: part of a 2 MiB segment); measured
-#: (details.json "workspaces" beside the probes)
-WORKSPACE_RESERVED = 2 * 32 * MiB + 2 * MiB
-
 
 def _h200_rows() -> list[dict]:
     return [json.loads(line) for line in H200_PROBES.read_text().splitlines() if line.strip()]
@@ -118,7 +122,9 @@ def test_replayed_reserved_peak_matches_the_h200(index: int) -> None:
         warnings.simplefilter("ignore")
         m = measure_step(StepSetup(config=config, strategy=strategy, steps=3, fake=True))
     measured = row["measured"]["max_reserved_bytes"]
-    replayed = m.allocator_reserved_bytes + WORKSPACE_RESERVED
+    # the GPU's cuBLAS workspaces, which a CPU run never makes (66 MiB on Hopper)
+    replayed = m.allocator_reserved_bytes + workspace_reserved_bytes("hopper",
+                                                                     MemoryAssumptions())
     assert replayed == pytest.approx(measured, rel=0.03)
     # the reserve above the tensors is real and the replay sees it: not the allocated peak
     assert m.allocator_reserved_bytes > m.peak_bytes * 1.01

@@ -19,7 +19,8 @@ order, on the CPU (real or fake tensors). On a GPU each of those is a request to
 
 One stream (the HF step's compute stream); no ``max_split_size_mb``, ``expandable_segments``
 or ``roundup_power2_divisions``. What the tracker cannot see, it cannot replay: memory a kernel
-allocates internally (cuBLAS workspaces are added by the caller as requests of their own).
+allocates internally. The cuBLAS/cuBLASLt workspaces, which a CPU run never makes, are the
+estimate's own term replayed alone (``workspace_reserved_bytes``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
+
+from tuneplan.core.memory.assumptions import MemoryAssumptions
+from tuneplan.core.memory.overheads import workspace_term
 
 MIN_BLOCK = 512
 SMALL_SIZE = 1 << 20          # kSmallSize
@@ -106,7 +110,7 @@ class CachingAllocator:
             self._reserved += seg
             self._segments += 1
         remaining = block.size - size
-        if remaining >= MIN_BLOCK if small else remaining > SMALL_SIZE:
+        if (remaining >= MIN_BLOCK) if small else (remaining > SMALL_SIZE):
             rest = _Block(block.addr + size, remaining, small)
             rest.prev, rest.next = block, block.next
             if block.next is not None:
@@ -155,3 +159,15 @@ def replay(events: Iterable[tuple[Hashable, int]]) -> AllocatorPeaks:
         else:
             alloc.free(key)
     return alloc.peaks()
+
+
+def workspace_reserved_bytes(generation: str | None, a: MemoryAssumptions) -> int:
+    """The segments a GPU step's cuBLAS and cuBLASLt workspaces take (one pair per thread that
+    runs matmuls: ``overheads.workspace_term``), replayed on their own: added to a CPU run's
+    replay to compare with a GPU's reserved peak (their small-pool segment may in truth also
+    hold small tensors: at most 2 MiB high)."""
+    term = workspace_term(generation, a)
+    threads = int(term.inputs["threads"])
+    sizes = (int(term.inputs["cublas_bytes"]), int(term.inputs["cublaslt_bytes"]))
+    return replay([((i, j), size) for i in range(threads)
+                   for j, size in enumerate(sizes)]).reserved_peak_bytes

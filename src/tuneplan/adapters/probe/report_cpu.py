@@ -99,7 +99,7 @@ def _reserved_row(m: Any, est: Any) -> list[dict[str, Any]]:
     if not m.allocator_reserved_bytes:
         return []
     name = "reserved peak (allocator replay)"
-    estimated = est.reserved_peak_bytes - int(est.breakdown.value("overheads/cublas_workspace"))
+    estimated = est.reserved_peak_bytes - ps.workspace_bytes(est)
     row = ps.compare({name: m.allocator_reserved_bytes}, {name: estimated})[0]
     return [{**row, "measured_source": "replay"}]
 

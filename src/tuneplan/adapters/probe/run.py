@@ -131,11 +131,12 @@ def run_probe(req: ProbeRequest, report: Report | None = None) -> dict[str, Any]
     doc["seconds"] = round(time.perf_counter() - started, 2)
     doc["versions"] = library_versions()
     if req.save:
-        doc["probe_id"] = _save(req, doc)
+        doc["probe_id"] = save_record(req, doc)
     return doc
 
 
-def _save(req: ProbeRequest, doc: dict[str, Any]) -> int:
+def save_record(req: ProbeRequest, doc: dict[str, Any]) -> int:
+    """Store a probe document as a calibration record in ``req.store_path``; its id."""
     from tuneplan.adapters.calibration import CalibrationStore, ProbeRecord
 
     record = ProbeRecord(

@@ -86,9 +86,14 @@ def measured_groups(m: MeasuredStep) -> dict[str, int]:
     return out
 
 
+def workspace_bytes(est: MemoryEstimate) -> int:
+    """The estimate's cuBLAS workspaces: GPU-only, never in a CPU run."""
+    return int(est.breakdown.value("overheads/cublas_workspace"))
+
+
 def tensor_estimate(est: MemoryEstimate) -> int:
     """The estimate's allocated peak without the GPU-only workspace (what a CPU run sees)."""
-    return est.allocated_peak_bytes - int(est.breakdown.value("overheads/cublas_workspace"))
+    return est.allocated_peak_bytes - workspace_bytes(est)
 
 
 def compare(measured: Mapping[str, int], estimated: Mapping[str, int]) -> list[dict[str, Any]]:
