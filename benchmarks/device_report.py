@@ -10,7 +10,7 @@ the fake-tensor simulation of the same step replayed through the caching-allocat
 cuBLASLt workspaces added (the estimate's ``overheads/cublas_workspace``, and its segments
 replayed alone: ``allocator.workspace_reserved_bytes``).
 
-    PYTHONPATH=src .venv/bin/python benchmarks/device_report.py [--replay] [ROW ...]
+    PYTHONPATH=src .venv/bin/python benchmarks/device_report.py [--replay] [--assume N=V] [ROW ...]
 """
 
 from __future__ import annotations
@@ -72,7 +72,12 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("rows", nargs="*", type=int)
     ap.add_argument("--replay", action="store_true")
+    ap.add_argument("--assume", action="append", default=[], metavar="NAME=VALUE",
+                    help="price tokens/s with one ThroughputAssumptions number changed")
     args = ap.parse_args(argv)
+    from throughput_accuracy import assumed
+
+    speed_assumptions = assumed(args.assume)
     data = rows()
     gpu = load_gpu_spec(GPU)
     cols: dict[str, list[float]] = {}
@@ -84,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         config, name = load_model_config(row["model"])
         spec = parse_model_config(config, name=name)
         est = estimate_memory(spec, strategy, MemoryAssumptions(), generation=gpu.generation)
-        speed = estimate_throughput(spec, strategy, gpu)
+        speed = estimate_throughput(spec, strategy, gpu, assumptions=speed_assumptions)
         errs = {"alloc": pct(est.allocated_peak_bytes, m["max_allocated_bytes"]),
                 "reserved": pct(est.reserved_peak_bytes, m["max_reserved_bytes"]),
                 "device": pct(est.device_total_bytes,

@@ -23,7 +23,7 @@ import re
 import statistics
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -457,17 +457,38 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the leave-one-out figures as one JSON document")
     parser.add_argument("--no-leave-out", action="store_true",
                         help="only the in-sample table (no refits)")
+    parser.add_argument("--assume", action="append", default=[], metavar="NAME=VALUE",
+                        help="score with one ThroughputAssumptions number changed (repeatable), "
+                             "e.g. adapter_exposed_share=1")
     options = parser.parse_args(argv)
+    base = assumed(options.assume)
     if options.json:
         rows = speed_rows(options.cases, include_unsupported=options.all)
-        print(json.dumps(plain(leave_out_report(rows, ThroughputAssumptions())), indent=2,
-                         sort_keys=True))
+        print(json.dumps(plain(leave_out_report(rows, base)), indent=2, sort_keys=True))
         return 0
-    print_table(evaluate(options.cases, include_unsupported=options.all))
+    print_table(evaluate(options.cases, base, include_unsupported=options.all))
     if not options.no_leave_out:
         rows = speed_rows(options.cases, include_unsupported=options.all)
-        print_leave_out(leave_out_report(rows, ThroughputAssumptions()))
+        print_leave_out(leave_out_report(rows, base))
     return 0
+
+
+def assumed(pairs: Sequence[str]) -> ThroughputAssumptions:
+    """The default assumptions with each ``NAME=VALUE`` applied (numeric fields only)."""
+    a = ThroughputAssumptions()
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        if name not in {f.name for f in fields(a)}:
+            raise SystemExit(f"--assume {pair}: no such ThroughputAssumptions field")
+        current = getattr(a, name)
+        if isinstance(current, bool) or not isinstance(current, int | float | None):
+            raise SystemExit(f"--assume {pair}: not a numeric ThroughputAssumptions field")
+        try:
+            number = float(value)
+        except ValueError:
+            raise SystemExit(f"--assume {pair}: not a number") from None
+        a = replace(a, **{name: int(number) if isinstance(current, int) else number})
+    return a
 
 
 if __name__ == "__main__":

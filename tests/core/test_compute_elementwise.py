@@ -9,9 +9,10 @@ import pytest
 from tuneplan.adapters.bundled import load_gpu_spec
 from tuneplan.core.compute.assumptions import ThroughputAssumptions
 from tuneplan.core.compute.elementwise import elementwise_ops
-from tuneplan.core.compute.throughput import estimate_throughput
+from tuneplan.core.compute.throughput import adapted_linears, estimate_throughput
 from tuneplan.core.job.methods import Method
 from tuneplan.core.job.strategy import Checkpointing, Precision, Strategy
+from tuneplan.explain import Term
 
 from .test_compute_per_gpu import MODEL
 
@@ -113,3 +114,34 @@ def test_default_reports_the_bandwidth_time_but_counts_none_of_it() -> None:
         assert full > 0
         assert term.inputs["bandwidth_seconds"] == pytest.approx(full, rel=1e-9)
         assert term.inputs["confidence"] == "low" and "counted 0" in term.source
+
+
+def test_adapter_output_bytes_by_hand_and_its_own_share() -> None:
+    # PEFT lora.Linear: result + lora_B(lora_A(x)) * scaling, on q_proj and v_proj only
+    s = Strategy(method=Method.LORA, precision=Precision.BF16, lora_targets=("q_proj", "v_proj"),
+                 batch_size=2, seq_len=1024)
+    op = next(op for op in elementwise_ops(MODEL, s) if op.name == "adapter-output")
+    lins = adapted_linears(MODEL, s)
+    outs = sum(lin.out_features * lin.modules for lin in lins)
+    ins = sum(lin.in_features * lin.modules for lin in lins)
+    # bf16: forward scale (read, write) + add (read 2, write 1) = 5 x 2 B per output element;
+    # backward scale 2 x 2 B per output, the input's two gradients summed 3 x 2 B per input
+    assert op.forward == outs * 10 and op.backward == outs * 4 + ins * 6
+    assert ins == 2 * 32 * 4096 and op.adapter
+    assert "adapter-output" not in {o.name for o in elementwise_ops(
+        MODEL, Strategy(method=Method.FULL, precision=Precision.BF16))}
+    gpu = load_gpu_spec("H100 SXM5")
+
+    def term(a: ThroughputAssumptions) -> Term:
+        r = estimate_throughput(MODEL, s, gpu, assumptions=a)
+        return next(t for t in r.step.terms if t.path == "micro-batch/adapter-output")
+
+    # unset, the adapter share follows the generic one (0 by default, 1 in A)
+    assert float(term(ThroughputAssumptions()).value) == 0
+    assert float(term(A).value) == pytest.approx(
+        float(term(A).inputs["bandwidth_seconds"]), rel=1e-12) and float(term(A).value) > 0
+    own = dataclasses.replace(ThroughputAssumptions(), adapter_exposed_share=1.0)
+    assert float(term(own).value) == pytest.approx(float(term(A).value), rel=1e-12)
+    norms = next(t for t in estimate_throughput(MODEL, s, gpu, assumptions=own).step.terms
+                 if t.path == "micro-batch/norms")
+    assert float(norms.value) == 0   # the generic ops keep their own share

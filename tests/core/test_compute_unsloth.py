@@ -45,8 +45,12 @@ def test_unsloth_and_hf_differ_by_exactly_the_unsloth_terms(method: Method) -> N
     job = replace(JOB, method=method)
     ours, hf = _terms(_run(job)), _terms(_run(replace(job, recipe=Recipe.HF)))
     assert set(ours) - set(hf) == FUSED | {OFFLOAD}
-    assert set(hf) <= set(ours)
+    # PEFT's scale and add around each frozen GEMM; unsloth's matmul_lora folds them into
+    # out.addmm_(XA, B, alpha=s)
+    assert set(hf) - set(ours) == {"micro-batch/adapter-output"}
     for path, term in hf.items():
+        if path not in ours:
+            continue
         assert ours[path].value == term.value, path           # type: ignore[attr-defined]
     if method is Method.QLORA:
         dq = ours["micro-batch/nf4-dequantize"]

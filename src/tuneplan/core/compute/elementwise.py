@@ -25,6 +25,9 @@ Sources (transformers 5 / PEFT 0.21 as installed):
 - Dropout: PEFT ``lora.Linear.forward``'s ``dropout(x)`` per adapted linear when
   ``--lora-dropout`` > 0 (``native_dropout`` writes its output and a bool mask); T5's
   ``dropout_rate`` on its three residual branches per block.
+- Adapter output: PEFT ``lora.Linear.forward``'s ``result + lora_B(lora_A(x)) * scaling``
+  (LoRA, QLoRA, LoRA on int8): the scale and the add around the frozen GEMM, and in backward
+  the scaled gradient and the sum of the input's two gradients.
 - Casts: PEFT's ``_cast_input_dtype(x, lora_A.weight.dtype)`` (tuners_utils.py) upcasts each
   adapted linear's input to the fp32 adapter and autocast casts it back for the GEMM; under
   autocast an fp32 weight is cast to the compute dtype once per forward (autocast's cache
@@ -36,6 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tuneplan.core.compute.unsloth import fast_path
+from tuneplan.core.job.methods import Method
 from tuneplan.core.job.strategy import Checkpointing, Strategy
 from tuneplan.core.models import MlpKind, NormKind
 
@@ -65,6 +70,9 @@ class OpBytes:
     boundary_forward: float = 0.0
     boundary_backward: float = 0.0
     working_set: float = 0.0
+    # an op of the adapters' own path (PEFT's lora.Linear around the frozen GEMM), which a
+    # full fine-tune does not run: timed at ``adapter_exposed_share``, not the generic share
+    adapter: bool = False
 
 
 def _cast(a: int, b: int) -> int:
@@ -159,13 +167,31 @@ def elementwise_ops(model: ModelShape, s: Strategy) -> list[OpBytes]:
     if rate > 0:
         drop_fwd += layers * 3 * h * (2 * r + w.dropout_mask)
         drop_bwd += layers * 3 * h * (2 * r + w.dropout_mask)
+    # unsloth's matmul_lora (kernels/utils.py) folds the scale and add into
+    # out.addmm_(XA, B, alpha=s): no such kernels on its fast path
+    lora_out = sum(lin.out_features * lin.modules for lin in adapted)
+    if lora_out and s.method in ADAPTER_OUTPUT_METHODS and not fast_path(model, s):
+        fwd, bwd = lora_out * 5 * c, lora_out * 2 * c + lora_in * 3 * c
+        ops.append(OpBytes("adapter-output", fwd, bwd, "token",
+                           "adapted outputs x 5 x compute bytes forward; outputs x 2 + "
+                           "inputs x 3 x compute bytes backward",
+                           "PEFT lora.Linear.forward: result + lora_B(lora_A(x)) * scaling: "
+                           "the scale (read, write) and the add into the frozen GEMM's output "
+                           "(read 2, write 1); backward: the gradient times the scale (read, "
+                           "write) and autograd's sum of the input's two gradients, the frozen "
+                           "GEMM's and lora_A's (read 2, write 1); torchtune LoRALinear and "
+                           "LitGPT LoRALinear run the same ops",
+                           boundary_forward=fwd, boundary_backward=bwd,
+                           working_set=max((lin.out_features for lin in adapted), default=0)
+                           * c, adapter=True))
     if drop_fwd:
         ops.append(OpBytes("dropout", drop_fwd, drop_bwd, "token",
                            "dropped elements x (read + write + mask), each way",
                            "native_dropout: writes its output and a bool mask; backward "
                            "reads the gradient and the mask (PEFT lora dropout; T5 "
                            "dropout_rate)", boundary_forward=drop_fwd,
-                           boundary_backward=drop_bwd, working_set=drop_fwd / layers))
+                           boundary_backward=drop_bwd, working_set=drop_fwd / layers,
+                           adapter=rate <= 0))
     cast_tok = 0.0
     if w.autocast and adapted and a != c:
         cast_tok = lora_in * (_cast(c, a) + _cast(a, c))
@@ -176,7 +202,7 @@ def elementwise_ops(model: ModelShape, s: Strategy) -> list[OpBytes]:
                            "the fp32 adapter; autocast casts it back for lora_A",
                            boundary_forward=lora_in * 2 * c, boundary_backward=lora_in * 2 * c,
                            working_set=max((lin.in_features for lin in adapted), default=0)
-                           * a))
+                           * a, adapter=True))
     if w.autocast and plan.trainable_weight_bytes == 4 and s.method.trains_base:
         weights = model.stored_block_params + model.vocab_size * model.hidden_size
         per = _cast(4, c)
@@ -187,6 +213,11 @@ def elementwise_ops(model: ModelShape, s: Strategy) -> list[OpBytes]:
                            "is cast back to fp32", boundary_forward=weights * per,
                            boundary_backward=weights * per))
     return ops
+
+
+#: Methods whose adapted linears run PEFT's ``lora.Linear`` forward (scale and add around the
+#: frozen GEMM); DoRA's magnitude path and the other tuners' layers are their own.
+ADAPTER_OUTPUT_METHODS = frozenset({Method.LORA, Method.QLORA, Method.LORA8BIT})
 
 
 def forward_passes(s: Strategy) -> int:

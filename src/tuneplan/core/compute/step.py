@@ -205,9 +205,11 @@ def elementwise_terms(model: ModelShape, s: Strategy, gpu: GpuSpec, a: Throughpu
     for op in elementwise_ops(model, s):
         seconds, moved, dram, cached = elementwise_seconds(op, gpu, a, mb, passes)
         live = op.working_set * mb.tokens
+        share = (a.adapter_exposed_share if op.adapter and a.adapter_exposed_share is not None
+                 else a.elementwise_exposed_share)
         terms.append(Term(
             path=f"micro-batch/{op.name}",
-            value=seconds * a.elementwise_exposed_share, unit="s",
+            value=seconds * share, unit="s",
             formula=f"{'tokens x ' if op.per == 'token' else ''}(forward passes x forward "
                     "bytes + backward bytes): DRAM bytes / (HBM bandwidth x efficiency) + "
                     "L2-resident bytes / (that x L2 ratio), x exposed share",
@@ -216,9 +218,9 @@ def elementwise_terms(model: ModelShape, s: Strategy, gpu: GpuSpec, a: Throughpu
                     "forward_bytes_per_" + op.per: op.forward,
                     "backward_bytes_per_" + op.per: op.backward, "forward_passes": passes,
                     "intermediate_bytes": round(live), "l2_bytes": l2, "in_l2": cached,
-                    "bandwidth": bandwidth, "exposed_share": a.elementwise_exposed_share,
+                    "bandwidth": bandwidth, "exposed_share": share,
                     "bytes_formula": op.formula, "confidence": "low"},
-            source=op.source + ("" if a.elementwise_exposed_share else
+            source=op.source + ("" if share else
                                 "; counted 0: the fitted matmul share carries this time "
                                 "(elementwise_exposed_share)")))
     return terms
