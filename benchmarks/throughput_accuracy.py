@@ -37,6 +37,7 @@ from tuneplan.core.compute.throughput import (
 )
 from tuneplan.core.job.methods import Method, Quant
 from tuneplan.core.job.recipes import Recipe
+from tuneplan.core.job.stack import DEFAULT_STACK, Stack
 from tuneplan.core.job.strategy import (
     Attention,
     Checkpointing,
@@ -147,7 +148,8 @@ def case_strategy(case: dict[str, Any]) -> tuple[Strategy, int | None]:
             recipe=Recipe(args.get("recipe", "hf")),
             loss=Loss(args["loss"]) if args.get("loss") else None,
             task=Task.SEQ_CLS if "sequence-classification" in settings
-            else Task(args.get("task", "causal-lm")))
+            else Task(args.get("task", "causal-lm")),
+            stack=Stack.parse(args["stack"]) if args.get("stack") else DEFAULT_STACK)
     except ValueError as exc:
         raise UnsupportedError(f"no tuneplan setting for this case: {exc}") from exc
     avg = args.get("avg-tokens")

@@ -356,3 +356,34 @@ def test_each_framework_sends_its_gradients_in_the_dtype_it_really_sends() -> No
     assert grad_op == {
         "all-gather/params": pytest.approx(1 * 2 * share * MODEL.total_params * 2, rel=1e-6),
         "reduce-scatter/grads": pytest.approx(2 * share * trainable * 2)}
+
+
+def test_adamw_step_passes_follow_the_implementation_the_job_runs() -> None:
+    from tuneplan.adapters.probe.harness import StepSetup
+    from tuneplan.core.job.recipes import Recipe
+    from tuneplan.core.job.stack import Stack
+
+    gpu = load_gpu_spec("H100 SXM5")
+    hf = Strategy(method=Method.FULL, precision=Precision.BF16, batch_size=1, seq_len=512)
+    plain = dataclasses.replace(hf, recipe=Recipe.PLAIN)
+    older = dataclasses.replace(hf, stack=Stack.parse("transformers=4.50,torch=2.6"))
+
+    def optimizer(s: Strategy) -> tuple[float, str]:
+        term = next(t for t in estimate_throughput(MODEL, s, gpu).step.terms
+                    if t.path == "step/optimizer")
+        return float(term.value), str(term.inputs["implementation"])
+
+    fused, impl = optimizer(hf)
+    # pure bf16: p, g, m, v 2 B each, read 4 and written 3 times by the fused kernel
+    rate = float(gpu.memory_bandwidth_bytes_per_s or 0) * A.optimizer_bandwidth_efficiency
+    assert impl == "fused"   # transformers 5 + torch >= 2.8: adamw_torch_fused
+    assert fused == pytest.approx(MODEL.total_params * 14 / rate, rel=0.02)
+    for s in (plain, older):   # torch.optim.AdamW's own default; transformers 4.50's adamw_torch
+        seconds, impl = optimizer(s)
+        assert impl == "foreach" and seconds == pytest.approx(fused * 20 / 7, rel=1e-9)
+    # the simulation harness runs the same implementation the estimate assumes
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "vocab_size": 128}
+    assert StepSetup(config=config, strategy=plain).impl == "foreach"
+    assert StepSetup(config=config, strategy=hf).impl == "fused"

@@ -35,6 +35,7 @@ from tuneplan.core.job.strategy import (
     Strategy,
 )
 from tuneplan.core.job.tuners import TUNER_METHODS
+from tuneplan.core.job.versions import adamw_impl
 from tuneplan.errors import InvalidValueError, ProbeError, UnsupportedError
 
 OptimizerImpl = Literal["fused", "foreach", "single"]
@@ -102,8 +103,10 @@ class StepSetup:
     """One training step to measure: the job (``strategy``) on a model (``config``), plus the
     harness's own knobs, none of them a job setting.
 
-    ``optimizer_impl`` None is the fastest implementation torch has (fused; foreach for
-    Adafactor); bitsandbytes optimizers ignore it. Refuses, at construction, a ``strategy``
+    ``optimizer_impl`` None is the implementation the job runs: for AdamW the one the memory
+    estimate assumes (``core.job.versions.adamw_impl``: the HF Trainer's default for the stack,
+    torch's foreach default in a plain loop, fused in torchtune), foreach for Adafactor;
+    bitsandbytes optimizers ignore it. Refuses, at construction, a ``strategy``
     the harness cannot run (``refuse_unrunnable``).
     """
 
@@ -156,7 +159,10 @@ class StepSetup:
     def impl(self) -> OptimizerImpl:
         if self.optimizer_impl is not None:
             return self.optimizer_impl
-        return "foreach" if self.strategy.optimizer is Optimizer.ADAFACTOR else "fused"
+        if self.strategy.optimizer is Optimizer.ADAFACTOR:
+            return "foreach"
+        impl = adamw_impl(self.strategy, None)
+        return impl if impl in get_args(OptimizerImpl) else "fused"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -481,10 +481,12 @@ def _optimizer_term(model: ModelShape, s: Strategy, gpu: GpuSpec,
     fp32_embedding = _fp32_embedding(model, s) / shards
     extra = fp32_embedding * 2 * (STATE_BYTES["adamw"] - state)
     bandwidth = float(gpu.memory_bandwidth_bytes_per_s or 1e12)
-    seconds = ((per_rank * touched + extra) * a.optimizer_passes
+    passes, impl = optimizer_passes(s, a)
+    seconds = ((per_rank * touched + extra) * passes
                / (bandwidth * a.optimizer_bandwidth_efficiency))
     inputs: dict[str, object] = {"params_per_rank": per_rank, "bytes_per_param": touched,
-                                 "optimizer": s.optimizer.value}
+                                 "optimizer": s.optimizer.value, "passes": round(passes, 4),
+                                 **({"implementation": impl} if impl else {})}
     formula = "params/rank x (2w + g + 2 x state) bytes x passes / (HBM bw x eff)"
     if extra:
         inputs["fp32_state_embedding_per_rank"] = fp32_embedding
@@ -494,6 +496,19 @@ def _optimizer_term(model: ModelShape, s: Strategy, gpu: GpuSpec,
                 inputs=inputs, source="memory-bound optimizer step" + (
                     "; the token embedding's 8-bit state is fp32 (transformers 5.24 "
                     "Trainer.create_optimizer register_module_override)" if extra else ""))
+
+
+def optimizer_passes(s: Strategy, a: ThroughputAssumptions) -> tuple[float, str]:
+    """Passes over the optimizer's tensors per step and, for AdamW, the implementation they
+    follow: the one the memory model's step temporaries follow (``core.job.versions.
+    adamw_impl``), also under ZeRO without offload: the DeepSpeed config tuneplan writes names
+    no optimizer (``core/launch/engines.py``), so DeepSpeed wraps the Trainer's own."""
+    from tuneplan.core.job.versions import adamw_impl
+
+    if s.optimizer is not Optimizer.ADAMW:
+        return a.optimizer_passes, ""
+    impl = adamw_impl(s, None)
+    return (a.adamw_fused_passes if impl == "fused" else a.adamw_unfused_passes), impl
 
 
 def _fp32_embedding(model: ModelShape, s: Strategy) -> int:

@@ -128,11 +128,14 @@ _IMPL = {"adamw_hf": "hf", "adamw_torch": "foreach", "adamw_torch_fused": "fused
 def adamw_impl(s: Strategy, assumed: str | None) -> str:
     """The AdamW implementation the step temporaries follow: ``assumed`` when set, else the HF
     Trainer's default for the stack (recipe hf; torch AdamW is the single-tensor loop before
-    torch 2.0), else fused (torchtune configs, as before)."""
+    torch 2.0); a plain loop's ``torch.optim.AdamW(params, lr=...)`` takes torch's own default
+    (foreach on CUDA from torch 2.0, ``_default_to_fused_or_foreach``; fused only when asked:
+    PEFT's method-comparison ``utils.get_optimizer_and_scheduler`` builds it so); else fused
+    (torchtune configs, as before)."""
     if assumed:
         return assumed
-    if s.recipe is Recipe.HF:
-        impl = _IMPL[hf_default_optim(s.stack)]
+    if s.recipe in (Recipe.HF, Recipe.PLAIN):
+        impl = _IMPL[hf_default_optim(s.stack)] if s.recipe is Recipe.HF else "foreach"
         if impl == "foreach" and not s.stack.at_least("torch", TORCH_GRADS_TO_NONE):
             return "single"
         return impl
