@@ -10,7 +10,8 @@ the fake-tensor simulation of the same step replayed through the caching-allocat
 cuBLASLt workspaces added (the estimate's ``overheads/cublas_workspace``, and its segments
 replayed alone: ``allocator.workspace_reserved_bytes``).
 
-    PYTHONPATH=src .venv/bin/python benchmarks/device_report.py [--replay] [--assume N=V] [ROW ...]
+    PYTHONPATH=src .venv/bin/python benchmarks/device_report.py [--replay | --calibrated]
+        [--assume N=V] [ROW ...]
 """
 
 from __future__ import annotations
@@ -74,10 +75,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--replay", action="store_true")
     ap.add_argument("--assume", action="append", default=[], metavar="NAME=VALUE",
                     help="price tokens/s with one ThroughputAssumptions number changed")
+    ap.add_argument("--calibrated", action="store_true",
+                    help="also tokens/s calibrated leave-one-probe-out: by the newest other "
+                         "probe (the old rule) and pooled per job class (the rule now)")
     args = ap.parse_args(argv)
     from throughput_accuracy import assumed
 
     speed_assumptions = assumed(args.assume)
+    if args.calibrated:
+        calibrated_report(speed_assumptions)
+        return
     data = rows()
     gpu = load_gpu_spec(GPU)
     cols: dict[str, list[float]] = {}
@@ -107,6 +114,34 @@ def main(argv: list[str] | None = None) -> None:
     print("median |error| %: " + ", ".join(f"{k} {statistics.median(v):.2f}"
                                           for k, v in cols.items())
           + f" ({len(next(iter(cols.values())))} jobs)")
+
+
+def calibrated_report(base: Any) -> None:
+    """tokens/s error per job, uncalibrated and calibrated from the other ten probes: by the
+    newest of them (calibration.py before pooling) and by their per-class median (now)."""
+    from tuneplan.adapters.calibration import parse_document, pooled_throughput
+
+    records = parse_document(json.loads((PROBES.parent / "calibration.json").read_text()))
+    data = rows()
+    gpu = load_gpu_spec(GPU)
+    cols: dict[str, list[float]] = {}
+    print(f"{'row':>3} {'job':<44} {'assumed':>8} {'newest':>8} {'pooled':>8}")
+    for i, row in enumerate(data):
+        strategy = job_from_values(row["model"], row["flags"], command="probe").strategy
+        config, name = load_model_config(row["model"])
+        spec = parse_model_config(config, name=name)
+        others = [r for j, r in enumerate(records) if j != i]
+        newest = [r for r in others if r.measured.get("matmul_efficiency")][-1:]
+        cases = {"assumed": base, "newest": pooled_throughput(newest, GPU, base)[0],
+                 "pooled": pooled_throughput(others, GPU, base)[0]}
+        errs = {k: pct(estimate_throughput(spec, strategy, gpu, assumptions=a)
+                       .tokens_per_second_per_gpu, row["measured"]["tokens_per_second"])
+                for k, a in cases.items()}
+        for k, v in errs.items():
+            cols.setdefault(k, []).append(abs(v))
+        print(f"{i:>3} {label(row)[:44]:<44} " + " ".join(f"{v:+8.2f}" for v in errs.values()))
+    print("median |error| %: " + ", ".join(f"{k} {statistics.median(v):.2f}"
+                                          for k, v in cols.items()) + f" ({len(data)} jobs)")
 
 
 if __name__ == "__main__":

@@ -144,3 +144,38 @@ def test_import_refuses_foreign_documents(tmp_path: Path, document: object) -> N
     path.write_text(json.dumps(document))
     result = runner.invoke(app, ["calibration", "import", str(path)])
     assert isinstance(result.exception, InvalidValueError)
+
+
+H200_DOC = (Path(__file__).resolve().parents[2] / "benchmarks" / "calibration" / "device"
+            / "h200-2026-12-04" / "calibration.json")
+
+
+def test_probes_pool_per_job_class_and_no_single_probe_decides() -> None:
+    from tuneplan.adapters.calibration import parse_document, pooled_throughput
+    from tuneplan.core.compute.assumptions import ThroughputAssumptions
+    from tuneplan.core.compute.step import matmul_efficiency
+    from tuneplan.core.job.strategy import Precision
+
+    # the 11 HF Trainer steps measured on an H200: 3 pure-bf16 full fine-tunes (0.7767,
+    # 0.7777, 0.7859), one bf16-mixed (0.5493), six LoRA that imply one (0.252 .. 0.6904), and
+    # a host-bound LoRA that implies none
+    records = parse_document(json.loads(H200_DOC.read_text()))
+    assert len(records) == 11 and records[-1].measured.get("matmul_efficiency") is None
+    tp, notes = pooled_throughput(records, "H200 SXM", ThroughputAssumptions())
+    classes = {cls: value for _, cls, value, _ in tp.matmul_efficiency_by_gpu_job}
+    assert classes == pytest.approx({"full/bf16": 0.7777, "full/bf16-mixed": 0.5493,
+                                     "adapter/bf16-mixed": (0.4603 + 0.4934) / 2})
+    overall = tp.gpu_override("H200 SXM")
+    assert overall is not None and overall[0] == pytest.approx((0.4993 + 0.5493) / 2)
+    assert "10 probes" in overall[1] and "median" in overall[1] and "per job class" in notes[0]
+    gpu = resolve_gpu_spec("H200 SXM")
+    peak = float(gpu.bf16_flops_per_s or 0)
+    assert matmul_efficiency(gpu, Precision.BF16, peak, tp, "full/bf16")[0] == 0.7777
+    # a class no probe ran falls back to the GPU's median; no probe, no override
+    assert matmul_efficiency(gpu, Precision.BF16, peak, tp, "adapter/bf16")[0] == overall[0]
+    assert pooled_throughput(records[-1:], "H200 SXM", ThroughputAssumptions())[1] == []
+    # the newest probe alone (the old rule) would price every job with the q,v LoRA's 0.69
+    newest, _ = pooled_throughput(records[-2:], "H200 SXM", ThroughputAssumptions())
+    found = newest.gpu_override("H200 SXM", "full/bf16")
+    assert found is not None and found[0] == 0.6904
+    assert found[1] == "calibrated from a probe on NVIDIA H200 (newest 2026-12-04)"

@@ -1,18 +1,23 @@
 """Probe measurements in the catalog's SQLite file (table ``probes``, schema version 2 of
 ``adapters/store.py``), shared as JSON, and turned into calibrated assumptions for one GPU.
 
-Only what hardware alone decides is calibrated: CUDA context size, allocator reserve fraction
-and matmul efficiency, from the newest CUDA probe on that GPU. The matmul efficiency is kept
-per GPU (``ThroughputAssumptions.matmul_efficiency_by_gpu``), so one set of assumptions can
-carry the probes of several GPUs (``calibrated_for_gpus``: what ``plan`` uses). The maths
-stays in the core.
+Only what hardware alone decides is calibrated: CUDA context size and allocator reserve
+fraction from the newest CUDA probe on that GPU, and matmul efficiency from all of them: the
+median of the efficiencies the GPU's probes imply, per GPU
+(``ThroughputAssumptions.matmul_efficiency_by_gpu``) and per GPU and job class
+(``matmul_efficiency_by_gpu_job``, ``core.compute.step.job_class``: full or adapter training,
+precision), so a LoRA probe calibrates LoRA jobs and does not slow the full fine-tunes, and
+no single probe (the newest, a host-bound one) decides. One set of assumptions can carry the
+probes of several GPUs (``calibrated_for_gpus``: what ``plan`` uses). The maths stays in the
+core.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Mapping
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -226,8 +231,10 @@ class Calibration:
 
 def calibrate(record: ProbeRecord, gpu: GpuSpec,
               memory: MemoryAssumptions | None = None,
-              throughput: ThroughputAssumptions | None = None) -> Calibration:
-    """The hardware-only constants measured by a CUDA probe, as assumption overrides."""
+              throughput: ThroughputAssumptions | None = None,
+              pool: Sequence[ProbeRecord] = ()) -> Calibration:
+    """The hardware-only constants measured by a CUDA probe, as assumption overrides; the
+    matmul efficiency pooled over ``pool`` (the GPU's probes) when given, else ``record``'s."""
     m = record.measured
     mem = memory or MemoryAssumptions()
     tp = throughput or ThroughputAssumptions()
@@ -241,53 +248,95 @@ def calibrate(record: ProbeRecord, gpu: GpuSpec,
                   sources={**mem.sources, "context_bytes": label,
                            "allocator_reserve_fraction": label})
     notes = [f"memory: CUDA context and allocator reserve {label}"]
-    tp, said = calibrate_throughput(record, gpu.name, tp)
+    tp, said = pooled_throughput(pool or (record,), gpu.name, tp)
     notes += said
     return Calibration(memory=mem, throughput=tp, record=record, notes=tuple(notes))
 
 
-def calibrate_throughput(record: ProbeRecord, gpu_name: str,
-                         throughput: ThroughputAssumptions) -> tuple[ThroughputAssumptions,
-                                                                     list[str]]:
-    """``throughput`` with the probe's matmul efficiency for ``gpu_name`` alone (the card it
-    ran on: its clocks and power limit, not its architecture's), and the note saying so;
-    unchanged when the probe measured none."""
-    efficiency = record.measured.get("matmul_efficiency")
-    if isinstance(efficiency, bool) or not isinstance(efficiency, int | float) \
-            or not efficiency > 0:
+def _efficiency(record: ProbeRecord) -> float | None:
+    value = record.measured.get("matmul_efficiency")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        return None
+    return float(value)
+
+
+def _job_class(record: ProbeRecord) -> str | None:
+    from tuneplan.core.compute.step import job_class
+    from tuneplan.core.job.strategy import Strategy
+
+    try:
+        return job_class(Strategy.from_dict(record.strategy))
+    except (TypeError, ValueError, KeyError, InvalidValueError):
+        return None
+
+
+def pooled_throughput(records: Sequence[ProbeRecord], gpu_name: str,
+                      throughput: ThroughputAssumptions) -> tuple[ThroughputAssumptions,
+                                                                  list[str]]:
+    """``throughput`` with ``gpu_name``'s matmul efficiency the median of what ``records`` (its
+    CUDA probes) imply, overall and per job class, with notes saying from which probes;
+    unchanged when none implies one (a host-bound probe does not: ``report_cuda``)."""
+    found = [(r, e) for r in records if (e := _efficiency(r)) is not None]
+    if not found:
         return throughput, []
-    label = f"calibrated from {record.label()}"
-    tp = replace(throughput, matmul_efficiency_by_gpu=(
-        (gpu_name, float(efficiency), label), *throughput.matmul_efficiency_by_gpu),
-        notes=(*throughput.notes, f"{gpu_name}: matmul efficiency {efficiency:.3f} {label}"))
-    return tp, [f"throughput: {gpu_name} matmul efficiency {label}"]
+
+    def label(group: list[tuple[ProbeRecord, float]]) -> str:
+        first = group[0][0]
+        if len(group) == 1 and first.id is not None:
+            return f"calibrated from {first.label()}"
+        ids = ", ".join(f"#{r.id}" for r, _ in group if r.id is not None)
+        newest = max(r.created_at for r, _ in group).astimezone(UTC).date().isoformat()
+        count = f"{len(group)} probes" if len(group) > 1 else "a probe"
+        return (f"calibrated from {count} on {first.device_name} ({ids + '; ' if ids else ''}"
+                f"newest {newest})" + (", median" if len(group) > 1 else ""))
+
+    by_class: dict[str, list[tuple[ProbeRecord, float]]] = {}
+    for r, e in found:
+        cls = _job_class(r)
+        if cls is not None:
+            by_class.setdefault(cls, []).append((r, e))
+    overall = statistics.median(e for _, e in found)
+    classes = tuple((gpu_name, cls, statistics.median(e for _, e in group), label(group))
+                    for cls, group in sorted(by_class.items()))
+    tp = replace(
+        throughput,
+        matmul_efficiency_by_gpu=((gpu_name, overall, label(found)),
+                                  *throughput.matmul_efficiency_by_gpu),
+        matmul_efficiency_by_gpu_job=(*classes, *throughput.matmul_efficiency_by_gpu_job),
+        notes=(*throughput.notes, f"{gpu_name}: matmul efficiency {overall:.3f} {label(found)}",
+               *(f"{gpu_name} {cls} jobs: {value:.3f} {src}" for _, cls, value, src in classes)))
+    return tp, [f"throughput: {gpu_name} matmul efficiency {label(found)}"
+                + (f", per job class ({', '.join(c for _, c, _, _ in classes)})"
+                   if classes else "")]
 
 
 def calibrated_for_gpus(path: str | Path | None = None,
                         throughput: ThroughputAssumptions | None = None
                         ) -> ThroughputAssumptions:
-    """``throughput`` (default: the defaults) with the newest CUDA probe's matmul efficiency
-    of every GPU the store holds a probe of: what ``plan`` prices each offer's GPU with."""
+    """``throughput`` (default: the defaults) with the pooled matmul efficiency
+    (``pooled_throughput``) of every GPU the store holds CUDA probes of: what ``plan`` prices
+    each offer's GPU with."""
     tp = throughput or ThroughputAssumptions()
     with CalibrationStore.open(path) as store:
-        latest: dict[str, ProbeRecord] = {}
+        by_gpu: dict[str, list[ProbeRecord]] = {}
         for record in store.records():
             if record.device == "cuda" and record.gpu:
-                latest[record.gpu] = record
-    for name, record in sorted(latest.items()):
-        tp, _ = calibrate_throughput(record, name, tp)
+                by_gpu.setdefault(record.gpu, []).append(record)
+    for name, records in sorted(by_gpu.items()):
+        tp, _ = pooled_throughput(records, name, tp)
     return tp
 
 
 def calibration_for(gpu: GpuSpec | None, path: str | Path | None = None) -> Calibration:
-    """The newest CUDA probe's calibration for ``gpu``, or the defaults when there is none."""
+    """The calibration of ``gpu`` by its CUDA probes (memory from the newest, matmul efficiency
+    pooled over all), or the defaults when there is none."""
     plain = Calibration(memory=MemoryAssumptions(), throughput=ThroughputAssumptions(),
                         record=None)
     if gpu is None:
         return plain
     with CalibrationStore.open(path) as store:
-        record = store.latest_for(gpu.name)
-    return plain if record is None else calibrate(record, gpu)
+        records = store.records(gpu.name)
+    return plain if not records else calibrate(records[-1], gpu, pool=records)
 
 
 def calibrated_plan_assumptions(gpu: GpuSpec | None, path: str | Path | None = None,

@@ -155,6 +155,9 @@ class ThroughputAssumptions:
     # overrides per GPU: (gpu_specs name, fraction of the dense peak, source); a probe's
     # calibration prepends one for the GPU it ran on; empty by default
     matmul_efficiency_by_gpu: tuple[tuple[str, float, str], ...] = ()
+    # the same per GPU and job class (core.compute.step.job_class: full or adapter training,
+    # and the precision): (gpu_specs name, job class, fraction, source), consulted first
+    matmul_efficiency_by_gpu_job: tuple[tuple[str, str, float, str], ...] = ()
     # the model's error (predicted - measured) / measured, 10th and 90th percentile over the
     # calibration set (benchmarks/throughput_accuracy.py prints both): assumed = held out
     # (leave-one-GPU-out), calibrated = in-sample (constants fitted with the GPU's own rows)
@@ -248,8 +251,13 @@ class ThroughputAssumptions:
         word = architecture.split()[0] if architecture else ""
         return table.get(word, table["default"])
 
-    def gpu_override(self, gpu_name: str) -> tuple[float, str] | None:
-        """A calibrated efficiency (of the dense peak) for this very GPU, and its source."""
+    def gpu_override(self, gpu_name: str, job: str | None = None) -> tuple[float, str] | None:
+        """A calibrated efficiency (of the dense peak) for this very GPU, and its source: the
+        one for ``job``'s class when listed, else the GPU's own."""
+        if job is not None:
+            for name, cls, value, source in self.matmul_efficiency_by_gpu_job:
+                if name == gpu_name and cls == job:
+                    return value, source
         for name, value, source in self.matmul_efficiency_by_gpu:
             if name == gpu_name:
                 return value, source
@@ -315,10 +323,17 @@ THROUGHPUT_WHY: dict[str, str] = {
         "loss scaling; fitted to the V100 BERT fp16 rows, the only pre-Ampere rows"),
     "matmul_efficiency_by_architecture": (
         "overrides (fraction of the dense peak) by architecture word; empty by default"),
+    "matmul_efficiency_by_gpu_job": (
+        "calibrated overrides per GPU and job class (full or adapter training, precision): "
+        "the median of the stored CUDA probes of that class on that GPU "
+        "(adapters/calibration.py); on one H200 the implied efficiency was 0.78 for every "
+        "pure-bf16 full fine-tune, 0.55 for bf16-mixed, 0.46-0.50 for GPU-bound LoRA: the "
+        "terms the model leaves to the fitted share differ by class, so a probe calibrates "
+        "its own class first"),
     "matmul_efficiency_by_gpu": (
-        "calibrated overrides (fraction of the dense peak) per GPU, each with the probe it "
-        "comes from (adapters/calibration.py: the newest CUDA probe on that GPU); a GPU "
-        "listed here is 'calibrated', every other 'assumed'"),
+        "calibrated overrides (fraction of the dense peak) per GPU, each with the probes it "
+        "comes from (adapters/calibration.py: the median of the CUDA probes on that GPU that "
+        "imply one); a GPU listed here is 'calibrated', every other 'assumed'"),
     "assumed_error_range": (
         "range of an uncalibrated time figure: the 10th and 90th percentile of the "
         "leave-one-GPU-out errors (predicted - measured) / measured of "

@@ -102,8 +102,15 @@ COMPUTE_TERMS = frozenset({"micro-batch/matmul", "micro-batch/attention",
                            "micro-batch/torch-compile"})
 
 
+def job_class(s: Strategy) -> str:
+    """The class of job a probe calibration is kept for: full or adapter training, and the
+    precision (``ThroughputAssumptions.matmul_efficiency_by_gpu_job``)."""
+    return f"{'full' if s.method.trains_base else 'adapter'}/{s.precision.value}"
+
+
 def matmul_efficiency(gpu: GpuSpec, precision: Precision, peak: float,
-                      a: ThroughputAssumptions) -> tuple[float, dict[str, object]]:
+                      a: ThroughputAssumptions, job: str | None = None
+                      ) -> tuple[float, dict[str, object]]:
     """Fraction of the dense ``peak`` a training step's matmuls reach on ``gpu`` (before the
     hidden-size factor), and what it rests on: fp32 its own constant; a calibrated override
     for this GPU (a probe on it), else by architecture; else the GPU's matmul ceiling
@@ -111,7 +118,7 @@ def matmul_efficiency(gpu: GpuSpec, precision: Precision, peak: float,
     Volta and Turing)."""
     if precision is Precision.FP32:
         return a.fp32_matmul_efficiency, {"efficiency_entry": "fp32 (CUDA cores)"}
-    own = a.gpu_override(gpu.name)
+    own = a.gpu_override(gpu.name, job)
     if own is not None:
         return own[0], {"efficiency_entry": f"calibrated ({gpu.name})", "calibration": own[1]}
     override = a.matmul_override(gpu.architecture)
@@ -153,7 +160,7 @@ def uses_flash_kernel(gpu: GpuSpec, s: Strategy) -> bool:
 
 def _micro_batch_terms(model: ModelShape, s: Strategy, gpu: GpuSpec,
                        a: ThroughputAssumptions, peak: float, mb: MicroBatch) -> list[Term]:
-    eff, basis = matmul_efficiency(gpu, s.precision, peak, a)
+    eff, basis = matmul_efficiency(gpu, s.precision, peak, a, job_class(s))
     size = 1.0 if s.precision is Precision.FP32 else (
         model.hidden_size / (model.hidden_size + a.hidden_size_half_efficiency))
     speed = peak * eff * size
@@ -576,7 +583,7 @@ def _galore_terms(model: ModelShape, s: Strategy, gpu: GpuSpec,
         proj_rate, basis = fp32_rate, "fp32 CUDA cores x fp32_matmul_efficiency"
     else:
         peak = float(gpu.bf16_flops_per_s or 1e12)
-        eff, _ = matmul_efficiency(gpu, s.precision, peak, a)
+        eff, _ = matmul_efficiency(gpu, s.precision, peak, a, job_class(s))
         proj_rate, basis = peak * eff, "bf16 tensor cores x the step's matmul efficiency"
     flops = sum(4 * m * n * effective_rank(m, n, s.galore_rank) * k for m, n, k in targets)
     svd = [(svd_flops(m, n), k) for m, n, k in targets]
