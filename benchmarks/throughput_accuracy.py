@@ -133,6 +133,7 @@ def case_strategy(case: dict[str, Any]) -> tuple[Strategy, int | None]:
         strategy = Strategy(
             method=Method(args.get("method", "lora")), lora_rank=int(args.get("lora-rank", 16)),
             lora_alpha=int(args.get("lora-alpha", 32)), lora_targets=tuple(targets.split(",")),
+            lora_dropout=float(args.get("lora-dropout", 0.0)),
             num_virtual_tokens=int(virtual.group(1)) if virtual else 20,
             quant=quant,
             double_quant=bool(args.get("double-quant", True)),

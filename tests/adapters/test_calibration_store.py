@@ -102,7 +102,8 @@ def test_throughput_uses_the_measured_efficiency() -> None:
     cal = calibrate(h100_probe(matmul_efficiency=0.22), gpu)  # default H100: 0.80 x 0.71 = 0.57
     slower = estimate_throughput(shape, job, gpu, assumptions=cal.throughput)
     assert slower.tokens_per_second < 0.75 * plain.tokens_per_second
-    assert any("calibrated from probe" in n for n in cal.throughput.notes)
+    assert any("calibrated from a probe on NVIDIA H100 80GB HBM3" in n
+               for n in cal.throughput.notes)
     assert calibration_for(None).record is None
 
 

@@ -7,9 +7,9 @@ median of the efficiencies the GPU's probes imply, per GPU
 (``ThroughputAssumptions.matmul_efficiency_by_gpu``) and per GPU and job class
 (``matmul_efficiency_by_gpu_job``, ``core.compute.step.job_class``: full or adapter training,
 precision), so a LoRA probe calibrates LoRA jobs and does not slow the full fine-tunes, and
-no single probe (the newest, a host-bound one) decides. One set of assumptions can carry the
-probes of several GPUs (``calibrated_for_gpus``: what ``plan`` uses). The maths stays in the
-core.
+no single probe (the newest, a host-bound one) decides the GPU's figure. One set of
+assumptions can carry the probes of several GPUs (``calibrated_for_gpus``: what ``plan``
+uses). The maths stays in the core.
 """
 
 from __future__ import annotations
@@ -275,7 +275,8 @@ def pooled_throughput(records: Sequence[ProbeRecord], gpu_name: str,
                                                                   list[str]]:
     """``throughput`` with ``gpu_name``'s matmul efficiency the median of what ``records`` (its
     CUDA probes) imply, overall and per job class, with notes saying from which probes;
-    unchanged when none implies one (a host-bound probe does not: ``report_cuda``)."""
+    unchanged when none implies one (a probe whose estimated step is less than half matmuls
+    records none: ``report_cuda.implied_efficiency``)."""
     found = [(r, e) for r in records if (e := _efficiency(r)) is not None]
     if not found:
         return throughput, []
