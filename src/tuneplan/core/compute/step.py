@@ -212,8 +212,9 @@ def elementwise_terms(model: ModelShape, s: Strategy, gpu: GpuSpec, a: Throughpu
     for op in elementwise_ops(model, s):
         seconds, moved, dram, cached = elementwise_seconds(op, gpu, a, mb, passes)
         live = op.working_set * mb.tokens
-        share = (a.adapter_exposed_share if op.adapter and a.adapter_exposed_share is not None
-                 else a.elementwise_exposed_share)
+        share, which = a.elementwise_exposed_share, "elementwise_exposed_share"
+        if op.adapter and a.adapter_exposed_share is not None:
+            share, which = a.adapter_exposed_share, "adapter_exposed_share"
         terms.append(Term(
             path=f"micro-batch/{op.name}",
             value=seconds * share, unit="s",
@@ -229,7 +230,7 @@ def elementwise_terms(model: ModelShape, s: Strategy, gpu: GpuSpec, a: Throughpu
                     "bytes_formula": op.formula, "confidence": "low"},
             source=op.source + ("" if share else
                                 "; counted 0: the fitted matmul share carries this time "
-                                "(elementwise_exposed_share)")))
+                                f"({which})")))
     return terms
 
 
