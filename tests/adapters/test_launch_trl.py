@@ -94,7 +94,7 @@ def test_the_plan_maps_onto_sftconfig(name: str, tmp_path: Path) -> None:
     assert args.gradient_checkpointing is recompute
     assert args.bf16 is (s["precision"] in ("bf16-mixed", "bf16"))  # TRL's default: True
     assert args.fp16 is (s["precision"] == "fp16-mixed")
-    assert args.optim.value == {"adamw": "adamw_torch", "paged-adamw8bit": "paged_adamw_8bit",
+    assert args.optim.value == {"adamw": "adamw_torch_fused", "paged-adamw8bit": "paged_adamw_8bit",
                                 "galore-adamw": "galore_adamw"}[s["optimizer"]]
     if s["optimizer"].startswith("galore"):
         assert args.optim_target_modules == [r".*.attn.*", r".*.mlp.*"]

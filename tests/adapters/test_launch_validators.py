@@ -168,7 +168,10 @@ def test_training_arguments_accept_the_settings(plan: dict[str, Any], tmp_path: 
     assert args.bf16 is (s["precision"] in ("bf16-mixed", "bf16"))
     recompute = getattr(args, "activation_checkpointing", args.gradient_checkpointing)
     assert recompute is (s["checkpointing"] != "none")
-    assert args.optim.value == train.OPTIMIZERS[s["optimizer"]]
+    # AdamW as estimated (versions.adamw_impl): fused on the stack the bundle pins
+    assert args.optim.value == cfg["optim"] == (
+        "adamw_torch_fused" if s["optimizer"] == "adamw" and s.get("recipe", "hf") == "hf"
+        else train.OPTIMIZERS[s["optimizer"]])
     if s["method"] == "qlora":
         import torch
 

@@ -20,7 +20,7 @@ from tuneplan.core.catalog.offers import Offer, offer_record
 from tuneplan.core.cost.estimate import CostAssumptions, checkpoint_bytes
 from tuneplan.core.cost.spot import young_daly_interval_s
 from tuneplan.core.job.methods import Method, freeze_selection, peft_lora_targets
-from tuneplan.core.job.strategy import Loss, Sharding, Strategy
+from tuneplan.core.job.strategy import Loss, Optimizer, Sharding, Strategy
 from tuneplan.core.job.tuners import LAUNCH_REFUSALS, TUNER_METHODS, launch_peft
 from tuneplan.core.models import ModelSpec
 from tuneplan.core.planner.record import SavedPlan
@@ -221,6 +221,30 @@ def launch_spec(plan: SavedPlan, model: ModelSpec | None = None) -> LaunchSpec:
         peft_targets=peft_lora_targets(model, s) if model is not None else ())
 
 
+#: transformers ``OptimizerNames`` of each planned optimizer: the ``optim`` the HF Trainer
+#: (and so train.py, axolotl and LLaMA-Factory) builds. train.py keeps its own copy (it
+#: imports nothing from tuneplan); a test holds the two equal.
+HF_OPTIMIZERS = {Optimizer.ADAMW: "adamw_torch", Optimizer.ADAMW8BIT: "adamw_bnb_8bit",
+                 Optimizer.PAGED_ADAMW8BIT: "paged_adamw_8bit",
+                 Optimizer.PAGED_ADAMW32BIT: "paged_adamw_32bit",
+                 Optimizer.ADAFACTOR: "adafactor", Optimizer.SGD: "sgd",
+                 Optimizer.LION: "lion_32bit", Optimizer.GALORE_ADAMW: "galore_adamw",
+                 Optimizer.GALORE_ADAMW8BIT: "galore_adamw_8bit",
+                 Optimizer.GALORE_ADAFACTOR: "galore_adafactor"}
+
+
+def hf_optim(s: Strategy) -> str:
+    """The Trainer ``optim`` a plan runs: ``HF_OPTIMIZERS``, with AdamW as the implementation
+    its memory and step time were estimated for (``core.job.versions.adamw_impl``): fused
+    (``adamw_torch_fused``, the Trainer's own default on the stack the bundle pins) or torch's
+    foreach default (``adamw_torch``), which keeps a parameter-sized temporary in its step."""
+    from tuneplan.core.job.versions import adamw_impl
+
+    if s.optimizer is Optimizer.ADAMW and adamw_impl(s, None) == "fused":
+        return "adamw_torch_fused"
+    return HF_OPTIMIZERS[s.optimizer]
+
+
 def train_config(spec: LaunchSpec, *, output_dir: str = CHECKPOINT_DIR) -> dict[str, Any]:
     """The settings ``train.py`` reads (``train_config.json``): the plan's choices, the
     checkpoint cadence and retention, and where checkpoints go."""
@@ -228,7 +252,7 @@ def train_config(spec: LaunchSpec, *, output_dir: str = CHECKPOINT_DIR) -> dict[
     return {
         "plan_id": spec.plan_id, "model_name_or_path": spec.model_id, "model_config": None,
         "method": s.method.value, "precision": s.precision.value,
-        "optimizer": s.optimizer.value, "lora_rank": s.lora_rank,
+        "optimizer": s.optimizer.value, "optim": hf_optim(s), "lora_rank": s.lora_rank,
         "lora_alpha": s.lora_alpha, "lora_dropout": s.lora_dropout,
         "lora_targets": list(spec.lora_targets), "trainable_modules": list(s.trainable_modules),
         "quant": s.quant.value, "double_quant": s.double_quant,

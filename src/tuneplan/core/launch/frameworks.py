@@ -22,12 +22,11 @@ from tuneplan.core.job.strategy import (
     Checkpointing,
     Loss,
     Offload,
-    Optimizer,
     Precision,
     Sharding,
     Task,
 )
-from tuneplan.core.launch.bundle import LaunchSpec, train_config
+from tuneplan.core.launch.bundle import LaunchSpec, hf_optim, train_config
 from tuneplan.core.launch.targets import Refusal
 from tuneplan.core.launch.yamltext import render_yaml
 
@@ -43,16 +42,6 @@ DATASET_NAME = "tuneplan_train"
 AXOLOTL_VERSION = "0.18.0"
 LLAMAFACTORY_VERSION = "0.9.6.dev0"
 
-#: transformers ``OptimizerNames`` of each planned optimizer: the ``optim`` the HF Trainer
-#: (and so train.py, axolotl and LLaMA-Factory) builds. train.py keeps its own copy (it
-#: imports nothing from tuneplan); a test holds the two equal.
-HF_OPTIMIZERS = {Optimizer.ADAMW: "adamw_torch", Optimizer.ADAMW8BIT: "adamw_bnb_8bit",
-                 Optimizer.PAGED_ADAMW8BIT: "paged_adamw_8bit",
-                 Optimizer.PAGED_ADAMW32BIT: "paged_adamw_32bit",
-                 Optimizer.ADAFACTOR: "adafactor", Optimizer.SGD: "sgd",
-                 Optimizer.LION: "lion_32bit", Optimizer.GALORE_ADAMW: "galore_adamw",
-                 Optimizer.GALORE_ADAMW8BIT: "galore_adamw_8bit",
-                 Optimizer.GALORE_ADAFACTOR: "galore_adafactor"}
 #: Methods both frameworks train as train.py does (PEFT LoRA/DoRA over a full, 4-bit or 8-bit
 #: base, or every weight).
 _METHODS = (Method.FULL, Method.LORA, Method.DORA, Method.QLORA, Method.LORA8BIT)
@@ -148,7 +137,7 @@ def axolotl_config(spec: LaunchSpec) -> dict[str, Any] | Refusal:
         "dataset_prepared_path": "data/axolotl_prepared",
         "sequence_len": s.seq_len, "sample_packing": s.packing,
         "micro_batch_size": s.batch_size, "gradient_accumulation_steps": s.grad_accum,
-        "num_epochs": cfg["epochs"], "optimizer": HF_OPTIMIZERS[s.optimizer],
+        "num_epochs": cfg["epochs"], "optimizer": hf_optim(s),
         "learning_rate": cfg["learning_rate"], "lr_scheduler": cfg["lr_scheduler"],
         "warmup_steps": cfg["warmup_steps"], "max_grad_norm": 1.0, "seed": cfg["seed"],
     }
@@ -223,7 +212,7 @@ def llamafactory_config(spec: LaunchSpec) -> dict[str, Any] | Refusal:
         "dataset": DATASET_NAME, "dataset_dir": ".", "cutoff_len": s.seq_len,
         "packing": s.packing, "per_device_train_batch_size": s.batch_size,
         "gradient_accumulation_steps": s.grad_accum, "num_train_epochs": cfg["epochs"],
-        "optim": HF_OPTIMIZERS[s.optimizer], "learning_rate": cfg["learning_rate"],
+        "optim": hf_optim(s), "learning_rate": cfg["learning_rate"],
         "lr_scheduler_type": cfg["lr_scheduler"], "warmup_steps": cfg["warmup_steps"],
         "max_grad_norm": 1.0, "seed": cfg["seed"],
         "bf16": s.precision in (Precision.BF16_MIXED, Precision.BF16),

@@ -247,7 +247,7 @@ def training_arguments(cfg: dict[str, Any], deepspeed: str | None = None) -> Any
         gradient_accumulation_steps=cfg["grad_accum"], num_train_epochs=cfg["epochs"],
         max_steps=cfg.get("max_steps", -1), learning_rate=cfg["learning_rate"],
         lr_scheduler_type=cfg["lr_scheduler"], warmup_steps=cfg.get("warmup_steps", 0),
-        optim=OPTIMIZERS[cfg["optimizer"]], max_grad_norm=1.0,
+        optim=cfg.get("optim") or OPTIMIZERS[cfg["optimizer"]], max_grad_norm=1.0,
         bf16=precision in ("bf16-mixed", "bf16"), fp16=precision == "fp16-mixed",
         save_strategy="steps", save_steps=cfg["save_steps"],
         save_total_limit=max(2, cfg["save_total_limit"]), logging_steps=1,
