@@ -501,7 +501,6 @@ SAME_CHOICES: dict[tuple[str, str], dict[frozenset[str], str]] = {
                                   "the same tensor-core rate on a card with both"},
     ("memory", "optimizer"): {frozenset({"sgd", "lion"}): "one state per parameter each"},
     ("throughput", "optimizer"): {
-        frozenset({"sgd", "lion"}): "one state each: the same bytes through the step",
         frozenset({"adamw", "paged-adamw32bit"}): "paging moves state only under pressure",
         frozenset({"adamw8bit", "paged-adamw8bit"}): "paging moves state only under pressure"},
     ("memory", "quant"): {frozenset({"nf4", "fp4"}):

@@ -209,7 +209,7 @@ class ThroughputAssumptions:
     int8_matmul_slowdown: float = 1.6
     dora_bytes_per_adapted_param: float = 10.0
     optimizer_bandwidth_efficiency: float = 0.6
-    # optimizers other than AdamW: passes over their tensors per step (assumed)
+    # SGD, Adafactor, bitsandbytes 8-bit: passes over their tensors per step (assumed)
     optimizer_passes: float = 1.5
     # AdamW: element passes per step relative to one read of p, g, m, v and one write of p, m,
     # v (7): derived from the kernels' code (see THROUGHPUT_WHY), per implementation
@@ -494,11 +494,14 @@ THROUGHPUT_WHY: dict[str, str] = {
         "from 4.9 to 12.8 % and the sequential fit did not settle at a fixed point, so it is "
         "not adopted"),
     "optimizer_passes": (
-        "optimizers other than AdamW (8-bit, Lion, SGD, Adafactor) read and write their "
-        "tensors in more than one kernel (assumed)"),
+        "SGD, Adafactor and bitsandbytes' 8-bit AdamW (foreach SGD, transformers' Adafactor, "
+        "the blockwise 8-bit kernels' per-element requantization) take more than their bytes' "
+        "one pass (assumed)"),
     "adamw_fused_passes": (
         "fused AdamW (torch._fused_adamw_) is one multi-tensor kernel: it reads p, g, m, v and "
-        "writes p, m, v once, 7 element passes, the unit of the optimizer term's bytes"),
+        "writes p, m, v once, 7 element passes, the unit of the optimizer term's bytes; "
+        "bitsandbytes' 32-bit AdamW and Lion (core.compute.step.BNB_FUSED_OPTIMIZERS) are one "
+        "kernel per tensor too"),
     "adamw_unfused_passes": (
         "torch 2.x _multi_tensor_adam (torch/optim/adam.py, decoupled weight decay, not "
         "capturable), op by op in element reads + writes: _foreach_mul_(p) 2, "

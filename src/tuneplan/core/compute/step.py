@@ -506,6 +506,15 @@ def _optimizer_term(model: ModelShape, s: Strategy, gpu: GpuSpec,
                     "Trainer.create_optimizer register_module_override)" if extra else ""))
 
 
+#: The 32-bit optimizers the HF Trainer builds from bitsandbytes (paged_adamw_32bit,
+#: lion_32bit): one kernel per tensor (``optimizer_update_32bit``) that reads p, g and the
+#: states and writes p and the states once, as torch's fused AdamW does. The 8-bit blockwise
+#: kernels also dequantize and requantize each state element against a 256-value code (a
+#: search per element), more than their bytes: they keep the assumed ``optimizer_passes``
+#: (counted as one pass they scored worse held out: benchmarks/README.md).
+BNB_FUSED_OPTIMIZERS = frozenset({Optimizer.PAGED_ADAMW32BIT, Optimizer.LION})
+
+
 def optimizer_passes(s: Strategy, a: ThroughputAssumptions) -> tuple[float, str]:
     """Passes over the optimizer's tensors per step and, for AdamW, the implementation they
     follow: the one the memory model's step temporaries follow (``core.job.versions.
@@ -513,6 +522,8 @@ def optimizer_passes(s: Strategy, a: ThroughputAssumptions) -> tuple[float, str]
     no optimizer (``core/launch/engines.py``), so DeepSpeed wraps the Trainer's own."""
     from tuneplan.core.job.versions import adamw_impl
 
+    if s.optimizer in BNB_FUSED_OPTIMIZERS:
+        return a.adamw_fused_passes, "bitsandbytes"
     if s.optimizer is not Optimizer.ADAMW:
         return a.optimizer_passes, ""
     impl = adamw_impl(s, None)
