@@ -387,3 +387,10 @@ def test_adamw_step_passes_follow_the_implementation_the_job_runs() -> None:
               "vocab_size": 128}
     assert StepSetup(config=config, strategy=plain).impl == "foreach"
     assert StepSetup(config=config, strategy=hf).impl == "fused"
+    # LitGPT's finetune scripts: torch AdamW without fused; under QLoRA bnb's PagedAdamW
+    from tuneplan.core.job.versions import adamw_impl
+
+    lit = dataclasses.replace(hf, recipe=Recipe.LITGPT)
+    assert adamw_impl(lit, None) == "foreach"
+    assert adamw_impl(dataclasses.replace(lit, method=Method.QLORA), None) == "fused"
+    assert adamw_impl(dataclasses.replace(hf, recipe=Recipe.TORCHTUNE), None) == "fused"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from tuneplan.core.job.methods import Quant, effective_quant
+from tuneplan.core.job.methods import Method, Quant, effective_quant
 from tuneplan.core.job.recipes import PEFT_BASE_DTYPE, Recipe
 from tuneplan.core.job.stack import Stack, version_text
 from tuneplan.core.job.strategy import Attention, Loss, Optimizer, Sharding, Strategy, Task
@@ -130,11 +130,16 @@ def adamw_impl(s: Strategy, assumed: str | None) -> str:
     Trainer's default for the stack (recipe hf; torch AdamW is the single-tensor loop before
     torch 2.0); a plain loop's ``torch.optim.AdamW(params, lr=...)`` takes torch's own default
     (foreach on CUDA from torch 2.0, ``_default_to_fused_or_foreach``; fused only when asked:
-    PEFT's method-comparison ``utils.get_optimizer_and_scheduler`` builds it so); else fused
-    (torchtune configs, as before)."""
+    PEFT's method-comparison ``utils.get_optimizer_and_scheduler`` builds it so); LitGPT's
+    finetune scripts too (``instantiate_torch_optimizer(optimizer, model.parameters())``, no
+    ``fused``; only its pretrain script asks for it), but under a bitsandbytes quantization
+    (QLoRA) they build ``bnb.optim.PagedAdamW``, one kernel per tensor (``instantiate_bnb_
+    optimizer``): fused here; else fused (torchtune configs, as before)."""
     if assumed:
         return assumed
-    if s.recipe in (Recipe.HF, Recipe.PLAIN):
+    if s.recipe is Recipe.LITGPT and s.method is Method.QLORA:
+        return "fused"
+    if s.recipe in (Recipe.HF, Recipe.PLAIN, Recipe.LITGPT):
         impl = _IMPL[hf_default_optim(s.stack)] if s.recipe is Recipe.HF else "foreach"
         if impl == "foreach" and not s.stack.at_least("torch", TORCH_GRADS_TO_NONE):
             return "single"
