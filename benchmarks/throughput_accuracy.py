@@ -36,21 +36,14 @@ from tuneplan.core.compute.throughput import (
     model_shape_from_spec,
 )
 from tuneplan.core.job.methods import Method, Quant
-from tuneplan.core.job.recipes import Recipe
-from tuneplan.core.job.stack import DEFAULT_STACK, Stack
 from tuneplan.core.job.strategy import (
-    Attention,
-    Checkpointing,
-    Loss,
-    Offload,
-    Optimizer,
     Precision,
     Sharding,
     Strategy,
     Task,
 )
 from tuneplan.core.models import LayerSpec, Linear, LinearRole, MlpKind, ModelSpec, NormKind
-from tuneplan.errors import TuneplanError, UnsupportedError
+from tuneplan.errors import TuneplanError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loso import Fit, error_pct, leave_one_out, median_abs, plain, refit
@@ -117,44 +110,29 @@ def model_shape(case: dict[str, Any]) -> ModelShape:
 
 
 def case_strategy(case: dict[str, Any]) -> tuple[Strategy, int | None]:
-    """(Strategy, avg_tokens) of the case's CLI flags; settings without a flag read from the
-    case. Raises UnsupportedError for a value tuneplan has no word for."""
+    """(Strategy, avg_tokens) of the case's CLI flags, read by the job vocabulary as ``plan``
+    reads them (``accuracy.case_request``); the settings without a flag read from the case:
+    GPTQ Int4 checkpoints (Qwen's Q-LoRA rows: the case's CLI form says nf4, the nearest flag of
+    its day, and the speed model has a GPTQ kernel term of its own), torch.compile, a count of
+    virtual tokens, sequence classification. Raises TuneplanError for a value the job
+    vocabulary refuses."""
+    from accuracy import case_request
+
     args = case["args"]
     settings = " ".join(case.get("settings_not_in_cli") or [])
-    targets = str(args.get("lora-targets", "all-linear"))
+    strategy = case_request(case["model"], args).job().strategy
     virtual = re.search(r"(\d+) virtual tokens", settings)
-    checkpointing = (Checkpointing.OFFLOAD if args.get("offload-activations") else
-                     Checkpointing.FULL if args.get("gradient-checkpointing", True) else
-                     Checkpointing.NONE)
-    # Qwen's Q-LoRA rows train GPTQ Int4 checkpoints (auto-gptq); the case's CLI form says nf4
-    # as the nearest flag of its day; the speed model has a GPTQ kernel term of its own
-    quant = Quant.GPTQ_INT4 if "GPTQ int4" in settings else Quant(args.get("quant", "nf4"))
-    try:
-        strategy = Strategy(
-            method=Method(args.get("method", "lora")), lora_rank=int(args.get("lora-rank", 16)),
-            lora_alpha=int(args.get("lora-alpha", 32)), lora_targets=tuple(targets.split(",")),
-            lora_dropout=float(args.get("lora-dropout", 0.0)),
-            num_virtual_tokens=int(virtual.group(1)) if virtual else 20,
-            quant=quant,
-            double_quant=bool(args.get("double-quant", True)),
-            precision=Precision(args.get("precision", "bf16-mixed")),
-            optimizer=Optimizer(args.get("optimizer", "adamw")),
-            batch_size=int(args.get("batch-size", 1)), grad_accum=int(args.get("grad-accum", 1)),
-            seq_len=int(args.get("seq-len", 2048)), packing=bool(args.get("packing", False)),
-            checkpointing=checkpointing, attention=Attention(args.get("attention", "sdpa")),
-            compile=bool(args.get("compile", False)) or "torch.compile enabled" in settings,
-            gpus=int(args.get("gpus", 1)), nodes=int(args.get("nodes", 1)),
-            sharding=Sharding(args.get("sharding", "ddp")),
-            offload=Offload(args.get("offload", "none")),
-            recipe=Recipe(args.get("recipe", "hf")),
-            loss=Loss(args["loss"]) if args.get("loss") else None,
-            task=Task.SEQ_CLS if "sequence-classification" in settings
-            else Task(args.get("task", "causal-lm")),
-            stack=Stack.parse(args["stack"]) if args.get("stack") else DEFAULT_STACK)
-    except ValueError as exc:
-        raise UnsupportedError(f"no tuneplan setting for this case: {exc}") from exc
+    changes: dict[str, Any] = {}
+    if "GPTQ int4" in settings:
+        changes["quant"] = Quant.GPTQ_INT4
+    if "torch.compile enabled" in settings:
+        changes["compile"] = True
+    if virtual:
+        changes["num_virtual_tokens"] = int(virtual.group(1))
+    if "sequence-classification" in settings:
+        changes["task"] = Task.SEQ_CLS
     avg = args.get("avg-tokens")
-    return strategy, int(avg) if avg is not None else None
+    return replace(strategy, **changes), int(avg) if avg is not None else None
 
 
 def evaluate(cases_path: Path, assumptions: ThroughputAssumptions | None = None,

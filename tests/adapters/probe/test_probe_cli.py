@@ -66,7 +66,8 @@ def test_simulated_8b_lora_matches_the_analytic_peak() -> None:
     assert replayed > rows(doc)["tensor peak (total)"]["measured_bytes"]
     # 8.03B bf16 params (16.06 GB) + 41.9M fp32 LoRA params = 16.23 GB of weights.
     assert rows(doc)["weights"]["measured_bytes"] == pytest.approx(16_228_295_168, abs=4096)
-    assert doc["measured"]["simulation_seconds"] > 0
+    # simulation_seconds is a wall-clock reading: the document carries it, no test bounds it
+    assert isinstance(doc["measured"]["simulation_seconds"], float)
 
 
 def test_simulated_litgpt_lora_runs_litgpt_and_matches_its_layout() -> None:
