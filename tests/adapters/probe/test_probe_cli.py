@@ -104,8 +104,10 @@ def test_simulation_falls_back_to_the_analytic_optimizer_for_adafactor() -> None
 
 @pytest.mark.parametrize(("args", "error", "words"), [
     (["--random-weights", "--gpus", "2"], UnsupportedError, "more than one GPU"),
-    (["--random-weights", "--recipe", "torchtune", "--method", "qlora"], UnsupportedError,
-     "torchtune simulation cannot run --method qlora"),
+    (["--random-weights", "--recipe", "torchtune", "--method", "qlora", "--quant", "fp4"],
+     UnsupportedError, "torchtune simulation cannot run --quant fp4"),
+    (["--simulate", "--recipe", "torchtune", "--method", "qlora"], UnsupportedError,
+     "--method qlora under fake tensors"),
     (["--random-weights", "--recipe", "litgpt", "--method", "qlora"], UnsupportedError,
      "litgpt simulation cannot run --method qlora"),
     (["--device", "cpu"], InvalidValueError, "--random-weights"),

@@ -243,3 +243,136 @@ def test_compile_is_refused_where_no_compiled_layout_is_modelled() -> None:
             estimate_memory(model, other)
     with pytest.raises(UnsupportedError, match="--compile under fake tensors"):
         StepSetup(config=CONFIGS["llama-gqa"], strategy=tune, fake=True)
+
+
+# --offload-activations (torchtune's OffloadActivations over checkpointed layers, the output
+# projection under a NoOpManager): LoRA, bf16 (and one fp32 case), the chunked and the standard
+# loss, tied and untied heads, packed, 2 and 6 layers (the forward stash then holds fewer
+# layer inputs than there are layers).
+_DEEP = {**_BASE, "num_hidden_layers": 6}
+_DEEP_SMALL_VOCAB = {**_BASE, "num_hidden_layers": 6, "vocab_size": 128}
+OFFLOADED: list[tuple[dict[str, object], int, int, Precision, tuple[str, ...], Loss, bool]] = [
+    (CONFIGS["llama-gqa"], 2, 256, BF16, ALL, CHUNKED, False),
+    (CONFIGS["llama-tied"], 2, 256, BF16, ALL, CHUNKED, False),
+    (CONFIGS["llama-gqa"], 1, 512, BF16, QV, CHUNKED, True),
+    (CONFIGS["llama-small-vocab"], 2, 256, BF16, ALL, CHUNKED, False),   # backward peak
+    (CONFIGS["llama-gqa"], 2, 256, BF16, ALL, STANDARD, False),
+    (_DEEP, 2, 256, BF16, ALL, CHUNKED, False),
+    (_DEEP_SMALL_VOCAB, 2, 256, BF16, ALL, CHUNKED, False),
+    (CONFIGS["llama-mha"], 2, 256, FP32, QV, CHUNKED, False),
+]
+
+
+def _offload_id(c: tuple[dict[str, object], int, int, Precision, tuple[str, ...], Loss, bool]
+                ) -> str:
+    cfg, b, s, precision, targets, loss, packed = c
+    tag = {ALL: "all", QV: "qv", QVO: "qvo"}[targets]
+    return (f"L{cfg['num_hidden_layers']}-V{cfg['vocab_size']}-tied{cfg['tie_word_embeddings']}"
+            f"-{b}x{s}-{precision}-{tag}-{loss}" + ("-packed" if packed else ""))
+
+
+def _offloaded(b: int, s: int, precision: Precision, targets: tuple[str, ...], loss: Loss,
+               packed: bool, rank: int = 8) -> Strategy:
+    return dataclasses.replace(_strategy("lora", b, s, True, precision, targets, loss,
+                                         rank=rank, packing=packed),
+                               checkpointing=Checkpointing.OFFLOAD)
+
+
+@pytest.mark.parametrize("case", OFFLOADED, ids=[_offload_id(c) for c in OFFLOADED])
+def test_torchtune_offloaded_peak_matches_simulation(
+        case: tuple[dict[str, object], int, int, Precision, tuple[str, ...], Loss, bool]) -> None:
+    from tuneplan.adapters.probe.harness import StepSetup, measure_step
+
+    cfg, b, s, precision, targets, loss, packed = case
+    strategy = _offloaded(b, s, precision, targets, loss, packed)
+    measured = measure_step(StepSetup(config=cfg, strategy=strategy, optimizer_impl="fused"))
+    model = parse_model_config(cfg, name="x")
+    estimate = estimate_memory(model, strategy, MemoryAssumptions(adamw_impl="fused"))
+    assert any("torchtune's own layout" in n for n in estimate.notes)
+    tensors = _tensors(estimate)
+    assert abs(tensors - measured.peak_bytes) / measured.peak_bytes <= 0.03, (
+        f"estimated {tensors} ({estimate.peak_phase}) vs simulated {measured.peak_bytes} "
+        f"({measured.peak_phase})")
+    _assert_state_at_backward_start(estimate, measured)
+    # the offloaded layer inputs left the device: the state held as backward begins is the
+    # checkpointed one less every layer input but the one the forward stash still holds
+    kept = estimate_memory(model, dataclasses.replace(strategy,
+                                                      checkpointing=Checkpointing.FULL),
+                           MemoryAssumptions(adamw_impl="fused"))
+    layers = int(cfg["num_hidden_layers"])  # type: ignore[call-overload]
+    width = 4 if precision is FP32 else 2
+    assert kept.phases["forward-end"] - estimate.phases["forward-end"] == (
+        (layers - 1) * b * s * 64 * width)
+
+
+@pytest.mark.parametrize("case", [OFFLOADED[0], OFFLOADED[6]],
+                         ids=[_offload_id(OFFLOADED[0]), _offload_id(OFFLOADED[6])])
+def test_torchtune_compiled_offloaded_state_matches_simulation(
+        case: tuple[dict[str, object], int, int, Precision, tuple[str, ...], Loss, bool]) -> None:
+    """--compile with --offload-activations (the torchtune README's LoRA row): the state held
+    as backward begins within 3 % of the simulation, the peak between it and the simulation's
+    eager-transient bound."""
+    from tuneplan.adapters.probe.harness import StepSetup, measure_step
+
+    cfg, b, s, precision, targets, loss, packed = case
+    strategy = dataclasses.replace(_offloaded(b, s, precision, targets, loss, packed),
+                                   compile=True)
+    measured = measure_step(StepSetup(config=cfg, strategy=strategy, optimizer_impl="fused"))
+    estimate = estimate_memory(parse_model_config(cfg, name="x"), strategy,
+                               MemoryAssumptions(adamw_impl="fused"))
+    _assert_state_at_backward_start(estimate, measured)
+    assert estimate.phases["forward-end"] <= _tensors(estimate) <= measured.peak_bytes * 1.03
+
+
+def test_torchtune_offloaded_full_size_matches_fake_simulation() -> None:
+    """Llama-3.2-1B (16 layers, tied head), LoRA r16 all-linear, packed, offloaded."""
+    from tuneplan.adapters.hub import find_bundled, load_bundled_config, resolve_model
+    from tuneplan.adapters.probe.harness import StepSetup, measure_step
+
+    name = "meta-llama/Llama-3.2-1B"
+    bundled = find_bundled(name)
+    assert bundled is not None
+    strategy = _offloaded(2, 2048, BF16, ALL, CHUNKED, True, rank=16)
+    measured = measure_step(StepSetup(config=load_bundled_config(bundled), strategy=strategy,
+                                      fake=True))
+    estimate = estimate_memory(resolve_model(name), strategy)
+    tensors = _tensors(estimate)
+    assert abs(tensors - measured.peak_bytes) / measured.peak_bytes <= 0.03, (
+        f"estimated {tensors} ({estimate.peak_phase}) vs simulated {measured.peak_bytes}")
+    _assert_state_at_backward_start(estimate, measured)
+
+
+def test_offloaded_full_fine_tuning_keeps_the_hf_stand_in_and_says_so() -> None:
+    """A full fine-tune's offloaded backward is not modelled on torchtune's layout: the hf
+    layout stands in, with the reason in the notes (the simulation runs it)."""
+    model = parse_model_config(CONFIGS["llama-gqa"], name="x")
+    job = dataclasses.replace(_strategy("full", 2, 256, True, BF16, ALL, CHUNKED),
+                              checkpointing=Checkpointing.OFFLOAD)
+    est = estimate_memory(model, job)
+    assert any("--offload-activations with --method full" in n for n in est.notes)
+
+
+# torchtune QLoRA (torchao NF4 weights) runs in the simulation on real tensors; the analytic
+# layout does not cover it yet (core/memory/torchtune.py says why): here the simulated weights
+# are held to the estimate's weight terms, which follow the same block sizes.
+_NF4 = {**_BASE, "hidden_size": 256, "intermediate_size": 512}
+#: the same model's block linears in bf16: 2 layers · (q, o 256² + k, v 256·128 + 3 · 256·512)
+_NF4_BF16_BYTES = 2 * (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 512) * 2
+
+
+def test_torchtune_qlora_simulation_holds_nf4_weights() -> None:
+    from tuneplan.adapters.probe.harness import StepSetup, measure_step
+    from tuneplan.core.job.methods import Quant
+
+    job = dataclasses.replace(_strategy("qlora", 1, 128, False, BF16, ALL, CHUNKED),
+                              quant=Quant.NF4, double_quant=True)
+    measured = measure_step(StepSetup(config=_NF4, strategy=job, optimizer_impl="fused"))
+    est = estimate_memory(parse_model_config(_NF4, name="x"), job)
+    assert measured.trainable_params == est.trainable_params
+    weights = sum(est.breakdown.value(k) for k in (
+        "weights/quantized", "weights/quant_constants", "weights/unquantized"))
+    held = measured.max_by_category["parameters"] - 2 * est.trainable_params   # bf16 A/B
+    assert abs(held - weights) / weights <= 0.01, f"simulated {held} vs estimated {weights}"
+    # the block linears in 4-bit blocks (about 4.1 bits a weight), not bf16
+    blocks = held - est.breakdown.value("weights/unquantized")
+    assert 0.25 * _NF4_BF16_BYTES < blocks < 0.27 * _NF4_BF16_BYTES

@@ -70,7 +70,9 @@ def refuse_unrunnable(s: Strategy, *, fake: bool = False) -> None:
          "FSDP)"),
         (s.offload is not Offload.NONE, f"--offload {s.offload}"),
         (s.grad_accum > 1, "--grad-accum > 1 (measure one micro-batch)"),
-        (s.checkpointing is Checkpointing.OFFLOAD, "--offload-activations"),
+        (s.checkpointing is Checkpointing.OFFLOAD and s.recipe is not Recipe.TORCHTUNE,
+         "--offload-activations (torchtune's OffloadActivations is simulated: --recipe "
+         "torchtune)"),
         (s.packing and s.recipe is not Recipe.TORCHTUNE,
          "--packing (the probe's rows are one sequence each; --recipe torchtune packs)"),
         (s.attention is Attention.FLASH,

@@ -42,8 +42,13 @@ training/memory.py, ``apply_activation_checkpointing`` with a ``ModuleWrapPolicy
   inductor would fuse away exists once). Real tensors only: dynamo does not trace here
   under fake tensors.
 
-QLoRA (``quantize_base=True``: torchao ``NF4Tensor`` weights) is not run here (see
-``core/memory/torchtune.py``).
+- ``--offload-activations``: the recipe's ``get_act_offloading_ctx_manager`` over checkpointed
+  layers, with ``OffloadActivations``' bookkeeping repeated here (``training`` cannot be
+  imported, above): the same ids, forward and backward stashes and hooks, no CUDA streams, host
+  copies made outside the tracker.
+- ``--method qlora``: the LoRA builders with ``quantize_base=True`` (every block linear a
+  torchao ``NF4Tensor``: ``LoRALinear``'s base and ``FrozenNF4Linear``; the embedding and a tied
+  head stay in the recipe dtype), on real tensors only (``to_nf4`` quantizes real weights).
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ from torch import nn
 from tuneplan.adapters.probe import build
 from tuneplan.adapters.probe.harness import MeasuredStep, StepSetup, measured_step
 from tuneplan.adapters.probe.tracker import StorageTracker
-from tuneplan.core.job.methods import Method
+from tuneplan.core.job.methods import Method, Quant
 from tuneplan.core.job.strategy import Attention, Checkpointing, Loss, Precision, Strategy
 from tuneplan.errors import ProbeError, UnsupportedError
 
@@ -76,13 +81,15 @@ _MLP = frozenset({"gate_proj", "up_proj", "down_proj"})
 def refuse_unrunnable(s: Strategy, *, fake: bool = False) -> None:
     """What this torchtune step cannot run, with the flag."""
     reasons = [
-        (s.method not in (Method.FULL, Method.LORA),
-         f"--method {s.method} (the torchtune simulation runs full and lora; qlora's NF4 "
-         "weights are modelled from torchao's source)"),
+        (s.method not in (Method.FULL, Method.LORA, Method.QLORA),
+         f"--method {s.method} (the torchtune simulation runs full, lora and qlora)"),
+        (s.method is Method.QLORA and (s.quant is not Quant.NF4 or not s.double_quant),
+         f"--quant {s.quant}{'' if s.double_quant else ' --no-double-quant'} (torchtune's "
+         "QLoRA is torchao NF4, its block scales quantized again: --quant nf4 --double-quant)"),
+        (s.method is Method.QLORA and fake, "--method qlora under fake tensors (torchao's "
+                                            "to_nf4 needs real weights: run the tiny configs)"),
         (s.precision not in (Precision.BF16, Precision.FP32),
          f"--precision {s.precision} (torchtune trains in one dtype: bf16 or fp32)"),
-        (s.checkpointing is Checkpointing.OFFLOAD,
-         "--offload-activations (torchtune offloads on CUDA streams only)"),
         (s.world_size > 1 or s.grad_accum > 1, "more than one GPU or micro-batch"),
         (bool(s.trainable_modules), "--trainable-modules"),
         (s.attention is Attention.EAGER, "--attention eager (torchtune runs SDPA)"),
@@ -219,6 +226,130 @@ def scale_grads(model: nn.Module, scaler: torch.Tensor) -> None:
             p.grad *= scaler.to(p.device)
 
 
+#: torchtune ``OffloadActivations()`` defaults (training/_activation_offloading.py):
+#: ``max_fwd_stash_size`` and ``min_offload_size`` (bytes).
+OFFLOAD_STASH = 5
+OFFLOAD_MIN_BYTES = 1024
+
+
+class OffloadActivations(torch.autograd.graph.saved_tensors_hooks):
+    """torchtune 0.6.1 training/_activation_offloading.py ``OffloadActivations()`` with its
+    defaults (``use_streams=True``), its bookkeeping line for line, the CUDA stream and event
+    calls dropped (there is no second stream here, so every copy has finished by the time
+    torchtune would wait for it). What it decides about device memory is kept:
+
+    - forward: a saved tensor of at least ``min_offload_size`` bytes that is not a Parameter
+      or Buffer gets a host copy (made with the tracker paused: host memory is not the
+      device's) and its device tensor stays in the forward stash until a later offload's id
+      is ``max_fwd_stash_size`` past its own, or the first backward node's hook empties the
+      stash; smaller ones stay as they are;
+    - backward: an offloaded tensor is brought back (a new device tensor, unless it is still
+      in the forward stash) and kept in the backward stash until the hook of the next autograd
+      node that brings one back has run (or released at once where a view of it outlived the
+      node: ``record_stream``), the rest at the end of backward.
+    """
+
+    def __init__(self, tracker: StorageTracker) -> None:
+        self.host: dict[int, tuple[torch.Tensor, bool]] = {}
+        self.tensor_id = 0
+        self.is_first_forward_call = True
+        self.is_first_backward_call = True
+        self.fwd_stash: dict[int, torch.Tensor] = {}
+        self.bwd_tensor_stash: dict[int, torch.Tensor] = {}
+        self.curr_graph_id: Any = None
+        self.curr_autograd_node: Any = None
+
+        def pack(activation: torch.Tensor) -> int:
+            if self.is_first_forward_call:
+                assert not self.host, "backward pass should have cleared tracker of all tensors"
+                self.is_first_forward_call = False
+                self.is_first_backward_call = True
+            num_bytes = activation.element_size() * activation.nelement()
+            self.tensor_id += 1
+            tensor_id = self.tensor_id
+            if num_bytes >= OFFLOAD_MIN_BYTES and not isinstance(
+                    activation, (nn.Parameter, nn.Buffer)):
+                for old in list(self.fwd_stash):
+                    if old <= tensor_id - OFFLOAD_STASH:
+                        del self.fwd_stash[old]
+                    else:
+                        break
+                with tracker.paused():   # torch.empty_like(..., pin_memory, device="cpu")
+                    host = torch.empty_like(activation)
+                    host.copy_(activation)
+                self.host[tensor_id] = (host, True)
+                self.fwd_stash[tensor_id] = activation
+            else:
+                self.host[tensor_id] = (activation, False)
+            return tensor_id
+
+        def unpack(tensor_id: int) -> torch.Tensor:
+            if self.is_first_backward_call:
+                self.curr_graph_id = torch._C._current_graph_task_id()
+
+                def wait_and_del_remaining_references() -> None:
+                    self.bwd_tensor_stash.clear()
+
+                torch.autograd.Variable._execution_engine.queue_callback(
+                    wait_and_del_remaining_references)
+                self.is_first_backward_call = False
+                self.is_first_forward_call = True
+            tensor, modified = self.host.pop(tensor_id)
+            if not modified:
+                return tensor
+            graph_id = torch._C._current_graph_task_id()
+            node = torch._C._current_autograd_node()
+            prev_node_ids: list[int] = []
+            if graph_id == self.curr_graph_id and self.curr_autograd_node != node:
+                self.curr_autograd_node = node
+                prev_node_ids = list(self.bwd_tensor_stash)
+            brought_back = tensor_id not in self.fwd_stash
+            if brought_back:
+                tensor = tensor.clone()   # .to("cuda", non_blocking=True): a new device tensor
+                self.bwd_tensor_stash[tensor_id] = tensor
+                refcount = torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
+            else:
+                tensor = self.fwd_stash[tensor_id]
+
+            def hook(outputs: Any, inputs: Any) -> Any:
+                if brought_back:
+                    unpacked = self.bwd_tensor_stash[tensor_id]
+                    if torch._C._storage_Use_Count(unpacked.untyped_storage()._cdata) > \
+                            refcount:
+                        del self.bwd_tensor_stash[tensor_id]   # record_stream(s0)
+                self.fwd_stash.clear()
+                for old in prev_node_ids:
+                    self.bwd_tensor_stash.pop(old, None)
+                return outputs
+
+            node.register_hook(hook)
+            return tensor
+
+        super().__init__(pack, unpack)
+
+
+class NoOpManager(torch.autograd.graph.saved_tensors_hooks):
+    """torchtune's ``NoOpManager``: the innermost hooks, saving tensors as they are."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda t: t, lambda t: t)
+
+
+def offloading_context(model: nn.Module, tracker: StorageTracker) -> OffloadActivations:
+    """torchtune ``get_act_offloading_ctx_manager(model, True)``: ``OffloadActivations()``, with
+    the output projection (``model.output``, or a tied head's ``.linear``) under a
+    ``NoOpManager`` so its saved input stays on the device."""
+    from torchtune.modules import TiedLinear
+
+    ctx = OffloadActivations(tracker)
+    noop = NoOpManager()
+    output: Any = model.output
+    head: nn.Module = output.linear if isinstance(output, TiedLinear) else output
+    head.register_forward_pre_hook(lambda *_: noop.__enter__())
+    head.register_forward_hook(lambda *_: noop.__exit__(), always_call=True)
+    return ctx
+
+
 def _dtype(s: Strategy) -> torch.dtype:
     return torch.bfloat16 if s.precision is Precision.BF16 else torch.float32
 
@@ -232,10 +363,10 @@ def build_model(setup: StepSetup) -> nn.Module:
     s = setup.strategy
     kw = builder_args(setup.config)
     tied = bool(setup.config.get("tie_word_embeddings"))
-    lora = s.method is Method.LORA
+    lora = s.method in (Method.LORA, Method.QLORA)
     if lora:
         kw.update(lora_args(s), lora_rank=s.lora_rank, lora_alpha=float(s.lora_alpha),
-                  lora_dropout=s.lora_dropout)
+                  lora_dropout=s.lora_dropout, quantize_base=s.method is Method.QLORA)
         if tied and kw["apply_lora_to_output"]:
             raise UnsupportedError("torchtune refuses LoRA on a tied output projection")
     if tied:
@@ -295,12 +426,18 @@ def measure_torchtune_step(setup: StepSetup, *, on_step: Callable[[int], None] |
             compile_model(model, modules.TransformerSelfAttentionLayer)
             notes.append("torch.compile per layer: inductor's decompositions, joint-graph "
                          "passes and min-cut partition; the partitioned graphs run eagerly")
-        if s.checkpointing is Checkpointing.FULL:
+        offload: Any = contextlib.nullcontext()
+        if s.checkpointing is not Checkpointing.NONE:
+            # the recipes refuse offloading without checkpointing: --offload-activations is both
             set_activation_checkpointing(model, modules.TransformerSelfAttentionLayer)
+        if s.checkpointing is Checkpointing.OFFLOAD:
+            offload = offloading_context(model, tracker)
+            notes.append("activation offloading: torchtune's OffloadActivations bookkeeping, "
+                         "host copies outside the tracker")
         loss_fn: Any = CEWithChunkedOutputLoss(num_output_chunks=OUTPUT_CHUNKS) if chunked \
             else nn.CrossEntropyLoss(ignore_index=IGNORE_INDEX)
         if s.compile:
-            loss_fn = compile_loss(loss_fn, keep=s.method is Method.LORA)
+            loss_fn = compile_loss(loss_fn, keep=s.method is not Method.FULL)
         if chunked:
             model.set_num_output_chunks(OUTPUT_CHUNKS)  # type: ignore[operator]
         gen = None if setup.fake else torch.Generator().manual_seed(setup.seed)
@@ -334,7 +471,7 @@ def measure_torchtune_step(setup: StepSetup, *, on_step: Callable[[int], None] |
                         num_tokens = (labels != IGNORE_INDEX).sum()
                         current_loss = _loss_step(model, loss_fn, tokens, labels,
                                                   ignore_labels_cache, chunked,
-                                                  input_pos) * num_tokens
+                                                  input_pos, offload) * num_tokens
                         running_loss = current_loss   # running_loss = 0; running_loss += ...
                     backward_start = tracker.live_bytes
                     with tracker.phase("backward"):
@@ -365,10 +502,13 @@ def measure_torchtune_step(setup: StepSetup, *, on_step: Callable[[int], None] |
 
 def _loss_step(model: nn.Module, loss_fn: Any, tokens: torch.Tensor, labels: torch.Tensor,
                ignore_labels_cache: torch.Tensor, chunked: bool,
-               input_pos: torch.Tensor | None = None) -> torch.Tensor:
+               input_pos: torch.Tensor | None = None,
+               offload: Any = None) -> torch.Tensor:
     """The recipes' ``_loss_step`` (torchtune v0.6.1), line for line (``self._model(**batch)``:
-    a packed batch also carries ``input_pos``)."""
-    logits = model(tokens) if input_pos is None else model(tokens, input_pos=input_pos)
+    a packed batch also carries ``input_pos``; the model runs under
+    ``self.activations_handling_ctx``)."""
+    with offload if offload is not None else contextlib.nullcontext():
+        logits = model(tokens) if input_pos is None else model(tokens, input_pos=input_pos)
     shifted = torch.hstack((labels[..., 1:], ignore_labels_cache[: labels.shape[0]]))
     if not isinstance(logits, list):
         shifted = shifted.reshape(-1)

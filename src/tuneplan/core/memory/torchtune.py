@@ -25,6 +25,13 @@ Read from torchtune v0.6.1 ``recipes/{lora,full}_finetune_single_device.py`` (``
   cache), saved by its products wherever q or k needs a gradient. Flex attention over the
   packed ``BlockMask`` (CUDA) saves what SDPA saves; the BlockMask's block tables are not
   counted.
+- ``--offload-activations`` (LoRA; ``enable_activation_offloading`` with checkpointing, the
+  recipe's ``get_act_offloading_ctx_manager``): every layer input goes to the host; the
+  forward stash keeps the newest ``OFFLOAD_STASH`` offloads' device copies (the final norm's
+  four and one layer input) until backward starts; the output projection's saved input stays
+  (``NoOpManager``); in backward each brought-back tensor lives until the next node that
+  brings one back has run, so a layer reruns beside the input of the layer above it (the top
+  layer beside the final norm's fp32 input). Full fine-tuning offloaded is not modelled here.
 - ``--compile`` (``training.compile_model``, per layer, before checkpointing wraps it;
   ``compile_loss``): each layer saves the min-cut partitioner's set (``_compiled_saved``), the
   compiled cross-entropy keeps its input (every chunk, or the fp32 logits) and two fp32
@@ -55,10 +62,16 @@ from tuneplan.core.memory.parts import Item, part
 from tuneplan.core.models import MlpKind, ModelSpec, NormKind
 
 SOURCE = "torchtune 0.6.1 recipes + modules (transformer, attention, rms_norm, peft/lora, loss)"
+OFFLOAD_SOURCE = ("torchtune 0.6.1 training/_activation_offloading.py (OffloadActivations, "
+                  "get_act_offloading_ctx_manager)")
 COMPILE_SOURCE = ("torchtune 0.6.1 training/_compile.py (compile_model per layer, compile_loss) "
                   "+ torch 2.13 inductor decompositions and min-cut partitioner")
 #: torchtune ``CEWithChunkedOutputLoss(num_output_chunks=8)`` (modules/loss, the default).
 OUTPUT_CHUNKS = 8
+#: torchtune ``OffloadActivations()`` defaults (training/_activation_offloading.py):
+#: ``max_fwd_stash_size``, the offloaded tensors whose device copy stays alive behind the
+#: newest offload.
+OFFLOAD_STASH = 5
 #: torchtune's LoRA builders: ``apply_lora_to_mlp`` adapts w1, w2 and w3 together.
 MLP_TARGETS = frozenset({"gate_proj", "up_proj", "down_proj"})
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -73,6 +86,9 @@ def uncovered(model: ModelSpec, s: Strategy) -> str | None:
          f"{model.model_type} is not a llama-3-style dense decoder"),
         (model.head_dim * model.num_heads != model.hidden_size,
          "head_dim other than hidden / heads (torchtune's llama-3 builders)"),
+        # qlora: torchao's eager NF4 dequantization (int64 unpacking, ~14 bytes per parameter
+        # of the weight being dequantized) and the compiled partitioner's saved set for NF4
+        # layers are not modelled; the simulation runs it (adapters/probe/torchtune_step.py)
         (s.method not in (Method.FULL, Method.LORA), f"--method {s.method}"),
         (s.task is not Task.CAUSAL_LM, f"--task {s.task}"),
         (s.precision not in (Precision.BF16, Precision.FP32),
@@ -80,8 +96,10 @@ def uncovered(model: ModelSpec, s: Strategy) -> str | None:
         (s.attention is Attention.EAGER, "--attention eager (torchtune runs SDPA)"),
         (s.world_size > 1 or s.sharding is not Sharding.DDP, "more than one GPU or sharding"),
         (s.grad_accum > 1, "--grad-accum > 1"),
-        (s.checkpointing is Checkpointing.OFFLOAD, "--offload-activations"),
         (s.optimizer_in_backward, "--optimizer-in-backward"),
+        (s.checkpointing is Checkpointing.OFFLOAD and not lora,
+         f"--offload-activations with --method {s.method} (modelled for LoRA: a full "
+         "fine-tune's backward peaks where its gradients and the brought-back inputs meet)"),
         (bool(s.trainable_modules), "--trainable-modules"),
         (lora and s.lora_dropout > 0, "LoRA dropout"),
         (lora and not s.all_linear and "lm_head" in s.lora_targets, "LoRA on the output"),
@@ -244,7 +262,14 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
                    "torch.hstack of the shifted labels T·8 (int64)", SOURCE)
     base: list[Item] = [*resident, inputs, rope, shifted]
     ckpt = s.checkpointing is not Checkpointing.NONE
-    if ckpt:
+    offload = s.checkpointing is Checkpointing.OFFLOAD
+    if offload:
+        stashed = offload_stashed_layers(d)
+        blocks = part("activations/checkpoints", stashed * d.t * d.h * d.c,
+                      f"layer inputs offloaded to the host (OffloadActivations); the forward "
+                      f"stash keeps the newest {OFFLOAD_STASH} offloads alive: {stashed} layer "
+                      f"input(s) T·H·bytes among them", OFFLOAD_SOURCE)
+    elif ckpt:
         blocks = part("activations/checkpoints", d.layers * d.t * d.h * d.c,
                       "layer inputs kept by non-reentrant checkpointing: L·T·H·bytes", SOURCE)
     else:
@@ -279,7 +304,21 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
             "simulated")],
         "optimizer": [*base, *grads, *step],
     }
-    if ckpt:
+    if offload:
+        # backward stash: a tensor brought back lives until the next node that brings one
+        # back has run. The top layer reruns beside the final norm's fp32 input brought back
+        # for its pow node; the layer below beside the top layer's input.
+        out["backward-recompute"] = [*base, part(
+            "activations/checkpoints", d.t * d.h * d.c + d.t * d.h * 4,
+            "the top layer's input brought back from the host T·H·bytes + the final norm's "
+            "fp32 input brought back before it T·H·4 (the backward stash)", OFFLOAD_SOURCE),
+            _recompute(d)]
+        if d.layers > 1:
+            out["backward-recompute-below-top"] = [*base, part(
+                "activations/checkpoints", 2 * d.t * d.h * d.c,
+                "the layer below the top's input brought back + the top layer's, still in the "
+                "backward stash 2·T·H·bytes", OFFLOAD_SOURCE), _recompute(d)]
+    elif ckpt:
         out["backward-recompute"] = [*base, blocks, _recompute(d)]
     if d.full:
         # the top layer's MLP backward: its product freed, three T·I gradients, the gradient
@@ -292,6 +331,22 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
             "(3·T·I, the freed product's place counted once less), the arriving T·H gradient "
             "and its w1/w2/w3 weight gradients", SOURCE)]
     return out
+
+
+def offload_stashed_layers(d: _Dims) -> int:
+    """Layer inputs whose device copy the forward stash still holds as the forward ends
+    (LoRA: the scale of the final norm is frozen).
+
+    Each checkpointed layer saves one tensor through the offload hooks (its input, by
+    ``_NoopSaveInputs``); the final RMSNorm then saves, in order (``F.rms_norm(x.float(),
+    weight=scale)``: an fp32 input and a bf16 scale differ in dtype, so torch runs the
+    composite; the simulation's CPU run does so in fp32 too, while CUDA's fused kernel would
+    take fewer ids there and leave one or two more layer inputs in the stash): x (pow), rstd
+    (rsqrt), rstd and x (x·rstd), then the frozen scale (a Parameter: kept as is). The stash
+    holds the offloads whose id is within ``OFFLOAD_STASH`` of the last offload's (the norm's
+    fourth); the output projection runs under a ``NoOpManager``, the loss outside the
+    context."""
+    return max(0, min(d.layers, OFFLOAD_STASH - 4))
 
 
 def _first_unsaved(d: _Dims) -> int:

@@ -25,10 +25,10 @@ if TYPE_CHECKING:  # the search imports this module's memory_penalty
 #: median |error| (``HELD_OUT_MEDIAN_ERROR``), allocator fragmentation and a long sample add
 #: to a peak.
 MEMORY_COMFORT = 0.80
-#: The memory estimate's leave-one-source-out median |error|, a fraction (5.3 %), over the
+#: The memory estimate's leave-one-source-out median |error|, a fraction (5.1 %), over the
 #: 96 published peaks of ``benchmarks/calibration`` (``benchmarks/accuracy.py``, run
 #: 2026-12-04; benchmarks/README.md).
-HELD_OUT_MEDIAN_ERROR = 0.053
+HELD_OUT_MEDIAN_ERROR = 0.051
 #: Penalty per unit of fill above ``MEMORY_COMFORT`` (0.28 at 94 % of usable): the chance
 #: that an out-of-memory error at step N costs a restart and a smaller micro-batch.
 MEMORY_PENALTY_SLOPE = 2.0
