@@ -32,6 +32,12 @@ Read from torchtune v0.6.1 ``recipes/{lora,full}_finetune_single_device.py`` (``
   (``NoOpManager``); in backward each brought-back tensor lives until the next node that
   brings one back has run, so a layer reruns beside the input of the layer above it (the top
   layer beside the final norm's fp32 input). Full fine-tuning offloaded is not modelled here.
+- ``--method qlora`` (``quantize_base=True``: every block linear a torchao ``NF4Tensor``, the
+  embedding and a tied head in the recipe dtype; ``--quant nf4 --double-quant`` only):
+  ``LinearNF4`` saves only its weight, and eagerly each ``weight.to(bf16)`` unpacks the nibbles
+  as int64 (``nf4_dequant_bytes``: 14 bytes a parameter of the weight at hand), which sets the
+  rerun's (and the top layer's) peak at down_proj; compiled, inductor fuses it away, and the
+  compiled partitioner's saved set of an NF4 layer is modelled only under checkpointing.
 - ``--compile`` (``training.compile_model``, per layer, before checkpointing wraps it;
   ``compile_loss``): each layer saves the min-cut partitioner's set (``_compiled_saved``), the
   compiled cross-entropy keeps its input (every chunk, or the fp32 logits) and two fp32
@@ -47,7 +53,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from tuneplan.core.job.methods import Method
+from tuneplan.core.job.methods import Method, Quant
 from tuneplan.core.job.strategy import (
     Attention,
     Checkpointing,
@@ -62,6 +68,7 @@ from tuneplan.core.memory.parts import Item, part
 from tuneplan.core.models import MlpKind, ModelSpec, NormKind
 
 SOURCE = "torchtune 0.6.1 recipes + modules (transformer, attention, rms_norm, peft/lora, loss)"
+NF4_SOURCE = "torchao 0.16 dtypes/nf4tensor.py (LinearNF4, NF4Tensor.get_original_weight)"
 OFFLOAD_SOURCE = ("torchtune 0.6.1 training/_activation_offloading.py (OffloadActivations, "
                   "get_act_offloading_ctx_manager)")
 COMPILE_SOURCE = ("torchtune 0.6.1 training/_compile.py (compile_model per layer, compile_loss) "
@@ -79,17 +86,21 @@ _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 def uncovered(model: ModelSpec, s: Strategy) -> str | None:
     """Why this job falls outside the modelled torchtune layout, or None when inside."""
-    lora = s.method is Method.LORA
+    lora = s.method in (Method.LORA, Method.QLORA)
     checks = [
         (model.model_type != "llama" or model.norm_kind is not NormKind.RMSNORM
          or model.mlp_kind is not MlpKind.GATED or model.num_experts > 0 or model.head_bias,
          f"{model.model_type} is not a llama-3-style dense decoder"),
         (model.head_dim * model.num_heads != model.hidden_size,
          "head_dim other than hidden / heads (torchtune's llama-3 builders)"),
-        # qlora: torchao's eager NF4 dequantization (int64 unpacking, ~14 bytes per parameter
-        # of the weight being dequantized) and the compiled partitioner's saved set for NF4
-        # layers are not modelled; the simulation runs it (adapters/probe/torchtune_step.py)
-        (s.method not in (Method.FULL, Method.LORA), f"--method {s.method}"),
+        (s.method not in (Method.FULL, Method.LORA, Method.QLORA), f"--method {s.method}"),
+        (s.method is Method.QLORA and (s.quant is not Quant.NF4 or not s.double_quant),
+         f"--quant {s.quant}{'' if s.double_quant else ' --no-double-quant'} (torchtune "
+         "quantizes with torchao NF4, its block scales quantized again)"),
+        # what the min-cut partitioner keeps of an NF4 layer (its dequantized weights among
+        # it) is not modelled; under checkpointing nothing of a layer is kept
+        (s.method is Method.QLORA and s.compile and s.checkpointing is Checkpointing.NONE,
+         "--compile with qlora without checkpointing"),
         (s.task is not Task.CAUSAL_LM, f"--task {s.task}"),
         (s.precision not in (Precision.BF16, Precision.FP32),
          f"--precision {s.precision} (torchtune trains in one dtype)"),
@@ -117,16 +128,17 @@ class _Dims(BlockDims):
     mlp: bool
     packed: bool    # input_pos given: each RoPE call gathers its own fp32 T·head_dim cache
     compiled: bool  # --compile: each layer's saved set is the min-cut partitioner's
+    nf4: bool       # qlora: every block linear a torchao NF4Tensor
 
 
 def _dims(model: ModelSpec, s: Strategy) -> _Dims:
-    lora = s.method is Method.LORA
+    lora = s.method in (Method.LORA, Method.QLORA)
     names = set(_ATTN) if s.all_linear else set(s.lora_targets)
     attn = tuple(lora and n in names for n in _ATTN)
     return _Dims(**block_dims(model, s), full=s.method.trains_base, rank=s.lora_rank,
                  attn=(attn[0], attn[1], attn[2], attn[3]),
                  mlp=lora and (s.all_linear or bool(MLP_TARGETS & names)), packed=s.packing,
-                 compiled=s.compile)
+                 compiled=s.compile, nf4=s.method is Method.QLORA)
 
 
 def rope_gathers(d: _Dims, *, q: bool = True, k: bool = True) -> int:
@@ -320,6 +332,39 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
                 "backward stash 2·T·H·bytes", OFFLOAD_SOURCE), _recompute(d)]
     elif ckpt:
         out["backward-recompute"] = [*base, blocks, _recompute(d)]
+    if d.nf4 and not d.compiled:
+        dequant = part("activations/nf4_dequant", nf4_dequant_bytes(d.inter * d.h),
+                       "torchao's eager NF4Tensor.get_original_weight of the largest block "
+                       "weight (n = I·H): two int64 index tensors 8n, their bf16 lookups, the "
+                       "scaled halves and the stacked result 6n, the scales n/32",
+                       NF4_SOURCE)
+        if ckpt:
+            # the top layer rerun as far as down_proj's base dequantizes its weight
+            kept = (out["backward-recompute"][-2:-1] if offload else [blocks])
+            out["backward-recompute-dequant"] = [*base, *kept, part(
+                "activations/recomputed_layer", sum(one.values())
+                - (d.t * d.rank * d.c if d.mlp else 0)
+                + (0 if d.full or d.mlp else d.t * d.inter * d.c) + 4 * d.t * d.h * d.c,
+                "the top layer recomputed up to down_proj: its saved tensors but down's "
+                "LoRA output, down's input T·I·bytes (saved by nothing when down is not "
+                "adapted) + residual, attention output and arriving gradients 4·T·H·bytes",
+                SOURCE), dequant]
+        else:
+            # the top layer's down_proj forward: every layer's saved tensors but its LoRA
+            # output still to come, its input alive (saved by nothing unless adapted)
+            saved_mlp = d.full or d.mlp
+            out["forward-top-dequant"] = [*base, blocks, part(
+                "activations/top_layer_in_flight", (0 if saved_mlp else d.t * d.inter * d.c)
+                - (d.t * d.rank * d.c if d.mlp else 0)
+                + (3 if saved_mlp else 4) * d.t * d.h * d.c,
+                "the top layer's forward at down_proj: its input, attention output and "
+                "residual T·H·bytes each, the MLP norm's output and down's input T·I·bytes "
+                "where no LoRA saves them (less down's LoRA output T·r·bytes, not made yet)",
+                SOURCE), dequant]
+            # the top layer's down_proj backward: grad_output @ weight.to(bf16)
+            out["backward-top-dequant"] = [*base, blocks, part(
+                "activations/output_grad", d.t * d.h * d.c,
+                "the gradient arriving at the top layer T·H·bytes", SOURCE), dequant]
     if d.full:
         # the top layer's MLP backward: its product freed, three T·I gradients, the gradient
         # arriving, the gradients made so far
@@ -331,6 +376,16 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
             "(3·T·I, the freed product's place counted once less), the arriving T·H gradient "
             "and its w1/w2/w3 weight gradients", SOURCE)]
     return out
+
+
+def nf4_dequant_bytes(n: int) -> int:
+    """The peak of torchao's eager ``NF4Tensor.get_original_weight`` for an n-parameter weight
+    (torchao 0.16 dtypes/nf4tensor.py, what ``weight.to(bf16)`` runs in ``LinearNF4``'s forward
+    and backward): the high and low nibbles as int64 (4n bytes each), looked up in the bf16 NF4
+    table (n each), scaled by the dequantized block scales (n each, the scales n/32) and
+    stacked (2n), all alive as ``torch.stack`` returns: 14n + n/32 bytes (measured to the byte
+    on the CPU, where the same Python code runs)."""
+    return 14 * n + n // 32
 
 
 def offload_stashed_layers(d: _Dims) -> int:
