@@ -105,10 +105,17 @@ def test_torchtune_peak_matches_simulation(case: Case, packing: bool) -> None:
                                MemoryAssumptions(adamw_impl="fused"))
     assert estimate.trainable_params == measured.trainable_params
     assert any("torchtune's own layout" in n for n in estimate.notes)
+    _assert_peak_and_state(estimate, measured)
+
+
+def _assert_peak_and_state(estimate: object, measured: object) -> None:
+    """The allocated peak (less the cuBLAS workspaces the tracker cannot see) and the state
+    held as backward begins, each within 3 % of the simulation."""
     tensors = _tensors(estimate)
-    assert abs(tensors - measured.peak_bytes) / measured.peak_bytes <= 0.03, (
-        f"estimated {tensors} ({estimate.peak_phase}) vs simulated {measured.peak_bytes} "
-        f"({measured.peak_phase})")
+    peak: int = measured.peak_bytes  # type: ignore[attr-defined]
+    assert abs(tensors - peak) / peak <= 0.03, (
+        f"estimated {tensors} ({estimate.peak_phase}) vs simulated {peak} "  # type: ignore[attr-defined]
+        f"({measured.peak_phase})")  # type: ignore[attr-defined]
     _assert_state_at_backward_start(estimate, measured)
 
 
@@ -289,11 +296,7 @@ def test_torchtune_offloaded_peak_matches_simulation(
     model = parse_model_config(cfg, name="x")
     estimate = estimate_memory(model, strategy, MemoryAssumptions(adamw_impl="fused"))
     assert any("torchtune's own layout" in n for n in estimate.notes)
-    tensors = _tensors(estimate)
-    assert abs(tensors - measured.peak_bytes) / measured.peak_bytes <= 0.03, (
-        f"estimated {tensors} ({estimate.peak_phase}) vs simulated {measured.peak_bytes} "
-        f"({measured.peak_phase})")
-    _assert_state_at_backward_start(estimate, measured)
+    _assert_peak_and_state(estimate, measured)
     # the offloaded layer inputs left the device: the state held as backward begins is the
     # checkpointed one less every layer input but the one the forward stash still holds
     kept = estimate_memory(model, dataclasses.replace(strategy,
@@ -403,11 +406,7 @@ def test_torchtune_qlora_peak_matches_simulation(
                                MemoryAssumptions(adamw_impl="fused"))
     assert any("torchtune's own layout" in n for n in estimate.notes)
     assert estimate.trainable_params == measured.trainable_params
-    tensors = _tensors(estimate)
-    assert abs(tensors - measured.peak_bytes) / measured.peak_bytes <= 0.03, (
-        f"estimated {tensors} ({estimate.peak_phase}) vs simulated {measured.peak_bytes} "
-        f"({measured.peak_phase})")
-    _assert_state_at_backward_start(estimate, measured)
+    _assert_peak_and_state(estimate, measured)
     if ckpt is not Checkpointing.NONE:   # the rerun dequantizes down_proj: torchao's 14n
         assert estimate.peak_phase == "backward-recompute-dequant"
 
