@@ -121,6 +121,7 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     thread.start()
     endpoint = f"http://127.0.0.1:{server.server_port}"
     monkeypatch.setattr(hub, "_hub_endpoint", lambda: endpoint)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)   # this hub is asked, offline or not
     with FakeHub.lock:
         FakeHub.requests.clear()
         FakeHub.streamed.clear()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,7 +24,14 @@ def _load(name: str) -> ModuleType:
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    # the scripts set HF_HUB_OFFLINE for a run by hand (accuracy.py, at import): that must not
+    # leak into the other tests of this process (the fake-hub tests ask the hub)
+    before = dict(os.environ)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
     return module
 
 
