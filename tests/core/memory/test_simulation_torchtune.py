@@ -302,10 +302,10 @@ def test_torchtune_offloaded_peak_matches_simulation(
     kept = estimate_memory(model, dataclasses.replace(strategy,
                                                       checkpointing=Checkpointing.FULL),
                            MemoryAssumptions(adamw_impl="fused"))
-    layers = int(cfg["num_hidden_layers"])  # type: ignore[call-overload]
+    layers, hidden = model.num_layers, model.hidden_size
     width = 4 if precision is FP32 else 2
     assert kept.phases["forward-end"] - estimate.phases["forward-end"] == (
-        (layers - 1) * b * s * 64 * width)
+        (layers - 1) * b * s * hidden * width)
 
 
 @pytest.mark.parametrize("case", [OFFLOADED[0], OFFLOADED[6]],

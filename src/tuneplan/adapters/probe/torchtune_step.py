@@ -65,8 +65,9 @@ from torch import nn
 from tuneplan.adapters.probe import build
 from tuneplan.adapters.probe.harness import MeasuredStep, StepSetup, measured_step
 from tuneplan.adapters.probe.tracker import StorageTracker
-from tuneplan.core.job.methods import Method, Quant
+from tuneplan.core.job.methods import Method
 from tuneplan.core.job.strategy import Attention, Checkpointing, Loss, Precision, Strategy
+from tuneplan.core.memory.torchtune import OFFLOAD_STASH, qlora_quant_problem
 from tuneplan.errors import ProbeError, UnsupportedError
 
 #: torchtune configs: ``loss: CEWithChunkedOutputLoss`` (``num_output_chunks=8`` default).
@@ -80,12 +81,11 @@ _MLP = frozenset({"gate_proj", "up_proj", "down_proj"})
 
 def refuse_unrunnable(s: Strategy, *, fake: bool = False) -> None:
     """What this torchtune step cannot run, with the flag."""
+    quant = qlora_quant_problem(s)
     reasons = [
         (s.method not in (Method.FULL, Method.LORA, Method.QLORA),
          f"--method {s.method} (the torchtune simulation runs full, lora and qlora)"),
-        (s.method is Method.QLORA and (s.quant is not Quant.NF4 or not s.double_quant),
-         f"--quant {s.quant}{'' if s.double_quant else ' --no-double-quant'} (torchtune's "
-         "QLoRA is torchao NF4, its block scales quantized again: --quant nf4 --double-quant)"),
+        (quant is not None, quant or ""),
         (s.method is Method.QLORA and fake, "--method qlora under fake tensors (torchao's "
                                             "to_nf4 needs real weights: run the tiny configs)"),
         (s.precision not in (Precision.BF16, Precision.FP32),
@@ -226,9 +226,8 @@ def scale_grads(model: nn.Module, scaler: torch.Tensor) -> None:
             p.grad *= scaler.to(p.device)
 
 
-#: torchtune ``OffloadActivations()`` defaults (training/_activation_offloading.py):
-#: ``max_fwd_stash_size`` and ``min_offload_size`` (bytes).
-OFFLOAD_STASH = 5
+#: torchtune ``OffloadActivations()``'s ``min_offload_size`` default, bytes
+#: (training/_activation_offloading.py; its ``max_fwd_stash_size`` is ``OFFLOAD_STASH``).
 OFFLOAD_MIN_BYTES = 1024
 
 
@@ -363,7 +362,7 @@ def build_model(setup: StepSetup) -> nn.Module:
     s = setup.strategy
     kw = builder_args(setup.config)
     tied = bool(setup.config.get("tie_word_embeddings"))
-    lora = s.method in (Method.LORA, Method.QLORA)
+    lora = s.method.is_lora
     if lora:
         kw.update(lora_args(s), lora_rank=s.lora_rank, lora_alpha=float(s.lora_alpha),
                   lora_dropout=s.lora_dropout, quantize_base=s.method is Method.QLORA)
@@ -426,7 +425,7 @@ def measure_torchtune_step(setup: StepSetup, *, on_step: Callable[[int], None] |
             compile_model(model, modules.TransformerSelfAttentionLayer)
             notes.append("torch.compile per layer: inductor's decompositions, joint-graph "
                          "passes and min-cut partition; the partitioned graphs run eagerly")
-        offload: Any = contextlib.nullcontext()
+        offload = None
         if s.checkpointing is not Checkpointing.NONE:
             # the recipes refuse offloading without checkpointing: --offload-activations is both
             set_activation_checkpointing(model, modules.TransformerSelfAttentionLayer)
@@ -503,11 +502,11 @@ def measure_torchtune_step(setup: StepSetup, *, on_step: Callable[[int], None] |
 def _loss_step(model: nn.Module, loss_fn: Any, tokens: torch.Tensor, labels: torch.Tensor,
                ignore_labels_cache: torch.Tensor, chunked: bool,
                input_pos: torch.Tensor | None = None,
-               offload: Any = None) -> torch.Tensor:
+               offload: contextlib.AbstractContextManager[Any] | None = None) -> torch.Tensor:
     """The recipes' ``_loss_step`` (torchtune v0.6.1), line for line (``self._model(**batch)``:
     a packed batch also carries ``input_pos``; the model runs under
     ``self.activations_handling_ctx``)."""
-    with offload if offload is not None else contextlib.nullcontext():
+    with offload or contextlib.nullcontext():
         logits = model(tokens) if input_pos is None else model(tokens, input_pos=input_pos)
     shifted = torch.hstack((labels[..., 1:], ignore_labels_cache[: labels.shape[0]]))
     if not isinstance(logits, list):

@@ -84,9 +84,21 @@ MLP_TARGETS = frozenset({"gate_proj", "up_proj", "down_proj"})
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
+def qlora_quant_problem(s: Strategy) -> str | None:
+    """Why a QLoRA job's quantization is not torchtune's (torchao NF4 with its block scales
+    quantized again: ``to_nf4``'s ``scaler_block_size``), or None: the layout and the
+    simulation refuse the same."""
+    if s.method is Method.QLORA and (s.quant is not Quant.NF4 or not s.double_quant):
+        return (f"--quant {s.quant}{'' if s.double_quant else ' --no-double-quant'} "
+                "(torchtune's QLoRA is torchao NF4, its block scales quantized again: "
+                "--quant nf4 --double-quant)")
+    return None
+
+
 def uncovered(model: ModelSpec, s: Strategy) -> str | None:
     """Why this job falls outside the modelled torchtune layout, or None when inside."""
-    lora = s.method in (Method.LORA, Method.QLORA)
+    lora = s.method.is_lora
+    quant = qlora_quant_problem(s)
     checks = [
         (model.model_type != "llama" or model.norm_kind is not NormKind.RMSNORM
          or model.mlp_kind is not MlpKind.GATED or model.num_experts > 0 or model.head_bias,
@@ -94,9 +106,7 @@ def uncovered(model: ModelSpec, s: Strategy) -> str | None:
         (model.head_dim * model.num_heads != model.hidden_size,
          "head_dim other than hidden / heads (torchtune's llama-3 builders)"),
         (s.method not in (Method.FULL, Method.LORA, Method.QLORA), f"--method {s.method}"),
-        (s.method is Method.QLORA and (s.quant is not Quant.NF4 or not s.double_quant),
-         f"--quant {s.quant}{'' if s.double_quant else ' --no-double-quant'} (torchtune "
-         "quantizes with torchao NF4, its block scales quantized again)"),
+        (quant is not None, quant or ""),
         # what the min-cut partitioner keeps of an NF4 layer (its dequantized weights among
         # it) is not modelled; under checkpointing nothing of a layer is kept
         (s.method is Method.QLORA and s.compile and s.checkpointing is Checkpointing.NONE,
@@ -132,7 +142,7 @@ class _Dims(BlockDims):
 
 
 def _dims(model: ModelSpec, s: Strategy) -> _Dims:
-    lora = s.method in (Method.LORA, Method.QLORA)
+    lora = s.method.is_lora
     names = set(_ATTN) if s.all_linear else set(s.lora_targets)
     attn = tuple(lora and n in names for n in _ATTN)
     return _Dims(**block_dims(model, s), full=s.method.trains_base, rank=s.lora_rank,
@@ -316,15 +326,17 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
             "simulated")],
         "optimizer": [*base, *grads, *step],
     }
+    # what the top layer reruns beside: every layer input, or (offloaded) its own brought
+    # back from the host and the final norm's fp32 input brought back before it, still in the
+    # backward stash (a tensor brought back lives until the next node that brings one back
+    # has run); the layer below reruns beside the top layer's input
+    top_inputs = part(
+        "activations/checkpoints", d.t * d.h * d.c + d.t * d.h * 4,
+        "the top layer's input brought back from the host T·H·bytes + the final norm's fp32 "
+        "input brought back before it T·H·4 (the backward stash)", OFFLOAD_SOURCE
+    ) if offload else blocks
     if offload:
-        # backward stash: a tensor brought back lives until the next node that brings one
-        # back has run. The top layer reruns beside the final norm's fp32 input brought back
-        # for its pow node; the layer below beside the top layer's input.
-        out["backward-recompute"] = [*base, part(
-            "activations/checkpoints", d.t * d.h * d.c + d.t * d.h * 4,
-            "the top layer's input brought back from the host T·H·bytes + the final norm's "
-            "fp32 input brought back before it T·H·4 (the backward stash)", OFFLOAD_SOURCE),
-            _recompute(d)]
+        out["backward-recompute"] = [*base, top_inputs, _recompute(d)]
         if d.layers > 1:
             out["backward-recompute-below-top"] = [*base, part(
                 "activations/checkpoints", 2 * d.t * d.h * d.c,
@@ -340,8 +352,7 @@ def moments(model: ModelSpec, s: Strategy, resident: list[Item], grads: list[Ite
                        NF4_SOURCE)
         if ckpt:
             # the top layer rerun as far as down_proj's base dequantizes its weight
-            kept = (out["backward-recompute"][-2:-1] if offload else [blocks])
-            out["backward-recompute-dequant"] = [*base, *kept, part(
+            out["backward-recompute-dequant"] = [*base, top_inputs, part(
                 "activations/recomputed_layer", sum(one.values())
                 - (d.t * d.rank * d.c if d.mlp else 0)
                 + (0 if d.full or d.mlp else d.t * d.inter * d.c) + 4 * d.t * d.h * d.c,
